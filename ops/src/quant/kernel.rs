@@ -1,0 +1,257 @@
+//! Fake-quantization kernels: quantize → dequantize with a straight-through gradient.
+//!
+//! The value path is plain f32 tensor math in the same evaluation order as the references, so
+//! that integers agree exactly at rounding ties:
+//!
+//! - torch: `q = clamp(nearbyint(x · (1/s)) + z, qmin, qmax)`, `out = (q − z) · s`;
+//! - Paddle: `q = clamp(rint((bin_cnt · (1/T)) · x), −bin_cnt−1, bin_cnt)`, `out = q · T/bin_cnt`.
+//!
+//! Both are `q = clamp(round(x · mult) + z)`, `out = (q − z) · step` with a per-convention
+//! `mult` (see [`Grid`]). Gradients are added as terms whose value is exactly zero
+//! (`a − a.detach()`), so the forward value is bit-identical to the quantized value while autodiff
+//! sees the straight-through estimator:
+//!
+//! - `∂out/∂x = 1` where the rounded value lies in `[qmin, qmax]`, else 0;
+//! - LSQ (torch `_fake_quantize_learnable_per_tensor_affine`): `∂out/∂s = (q − z) − x/s` inside,
+//!   `qmin − z` / `qmax − z` outside; `∂out/∂z = 0` inside, `−s` outside; both times the
+//!   gradient factor `g = 1/sqrt(N·Qp)`.
+
+use burn::tensor::{Bool, Tensor};
+
+use super::spec::RoundMode;
+
+/// Smallest scale (step or threshold) a quantizer will use, as torch's observers do
+/// (`torch.finfo(torch.float32).eps`). It keeps all-zero tensors finite: their output is 0.
+pub const MIN_SCALE: f32 = f32::EPSILON;
+
+/// Quantization grid parameters, per tensor (`[1]`) or per channel (`[C]` along `axis`).
+#[derive(Debug, Clone)]
+pub struct Grid {
+    /// Multiplier applied to `x` before rounding (`1/s` for torch, `bin_cnt·(1/T)` for Paddle).
+    pub mult: Tensor<1>,
+    /// Dequantization step: the value of one integer unit (torch's `scale`).
+    pub step: Tensor<1>,
+    /// Zero point, an integer held in f32.
+    pub zero_point: Tensor<1>,
+    /// Smallest integer.
+    pub qmin: i32,
+    /// Largest integer.
+    pub qmax: i32,
+    /// Rounding at ties.
+    pub round: RoundMode,
+    /// Channel axis of per-channel parameters.
+    pub axis: Option<usize>,
+}
+
+impl Grid {
+    /// A torch-style grid from a step (scale) and a zero point.
+    pub fn from_step(
+        step: Tensor<1>,
+        zero_point: Tensor<1>,
+        (qmin, qmax): (i32, i32),
+        round: RoundMode,
+        axis: Option<usize>,
+    ) -> Self {
+        let step = step.clamp_min(MIN_SCALE);
+        Grid { mult: step.clone().recip(), step, zero_point, qmin, qmax, round, axis }
+    }
+
+    /// A Paddle-style symmetric grid from an abs-max threshold `T` and `bin_cnt`.
+    pub fn from_threshold(
+        threshold: Tensor<1>,
+        bin_cnt: i32,
+        (qmin, qmax): (i32, i32),
+        round: RoundMode,
+        axis: Option<usize>,
+    ) -> Self {
+        let t = threshold.clamp_min(MIN_SCALE);
+        let b = bin_cnt as f32;
+        let zero_point = t.zeros_like();
+        Grid {
+            mult: t.clone().recip().mul_scalar(b),
+            step: t.div_scalar(b),
+            zero_point,
+            qmin,
+            qmax,
+            round,
+            axis,
+        }
+    }
+}
+
+/// Rounds to integers with the given tie rule.
+pub fn round_with<const D: usize>(v: Tensor<D>, mode: RoundMode) -> Tensor<D> {
+    match mode {
+        RoundMode::TiesToEven => v.round(),
+        RoundMode::TiesAwayFromZero => {
+            // trunc(v) + sign(v) where |frac| >= 0.5; v - trunc(v) is exact in f32, so no
+            // `floor(|v| + 0.5)` double rounding (0.49999997 + 0.5 rounds up to 1 in f32).
+            let t = v.clone().trunc();
+            let frac = v.clone().sub(t.clone()).abs();
+            let up = frac.greater_equal_elem(0.5);
+            t.clone().mask_where(up, t.add(v.sign()))
+        }
+    }
+}
+
+/// Splits f32 values into a high part with 12 significant bits and an exact remainder
+/// (Veltkamp): `v = hi + lo` exactly.
+fn veltkamp_split(v: Tensor<1>) -> (Tensor<1>, Tensor<1>) {
+    let c = v.clone().mul_scalar(4097.0);
+    let hi = c.clone().sub(c.sub(v.clone()));
+    let lo = v.sub(hi.clone());
+    (hi, lo)
+}
+
+/// Reshapes a `[1]` or `[C]` parameter so it broadcasts against a rank-`D` tensor.
+pub fn broadcast_param<const D: usize>(p: Tensor<1>, axis: Option<usize>) -> Tensor<D> {
+    let mut dims = [1usize; D];
+    if let Some(a) = axis {
+        dims[a] = p.dims()[0];
+    }
+    p.reshape(dims)
+}
+
+/// Integers of a quantized tensor (held in f32) and the in-range mask of the unclamped values.
+#[derive(Debug, Clone)]
+pub struct Quantized<const D: usize> {
+    /// Clamped integers, as f32.
+    pub q: Tensor<D>,
+    /// Where the rounded value was already inside `[qmin, qmax]`.
+    pub in_range: Tensor<D, Bool>,
+    /// Where the rounded value was below `qmin`.
+    pub below: Tensor<D, Bool>,
+}
+
+/// Quantizes `x` on `grid` (no gradient).
+pub fn quantize<const D: usize>(x: Tensor<D>, grid: &Grid) -> Quantized<D> {
+    let x = x.detach();
+    let mult = broadcast_param::<D>(grid.mult.clone().detach(), grid.axis);
+    let zp = broadcast_param::<D>(grid.zero_point.clone().detach(), grid.axis);
+    let r = round_with(x.mul(mult), grid.round).add(zp);
+    let below = r.clone().lower_elem(grid.qmin as f32);
+    let above = r.clone().greater_elem(grid.qmax as f32);
+    let in_range = below.clone().bool_or(above).bool_not();
+    let q = r.clamp(grid.qmin as f32, grid.qmax as f32);
+    Quantized { q, in_range, below }
+}
+
+/// Dequantizes integers: `(q − z) · step`.
+pub fn dequantize<const D: usize>(q: Tensor<D>, grid: &Grid) -> Tensor<D> {
+    let zp = broadcast_param::<D>(grid.zero_point.clone().detach(), grid.axis);
+    let step = broadcast_param::<D>(grid.step.clone().detach(), grid.axis);
+    q.sub(zp).mul(step)
+}
+
+/// Adds a term that is exactly zero in value and has gradient `coef` with respect to `p`.
+fn zero_with_grad<const D: usize>(p: Tensor<D>, coef: Tensor<D>) -> Tensor<D> {
+    p.clone().sub(p.detach()).mul(coef)
+}
+
+/// Fake-quantizes with the straight-through estimator (no learnable scale).
+///
+/// Returns the dequantized tensor and the quantization result it came from.
+pub fn fake_quant<const D: usize>(x: Tensor<D>, grid: &Grid) -> (Tensor<D>, Quantized<D>) {
+    let qz = quantize(x.clone(), grid);
+    let deq = dequantize(qz.q.clone(), grid);
+    if !x.is_autodiff() {
+        return (deq, qz);
+    }
+    let mask = qz.in_range.clone().float();
+    (deq.add(zero_with_grad(x, mask)), qz)
+}
+
+/// The learnable step size (and zero point) of LSQ, with torch's learnable fake-quant gradient.
+#[derive(Debug, Clone)]
+pub struct LearnableGrid {
+    /// Step size `s`, `[1]` or `[C]`, usually a tracked parameter.
+    pub scale: Tensor<1>,
+    /// Zero point, float (rounded in the forward as torch does), `[1]` or `[C]`.
+    pub zero_point: Tensor<1>,
+    /// Smallest integer.
+    pub qmin: i32,
+    /// Largest integer.
+    pub qmax: i32,
+    /// Gradient factor `g` (`1/sqrt(N·Qp)` in LSQ).
+    pub grad_factor: f32,
+    /// Rounding at ties.
+    pub round: RoundMode,
+    /// Channel axis of per-channel parameters.
+    pub axis: Option<usize>,
+}
+
+impl LearnableGrid {
+    /// The fixed grid used by the forward pass: `z = clamp(nearbyint(zero_point))`.
+    pub fn forward_grid(&self) -> Grid {
+        let zp = self.zero_point.clone().detach().round().clamp(self.qmin as f32, self.qmax as f32);
+        Grid::from_step(
+            self.scale.clone().detach(),
+            zp,
+            (self.qmin, self.qmax),
+            self.round,
+            self.axis,
+        )
+    }
+}
+
+/// LSQ fake quantization: forward as [`fake_quant`], gradients to `x`, `scale` and `zero_point`
+/// as torch's `_fake_quantize_learnable_per_tensor_affine` / `_per_channel_affine`.
+pub fn fake_quant_learnable<const D: usize>(
+    x: Tensor<D>,
+    lg: &LearnableGrid,
+) -> (Tensor<D>, Quantized<D>) {
+    let grid = lg.forward_grid();
+    let qz = quantize(x.clone(), &grid);
+    let deq = dequantize(qz.q.clone(), &grid);
+    if !x.is_autodiff() && !lg.scale.is_autodiff() {
+        return (deq, qz);
+    }
+    // torch's backward takes the zero point as int(clamp(z + 0.5)) and rounds
+    // nearbyint(z + x·inv) (the zero point added before rounding, unlike the forward).
+    let (qmin, qmax) = (lg.qmin as f32, lg.qmax as f32);
+    let zb = lg.zero_point.clone().detach().add_scalar(0.5).clamp(qmin, qmax).trunc();
+    let zb = broadcast_param::<D>(zb, lg.axis);
+    let step = broadcast_param::<D>(grid.step.clone(), lg.axis);
+    let inv = broadcast_param::<D>(grid.mult.clone(), lg.axis);
+    let xd = x.clone().detach();
+    let xs = xd.clone().mul(inv.clone());
+    let r = round_with(xs.clone().add(zb.clone()), lg.round);
+    let below = r.clone().lower_elem(qmin);
+    let above = r.clone().greater_elem(qmax);
+    let inside = below.clone().bool_or(above.clone()).bool_not();
+    let g = lg.grad_factor;
+
+    // ∂out/∂s: inside ((clamp(r) − z)·s − x)·(1/s); outside qmin − z or qmax − z.
+    // torch's compiled kernel contracts `(q − z)·s − x` into one fused multiply-add; the
+    // difference of two close numbers is all cancellation, so computing it as two roundings
+    // costs ~1e-5 relative per element. Split s = hi + lo (Veltkamp, 12 bits each) so that
+    // (q − z)·hi − x is exact for |q − z| < 2^12 and the sum rounds once, as the FMA does.
+    let (hi, lo) = veltkamp_split(grid.step.clone());
+    let qi = r.clone().clamp(qmin, qmax).sub(zb.clone());
+    let err = qi
+        .clone()
+        .mul(broadcast_param::<D>(hi, lg.axis))
+        .sub(xd)
+        .add(qi.mul(broadcast_param::<D>(lo, lg.axis)));
+    let ds_inside = err.mul(inv);
+    let ds = ds_inside
+        .mask_where(below.clone(), zb.clone().neg().add_scalar(qmin))
+        .mask_where(above, zb.neg().add_scalar(qmax))
+        .mul_scalar(g);
+    // ∂out/∂z: 0 inside, −s outside.
+    let dz = step.neg().mul_scalar(g).mask_fill(inside.clone(), 0.0);
+
+    let mut out = deq;
+    if x.is_autodiff() {
+        out = out.add(zero_with_grad(x, inside.float()));
+    }
+    if lg.scale.is_autodiff() {
+        let s = broadcast_param::<D>(lg.scale.clone(), lg.axis);
+        out = out.add(zero_with_grad(s, ds));
+    }
+    if lg.zero_point.is_autodiff() {
+        let z = broadcast_param::<D>(lg.zero_point.clone(), lg.axis);
+        out = out.add(zero_with_grad(z, dz));
+    }
+    (out, qz)
+}

@@ -1,0 +1,17 @@
+//! The quantization core: specs, observers, fake-quant kernels with straight-through gradients,
+//! LSQ, and error statistics.
+
+pub mod error;
+pub mod kernel;
+pub mod observer;
+pub mod quantizer;
+pub mod spec;
+pub mod stats;
+
+pub use error::SpecError;
+pub use kernel::{
+    Grid, LearnableGrid, Quantized, fake_quant, fake_quant_learnable, quantize, round_with,
+};
+pub use quantizer::{FakeQuantizer, IntTensor};
+pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
+pub use stats::{QuantStats, TensorRole};

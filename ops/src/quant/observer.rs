@@ -1,0 +1,253 @@
+//! Observers: the state that turns tensors seen in training into a quantization grid.
+//!
+//! The state lives in the module as [`RunningState`] tensors, so it is saved and restored with
+//! checkpoints. In training mode an observer folds the current tensor into its state and
+//! returns the grid for it; in eval mode (`valid()`) the stored state is used unchanged.
+//!
+//! | observer | state | grid |
+//! |---|---|---|
+//! | `AbsMax`, `ChannelWiseAbsMax` | last threshold | `T = max|x|` of this tensor |
+//! | `RangeAbsMax { window }` | the last `window` batch maxima | `T = max` of the window |
+//! | `MovingAverageAbsMax { rate }` | `state`, `accum` (Paddle starts both at 1) | `T = accum/state` |
+//! | `MinMax` | running min, max | torch.ao `calculate_qparams` |
+//! | `MovingAverageMinMax { c }` | moving min, max | torch.ao `calculate_qparams` |
+
+use burn::module::{Module, RunningState};
+use burn::tensor::{Device, Tensor};
+
+use super::kernel::{Grid, MIN_SCALE};
+use super::spec::{ObserverKind, QuantSpec};
+
+/// Flattens `x` to `[C, rest]` along `axis` (or `[1, numel]` per tensor).
+pub fn channel_rows<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<2> {
+    let dims = x.dims();
+    let numel: usize = dims.iter().product();
+    match axis {
+        None => x.reshape([1, numel]),
+        Some(a) => {
+            let c = dims[a];
+            x.swap_dims(0, a).reshape([c, numel / c])
+        }
+    }
+}
+
+/// Per-channel (or per-tensor) max |x|, shape `[C]` (or `[1]`).
+pub fn abs_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<1> {
+    let rows = channel_rows(x.detach(), axis);
+    let c = rows.dims()[0];
+    rows.abs().max_dim(1).reshape([c])
+}
+
+fn min_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> (Tensor<1>, Tensor<1>) {
+    let rows = channel_rows(x.detach(), axis);
+    let c = rows.dims()[0];
+    (rows.clone().min_dim(1).reshape([c]), rows.max_dim(1).reshape([c]))
+}
+
+/// torch.ao `_calculate_qparams`: scale and zero point from a min and a max.
+pub fn qparams_from_min_max(
+    min: Tensor<1>,
+    max: Tensor<1>,
+    spec: &QuantSpec,
+) -> (Tensor<1>, Tensor<1>) {
+    let (qmin, qmax) = spec.quant_range();
+    let (qmin_f, qmax_f) = (qmin as f32, qmax as f32);
+    let min_neg = min.clamp_max(0.0);
+    let max_pos = max.clamp_min(0.0);
+    if spec.is_symmetric() {
+        let max_abs = min_neg.neg().max_pair(max_pos);
+        let scale = max_abs.div_scalar((qmax_f - qmin_f) / 2.0).clamp_min(MIN_SCALE);
+        let zp = if spec.signed() { 0.0 } else { ((qmin + qmax + 1) / 2) as f32 };
+        let zero_point = scale.zeros_like().add_scalar(zp);
+        (scale, zero_point)
+    } else {
+        let scale = max_pos.sub(min_neg.clone()).div_scalar(qmax_f - qmin_f).clamp_min(MIN_SCALE);
+        let zero_point =
+            min_neg.div(scale.clone()).round().neg().add_scalar(qmin_f).clamp(qmin_f, qmax_f);
+        (scale, zero_point)
+    }
+}
+
+/// The stored state of an observer; see the module docs.
+#[derive(Module, Debug)]
+pub enum ObserverState {
+    /// `AbsMax` / `ChannelWiseAbsMax`: the last threshold.
+    AbsMax(AbsMaxState),
+    /// `RangeAbsMax`: the window of batch maxima, `[window, C]`, and the current threshold.
+    RangeAbsMax(RangeAbsMaxState),
+    /// `MovingAverageAbsMax`.
+    MovingAverageAbsMax(MovingAverageAbsMaxState),
+    /// `MinMax` / `MovingAverageMinMax`.
+    MinMax(MinMaxState),
+}
+
+/// The threshold of the last tensor seen.
+#[derive(Module, Debug)]
+pub struct AbsMaxState {
+    /// Threshold, `[C]`.
+    pub threshold: RunningState<Tensor<1>>,
+}
+
+/// Paddle `fake_quantize_range_abs_max` state.
+#[derive(Module, Debug)]
+pub struct RangeAbsMaxState {
+    /// The last `window` batch maxima, oldest first, `[window, C]` (zeros until filled).
+    pub window: RunningState<Tensor<2>>,
+    /// Threshold, `[C]`.
+    pub threshold: RunningState<Tensor<1>>,
+}
+
+/// Paddle `fake_quantize_moving_average_abs_max` state.
+#[derive(Module, Debug)]
+pub struct MovingAverageAbsMaxState {
+    /// Moving rate.
+    pub rate: f32,
+    /// `state`, `[C]`.
+    pub state: RunningState<Tensor<1>>,
+    /// `accum`, `[C]`.
+    pub accum: RunningState<Tensor<1>>,
+    /// Threshold `accum/state`, `[C]`.
+    pub threshold: RunningState<Tensor<1>>,
+}
+
+/// torch.ao min/max observer state (`+inf`/`-inf` before the first tensor).
+#[derive(Module, Debug)]
+pub struct MinMaxState {
+    /// Averaging constant of `MovingAverageMinMax`; `None` for `MinMax`.
+    pub averaging_constant: Option<f32>,
+    /// Running minimum, `[C]`.
+    pub min: RunningState<Tensor<1>>,
+    /// Running maximum, `[C]`.
+    pub max: RunningState<Tensor<1>>,
+}
+
+fn state(v: Tensor<1>) -> RunningState<Tensor<1>> {
+    RunningState::new(v)
+}
+
+fn read<const D: usize>(s: &RunningState<Tensor<D>>, device: &Device) -> Tensor<D> {
+    s.value_sync().detach().to_device(device)
+}
+
+impl ObserverState {
+    /// Fresh state for `channels` channels (1 per tensor); `None` for LSQ, whose step is a
+    /// parameter of the quantizer.
+    pub fn new(spec: &QuantSpec, channels: usize, device: &Device) -> Option<Self> {
+        let full = |v: f32| Tensor::<1>::full([channels], v, device);
+        Some(match spec.observer() {
+            ObserverKind::AbsMax | ObserverKind::ChannelWiseAbsMax => {
+                ObserverState::AbsMax(AbsMaxState { threshold: state(full(0.0)) })
+            }
+            ObserverKind::RangeAbsMax { window } => ObserverState::RangeAbsMax(RangeAbsMaxState {
+                window: RunningState::new(Tensor::zeros([window, channels], device)),
+                threshold: state(full(0.0)),
+            }),
+            // Paddle's FakeQuantMovingAverageAbsMax layer starts state and accum at 1.
+            ObserverKind::MovingAverageAbsMax { rate } => {
+                ObserverState::MovingAverageAbsMax(MovingAverageAbsMaxState {
+                    rate,
+                    state: state(full(1.0)),
+                    accum: state(full(1.0)),
+                    threshold: state(full(0.001)),
+                })
+            }
+            ObserverKind::MinMax => ObserverState::MinMax(MinMaxState {
+                averaging_constant: None,
+                min: state(full(f32::INFINITY)),
+                max: state(full(f32::NEG_INFINITY)),
+            }),
+            ObserverKind::MovingAverageMinMax { averaging_constant } => {
+                ObserverState::MinMax(MinMaxState {
+                    averaging_constant: Some(averaging_constant),
+                    min: state(full(f32::INFINITY)),
+                    max: state(full(f32::NEG_INFINITY)),
+                })
+            }
+            ObserverKind::Lsq => return None,
+        })
+    }
+
+    /// The stored abs-max threshold `T` (Paddle's `OutScale`), for the abs-max family.
+    pub fn threshold(&self) -> Option<Tensor<1>> {
+        match self {
+            ObserverState::AbsMax(s) => Some(s.threshold.value_sync()),
+            ObserverState::RangeAbsMax(s) => Some(s.threshold.value_sync()),
+            ObserverState::MovingAverageAbsMax(s) => Some(s.threshold.value_sync()),
+            ObserverState::MinMax(_) => None,
+        }
+    }
+
+    /// Folds `x` into the state (when `update`) and returns the grid to quantize with.
+    pub fn grid<const D: usize>(&self, spec: &QuantSpec, x: &Tensor<D>, update: bool) -> Grid {
+        let device = x.device();
+        let axis = spec.granularity().axis();
+        let threshold = match self {
+            ObserverState::AbsMax(s) => {
+                if update {
+                    let t = abs_max(x.clone(), axis);
+                    s.threshold.update(t.clone());
+                    t
+                } else {
+                    read(&s.threshold, &device)
+                }
+            }
+            ObserverState::RangeAbsMax(s) => {
+                if update {
+                    let cur = abs_max(x.clone(), axis);
+                    let c = cur.dims()[0];
+                    let w = read(&s.window, &device);
+                    let window = w.dims()[0];
+                    let w = Tensor::cat(vec![w.slice(1..window), cur.reshape([1, c])], 0);
+                    let t = w.clone().max_dim(0).reshape([c]);
+                    s.window.update(w);
+                    s.threshold.update(t.clone());
+                    t
+                } else {
+                    read(&s.threshold, &device)
+                }
+            }
+            ObserverState::MovingAverageAbsMax(s) => {
+                if update {
+                    let cur = abs_max(x.clone(), axis);
+                    let st = read(&s.state, &device).mul_scalar(s.rate).add_scalar(1.0);
+                    let acc = read(&s.accum, &device).mul_scalar(s.rate).add(cur);
+                    let t = acc.clone().div(st.clone());
+                    s.state.update(st);
+                    s.accum.update(acc);
+                    s.threshold.update(t.clone());
+                    t
+                } else {
+                    read(&s.threshold, &device)
+                }
+            }
+            ObserverState::MinMax(s) => {
+                let (mut lo, mut hi) = (read(&s.min, &device), read(&s.max, &device));
+                if update {
+                    let (xmin, xmax) = min_max(x.clone(), axis);
+                    match s.averaging_constant {
+                        Some(c) => {
+                            // torch: the first tensor sets min/max directly.
+                            let first = lo.clone().is_inf();
+                            let mv = |old: Tensor<1>, new: Tensor<1>| {
+                                old.clone()
+                                    .add(new.clone().sub(old).mul_scalar(c))
+                                    .mask_where(first.clone(), new)
+                            };
+                            lo = mv(lo, xmin);
+                            hi = mv(hi, xmax);
+                        }
+                        None => {
+                            lo = lo.min_pair(xmin);
+                            hi = hi.max_pair(xmax);
+                        }
+                    }
+                    s.min.update(lo.clone());
+                    s.max.update(hi.clone());
+                }
+                let (scale, zp) = qparams_from_min_max(lo, hi, spec);
+                return Grid::from_step(scale, zp, spec.quant_range(), spec.round(), axis);
+            }
+        };
+        Grid::from_threshold(threshold, spec.bin_cnt(), spec.grid_range(), spec.round(), axis)
+    }
+}

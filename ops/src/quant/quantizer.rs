@@ -1,0 +1,291 @@
+//! `FakeQuantizer`: one quantization site (a weight or an activation) as a Burn module.
+//!
+//! It owns its observer state (checkpointed with the model), its LSQ parameters, a training flag
+//! (`valid()` freezes the observer), a stable layer path, and a monitor that keeps the error
+//! statistics of the last tensor it quantized while recording is on.
+
+use std::sync::{Arc, Mutex};
+
+use burn::module::{Flag, Module, Param, ParamId};
+use burn::tensor::{Device, Int, Tensor};
+
+use super::error::SpecError;
+use super::kernel::{self, Grid, LearnableGrid, MIN_SCALE, Quantized};
+use super::observer::{ObserverState, channel_rows, qparams_from_min_max};
+use super::spec::{ObserverKind, QuantSpec};
+use super::stats::{Monitor, QuantStats, TensorRole};
+
+/// The learnable step size and zero point of an LSQ quantizer.
+#[derive(Module, Debug)]
+pub struct LsqParams {
+    /// Step size `s`, `[C]`; initialised from the first tensor seen.
+    pub scale: Param<Tensor<1>>,
+    /// Zero point, `[C]`; learnable only for affine specs (LSQ+).
+    pub zero_point: Param<Tensor<1>>,
+    /// The initial values, filled by the first forward and read by the lazy parameters.
+    #[module(skip)]
+    pending: Arc<Mutex<Option<(Vec<f32>, Vec<f32>)>>>,
+}
+
+/// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
+#[derive(Module, Debug)]
+pub struct FakeQuantizer {
+    #[module(skip)]
+    spec: QuantSpec,
+    #[module(skip)]
+    path: String,
+    #[module(skip)]
+    role: TensorRole,
+    #[module(skip)]
+    channels: usize,
+    /// Observers update only while this flag is on (off after `valid()`).
+    pub training: Param<Flag>,
+    /// Observer state (`None` for LSQ).
+    pub observer: Option<ObserverState>,
+    /// LSQ parameters, for `observer = lsq`.
+    pub lsq: Option<LsqParams>,
+    #[module(skip)]
+    monitor: Monitor,
+}
+
+/// Integer values of a tensor with the grid that dequantizes them (Paddle's `fake_quantize_*`
+/// outputs; what freeze stores).
+#[derive(Debug, Clone)]
+pub struct IntTensor<const D: usize> {
+    /// The integers.
+    pub values: Tensor<D, Int>,
+    /// Step per channel (`[C]`, or `[1]`).
+    pub scale: Tensor<1>,
+    /// Zero point per channel.
+    pub zero_point: Tensor<1>,
+    /// Channel axis, if per-channel.
+    pub axis: Option<usize>,
+}
+
+impl FakeQuantizer {
+    /// A quantizer at `path` for tensors with `channels` channels along the spec's axis (ignored
+    /// per tensor).
+    pub fn new(
+        spec: QuantSpec,
+        path: impl Into<String>,
+        role: TensorRole,
+        channels: usize,
+        device: &Device,
+    ) -> Result<Self, SpecError> {
+        let channels = if spec.granularity().axis().is_some() { channels.max(1) } else { 1 };
+        let lsq = matches!(spec.observer(), ObserverKind::Lsq)
+            .then(|| LsqParams::new(&spec, channels, device));
+        Ok(FakeQuantizer {
+            observer: ObserverState::new(&spec, channels, device),
+            spec,
+            path: path.into(),
+            role,
+            channels,
+            training: Param::from_bool(true),
+            lsq,
+            monitor: Monitor::default(),
+        })
+    }
+
+    /// The spec.
+    pub fn spec(&self) -> &QuantSpec {
+        &self.spec
+    }
+
+    /// The stable layer path, e.g. `cells.3.edges.5.sep_conv_3x3.op1.pw.weight`.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Weight or activation.
+    pub fn role(&self) -> TensorRole {
+        self.role
+    }
+
+    /// Turns recording of error statistics on or off (off by default: it costs reductions).
+    pub fn set_recording(&self, on: bool) {
+        self.monitor.set_recording(on);
+    }
+
+    /// Error statistics of the last tensor quantized while recording was on.
+    pub fn last_stats(&self) -> Option<QuantStats> {
+        self.monitor.read(&self.path, self.role, &self.spec)
+    }
+
+    fn check<const D: usize>(&self, x: &Tensor<D>) -> Result<(), SpecError> {
+        self.spec.check_rank(D)?;
+        if let Some(axis) = self.spec.granularity().axis() {
+            let c = x.dims()[axis];
+            if c != self.channels {
+                return Err(SpecError::Channels { expected: self.channels, got: c, axis });
+            }
+        }
+        Ok(())
+    }
+
+    /// Fake-quantizes `x` (quantize → dequantize, straight-through gradient), updating the
+    /// observer in training mode.
+    ///
+    /// # Shapes
+    /// - x: any rank `D`; per-channel specs need `x.dims()[axis] == channels`.
+    /// - output: the shape of `x`.
+    pub fn try_forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, SpecError> {
+        self.check(&x)?;
+        let update = self.training.is_enabled();
+        let (out, qz, grid) = match &self.lsq {
+            Some(lsq) => {
+                let lg = lsq.grid(&self.spec, &x, self.channels);
+                let (out, qz) = kernel::fake_quant_learnable(x.clone(), &lg);
+                (out, qz, lg.forward_grid())
+            }
+            None => {
+                let grid = self.observe(&x, update);
+                let (out, qz) = kernel::fake_quant(x.clone(), &grid);
+                (out, qz, grid)
+            }
+        };
+        self.monitor.record(&x, &out, &qz, &grid);
+        Ok(out)
+    }
+
+    /// [`try_forward`](Self::try_forward) for shapes the caller has already checked.
+    ///
+    /// # Panics
+    /// If `x` does not fit the spec (rank below the per-channel axis, or another channel count):
+    /// a programming error of the op that owns this quantizer.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        match self.try_forward(x) {
+            Ok(out) => out,
+            Err(e) => panic!("quantizer {}: {e}", self.path),
+        }
+    }
+
+    fn observe<const D: usize>(&self, x: &Tensor<D>, update: bool) -> Grid {
+        match &self.observer {
+            Some(o) => o.grid(&self.spec, x, update),
+            None => self.fallback_grid(&x.device()),
+        }
+    }
+
+    fn fallback_grid(&self, device: &Device) -> Grid {
+        let ones = Tensor::<1>::ones([self.channels], device);
+        Grid::from_step(
+            ones.clone(),
+            ones.zeros_like(),
+            self.spec.quant_range(),
+            self.spec.round(),
+            self.spec.granularity().axis(),
+        )
+    }
+
+    /// The grid this quantizer would use now, without updating any state (for freeze).
+    pub fn current_grid(&self, device: &Device) -> Grid {
+        match &self.lsq {
+            Some(lsq) => lsq.current(&self.spec).forward_grid(),
+            None => {
+                let dummy = Tensor::<1>::zeros([self.channels], device);
+                self.observe(&dummy, false)
+            }
+        }
+    }
+
+    /// Quantize-only: the integers of `x` and their grid (observer updated in training mode, as
+    /// Paddle's `fake_quantize_*` ops do).
+    pub fn quantize<const D: usize>(&self, x: Tensor<D>) -> Result<IntTensor<D>, SpecError> {
+        self.check(&x)?;
+        let grid = match &self.lsq {
+            Some(lsq) => lsq.grid(&self.spec, &x, self.channels).forward_grid(),
+            None => self.observe(&x, self.training.is_enabled()),
+        };
+        let Quantized { q, .. } = kernel::quantize(x, &grid);
+        Ok(IntTensor {
+            values: q.int(),
+            scale: grid.step,
+            zero_point: grid.zero_point,
+            axis: grid.axis,
+        })
+    }
+}
+
+impl LsqParams {
+    fn new(spec: &QuantSpec, channels: usize, device: &Device) -> Self {
+        let pending: Arc<Mutex<Option<(Vec<f32>, Vec<f32>)>>> = Arc::default();
+        let lazy = |pick: fn(&(Vec<f32>, Vec<f32>)) -> Vec<f32>, fallback: f32, learn: bool| {
+            let slot = pending.clone();
+            Param::uninitialized(
+                ParamId::new(),
+                move |device: &Device, require_grad: bool| {
+                    // A parameter read before any data was seen (a model saved untrained) gets
+                    // the fallback value.
+                    let values = slot
+                        .lock()
+                        .ok()
+                        .and_then(|g| g.as_ref().map(pick))
+                        .unwrap_or_else(|| vec![fallback; channels]);
+                    let t = Tensor::<1>::from_floats(values.as_slice(), device);
+                    if require_grad { t.require_grad() } else { t }
+                },
+                device.clone(),
+                learn,
+                [channels].into(),
+            )
+        };
+        let scale = lazy(|p| p.0.clone(), 1.0, true);
+        let zero_point = lazy(|p| p.1.clone(), 0.0, !spec.is_symmetric());
+        LsqParams { scale, zero_point, pending }
+    }
+
+    /// LSQ initialisation from the first tensor: `s = 2·mean|x|/sqrt(Qp)` (symmetric), or
+    /// min/max (affine, LSQ+); stored for the lazy parameters to pick up.
+    fn initialise<const D: usize>(&self, spec: &QuantSpec, x: &Tensor<D>) {
+        let axis = spec.granularity().axis();
+        let rows = channel_rows(x.clone().detach(), axis);
+        let c = rows.dims()[0];
+        let (scale, zp) = if spec.is_symmetric() {
+            let qp = spec.quant_range().1 as f32;
+            let s = rows
+                .abs()
+                .mean_dim(1)
+                .reshape([c])
+                .mul_scalar(2.0 / qp.sqrt())
+                .clamp_min(MIN_SCALE);
+            (s.clone(), s.zeros_like())
+        } else {
+            let lo = rows.clone().min_dim(1).reshape([c]);
+            let hi = rows.max_dim(1).reshape([c]);
+            qparams_from_min_max(lo, hi, spec)
+        };
+        let to_vec = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap_or_default();
+        if let Ok(mut slot) = self.pending.lock() {
+            slot.get_or_insert_with(|| (to_vec(scale), to_vec(zp)));
+        }
+    }
+
+    fn grid<const D: usize>(
+        &self,
+        spec: &QuantSpec,
+        x: &Tensor<D>,
+        channels: usize,
+    ) -> LearnableGrid {
+        if !self.scale.is_initialized() {
+            self.initialise(spec, x);
+        }
+        let n = x.dims().iter().product::<usize>() / channels;
+        let mut lg = self.current(spec);
+        lg.grad_factor = 1.0 / ((n as f32) * spec.quant_range().1 as f32).sqrt();
+        lg
+    }
+
+    fn current(&self, spec: &QuantSpec) -> LearnableGrid {
+        let (qmin, qmax) = spec.quant_range();
+        LearnableGrid {
+            scale: self.scale.val(),
+            zero_point: self.zero_point.val(),
+            qmin,
+            qmax,
+            grad_factor: 1.0,
+            round: spec.round(),
+            axis: spec.granularity().axis(),
+        }
+    }
+}

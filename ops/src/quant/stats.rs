@@ -1,0 +1,175 @@
+//! Quantization error statistics: MSE, SQNR and clip fraction of the last tensor a quantizer saw.
+//!
+//! Recording is off by default. When on, the quantizer keeps a handful of scalar tensors on the
+//! device (no host sync in the training step); [`Monitor::read`] brings them back on request.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+use super::kernel::{Grid, Quantized};
+use super::spec::QuantSpec;
+
+/// SQNR reported when the quantization is exact (zero noise), and its negative when there is
+/// noise but no signal: the value stays finite so plots and CSV readers never see inf or NaN.
+pub const SQNR_CAP_DB: f64 = 200.0;
+
+/// What a quantizer quantizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorRole {
+    /// A weight (or folded BN weight).
+    Weight,
+    /// An activation.
+    Act,
+    /// DARTS mixing weights (softmax of the architecture parameters).
+    Mix,
+}
+
+impl fmt::Display for TensorRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TensorRole::Weight => "weight",
+            TensorRole::Act => "act",
+            TensorRole::Mix => "mix",
+        })
+    }
+}
+
+/// One quantizer's error on the last tensor it saw.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantStats {
+    /// Stable layer path.
+    pub path: String,
+    /// Weight, activation or mixing weight.
+    pub role: TensorRole,
+    /// Bit width.
+    pub bits: u32,
+    /// Step size (mean over channels when per-channel).
+    pub scale: f64,
+    /// Zero point (mean over channels when per-channel).
+    pub zero_point: f64,
+    /// Mean squared error between the tensor and its fake-quantized value.
+    pub mse: f64,
+    /// Signal-to-quantization-noise ratio in dB, `10·log10(Σx² / Σ(x − x̂)²)`, within
+    /// ±[`SQNR_CAP_DB`].
+    pub sqnr_db: f64,
+    /// Fraction of elements outside the integer range before clamping.
+    pub clip_frac: f64,
+    /// Number of elements.
+    pub numel: usize,
+}
+
+/// SQNR in dB from the signal and noise energies, finite in every case.
+pub fn sqnr_db(signal: f64, noise: f64) -> f64 {
+    if noise <= 0.0 {
+        SQNR_CAP_DB
+    } else if signal <= 0.0 {
+        -SQNR_CAP_DB
+    } else {
+        (10.0 * (signal / noise).log10()).clamp(-SQNR_CAP_DB, SQNR_CAP_DB)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Recorded {
+    signal: Tensor<1>,
+    noise: Tensor<1>,
+    clipped: Tensor<1>,
+    numel: usize,
+    step: Tensor<1>,
+    zero_point: Tensor<1>,
+}
+
+#[derive(Debug, Default)]
+struct MonitorState {
+    recording: bool,
+    last: Option<Recorded>,
+}
+
+/// Shared recording switch and last statistics of a quantizer.
+#[derive(Debug, Clone, Default)]
+pub struct Monitor {
+    state: Arc<Mutex<MonitorState>>,
+}
+
+impl Monitor {
+    /// Turns recording on or off.
+    pub fn set_recording(&self, on: bool) {
+        if let Ok(mut s) = self.state.lock() {
+            s.recording = on;
+        }
+    }
+
+    /// Whether recording is on.
+    pub fn is_recording(&self) -> bool {
+        self.state.lock().map(|s| s.recording).unwrap_or(false)
+    }
+
+    /// Keeps the error of `out` against `x` (device tensors only) when recording.
+    pub fn record<const D: usize>(
+        &self,
+        x: &Tensor<D>,
+        out: &Tensor<D>,
+        qz: &Quantized<D>,
+        grid: &Grid,
+    ) {
+        let Ok(mut s) = self.state.lock() else { return };
+        if !s.recording {
+            return;
+        }
+        let x = x.clone().detach();
+        let noise = x.clone().sub(out.clone().detach());
+        s.last = Some(Recorded {
+            signal: x.clone().square().sum(),
+            noise: noise.square().sum(),
+            clipped: qz.in_range.clone().bool_not().float().sum(),
+            numel: x.dims().iter().product(),
+            step: grid.step.clone().detach(),
+            zero_point: grid.zero_point.clone().detach(),
+        });
+    }
+
+    /// Reads the last statistics back to the host.
+    pub fn read(&self, path: &str, role: TensorRole, spec: &QuantSpec) -> Option<QuantStats> {
+        let last = self.state.lock().ok()?.last.clone()?;
+        let scalar = |t: Tensor<1>| -> f64 {
+            let v = t.into_data().try_to_vec::<f32>().unwrap_or_default();
+            if v.is_empty() {
+                0.0
+            } else {
+                v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64
+            }
+        };
+        let signal = scalar(last.signal);
+        let noise = scalar(last.noise);
+        let n = last.numel.max(1) as f64;
+        Some(QuantStats {
+            path: path.to_string(),
+            role,
+            bits: spec.bits(),
+            scale: scalar(last.step),
+            zero_point: scalar(last.zero_point),
+            mse: noise / n,
+            sqnr_db: sqnr_db(signal, noise),
+            clip_frac: scalar(last.clipped) / n,
+            numel: last.numel,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqnr_is_finite_at_the_edges() {
+        assert_eq!(sqnr_db(0.0, 0.0), SQNR_CAP_DB);
+        assert_eq!(sqnr_db(1.0, 0.0), SQNR_CAP_DB);
+        assert_eq!(sqnr_db(0.0, 1.0), -SQNR_CAP_DB);
+        // 10·log10(100/1) = 20 dB by hand.
+        assert!((sqnr_db(100.0, 1.0) - 20.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,2 @@
+//! qdarts command line.
+fn main() {}
