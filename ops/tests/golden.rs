@@ -55,23 +55,29 @@ fn shape(v: &Value) -> Result<Vec<usize>, String> {
         .collect()
 }
 
-fn tensor4(values: &[f32], shape: &[usize], device: &Device) -> Result<Tensor<4>, String> {
-    // Every golden tensor is handled as rank 4 (padded with leading 1s), so one code path serves
-    // them all; a per-channel axis is shifted by the padding.
-    if shape.len() > 4 {
-        return Err(format!("rank {} > 4 not supported by the harness", shape.len()));
-    }
-    let mut dims = vec![1; 4 - shape.len()];
-    dims.extend_from_slice(shape);
-    let n: usize = dims.iter().product();
+/// Loads a golden tensor of any rank as rank 4: `[before, C, after, 1]` around the channel axis
+/// (per-channel), or `[1, 1, 1, n]` (per-tensor). Returns the tensor and its new channel axis.
+fn tensor4(
+    values: &[f32],
+    shape: &[usize],
+    axis: Option<usize>,
+    device: &Device,
+) -> Result<(Tensor<4>, Option<usize>), String> {
+    let n: usize = shape.iter().product();
     if n != values.len() {
         return Err(format!("shape {shape:?} holds {n} values, file has {}", values.len()));
     }
-    Ok(Tensor::from_data(TensorData::new(values.to_vec(), dims), device))
-}
-
-fn pad_axis(shape: &[usize], axis: usize) -> usize {
-    axis + 4 - shape.len()
+    let dims = match axis {
+        None => [1, 1, 1, n],
+        Some(a) if a < shape.len() => {
+            let before = shape[..a].iter().product();
+            let after = shape[a + 1..].iter().product();
+            [before, shape[a], after, 1]
+        }
+        Some(a) => return Err(format!("axis {a} out of range for shape {shape:?}")),
+    };
+    let t = Tensor::from_data(TensorData::new(values.to_vec(), dims), device);
+    Ok((t, axis.map(|_| 1)))
 }
 
 fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
@@ -128,22 +134,22 @@ fn torch_fixed(v: &Value, per_channel: bool) -> Check {
     let dev = device().autodiff();
     let (qmin, qmax) = (num(p, "quant_min")? as i32, num(p, "quant_max")? as i32);
     let (scale, zp, axis) = if per_channel {
-        let axis = pad_axis(&shp, num(p, "axis")? as usize);
-        (floats(p, "scale")?, floats(p, "zero_point")?, Some(axis))
+        (floats(p, "scale")?, floats(p, "zero_point")?, Some(num(p, "axis")? as usize))
     } else {
         (vec![num(p, "scale")? as f32], vec![num(p, "zero_point")? as f32], None)
     };
+    let (x, axis4) = tensor4(&floats(v, "input")?, &shp, axis, &dev)?;
+    let (up, _) = tensor4(&floats(v, "upstream_grad")?, &shp, axis, &dev)?;
     let grid = Grid::from_step(
         Tensor::from_floats(scale.as_slice(), &dev),
         Tensor::from_floats(zp.as_slice(), &dev),
         (qmin, qmax),
         RoundMode::TiesToEven,
-        axis,
+        axis4,
     );
-    let x = tensor4(&floats(v, "input")?, &shp, &dev)?.require_grad();
+    let x = x.require_grad();
     let (out, _) = fake_quant(x.clone(), &grid);
     close("output", &to_vec(out.clone()), &floats(v, "output")?)?;
-    let up = tensor4(&floats(v, "upstream_grad")?, &shp, &dev)?;
     let grads = backward_with(out, up);
     let gx = x.grad(&grads).ok_or("no gradient for input")?;
     close("grad_input", &to_vec(gx), &floats(v, "grad_input")?)
@@ -164,10 +170,10 @@ fn torch_learnable(v: &Value) -> Check {
         round: RoundMode::TiesToEven,
         axis: None,
     };
-    let x = tensor4(&floats(v, "input")?, &shp, &dev)?.require_grad();
+    let x = tensor4(&floats(v, "input")?, &shp, None, &dev)?.0.require_grad();
     let (out, _) = fake_quant_learnable(x.clone(), &lg);
     close("output", &to_vec(out.clone()), &floats(v, "output")?)?;
-    let up = tensor4(&floats(v, "upstream_grad")?, &shp, &dev)?;
+    let up = tensor4(&floats(v, "upstream_grad")?, &shp, None, &dev)?.0;
     let grads = backward_with(out, up);
     close(
         "grad_input",
@@ -214,9 +220,15 @@ fn paddle_spec(
 
 /// Runs one training-mode step of a Paddle quantizer and checks threshold, integers and
 /// dequantized values.
-fn paddle_step(fq: &FakeQuantizer, step: &Value, shp: &[usize], scale_key: &str) -> Check {
+fn paddle_step(
+    fq: &FakeQuantizer,
+    step: &Value,
+    shp: &[usize],
+    axis: Option<usize>,
+    scale_key: &str,
+) -> Check {
     let dev = device();
-    let x = tensor4(&floats(step, "input")?, shp, &dev)?;
+    let (x, _) = tensor4(&floats(step, "input")?, shp, axis, &dev)?;
     let out = fq.try_forward(x.clone()).map_err(|e| e.to_string())?;
     let threshold =
         fq.observer.as_ref().and_then(ObserverState::threshold).ok_or("no threshold")?;
@@ -230,18 +242,19 @@ fn paddle_abs_max(v: &Value) -> Check {
     let spec = paddle_spec(&v["params"], ObserverKind::AbsMax, Granularity::PerTensor)?;
     let fq = FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &device())
         .map_err(|e| e.to_string())?;
-    paddle_step(&fq, v, &shape(v)?, "out_scale")
+    paddle_step(&fq, v, &shape(v)?, None, "out_scale")
 }
 
 fn paddle_channel_wise(v: &Value) -> Check {
     let p = &v["params"];
     let shp = shape(v)?;
-    let axis = pad_axis(&shp, num(p, "quant_axis")? as usize);
-    let spec = paddle_spec(p, ObserverKind::ChannelWiseAbsMax, Granularity::PerChannel { axis })?;
-    let channels = shp[num(p, "quant_axis")? as usize];
+    let axis = num(p, "quant_axis")? as usize;
+    let channels = *shp.get(axis).ok_or("quant_axis out of range")?;
+    let spec =
+        paddle_spec(p, ObserverKind::ChannelWiseAbsMax, Granularity::PerChannel { axis: 1 })?;
     let fq = FakeQuantizer::new(spec, "golden", TensorRole::Weight, channels, &device())
         .map_err(|e| e.to_string())?;
-    paddle_step(&fq, v, &shp, "out_scales")
+    paddle_step(&fq, v, &shp, Some(axis), "out_scales")
 }
 
 fn paddle_moving_average(v: &Value) -> Check {
@@ -259,7 +272,7 @@ fn paddle_moving_average(v: &Value) -> Check {
     s.accum.update(Tensor::from_floats([num(p, "in_accum")? as f32], &dev));
     let steps = v.get("steps").and_then(Value::as_array).ok_or("missing `steps`")?;
     for (i, step) in steps.iter().enumerate() {
-        paddle_step(&fq, step, &shp, "out_scale").map_err(|e| format!("step {i}: {e}"))?;
+        paddle_step(&fq, step, &shp, None, "out_scale").map_err(|e| format!("step {i}: {e}"))?;
         close("out_state", &to_vec(s.state.value_sync()), &[num(step, "out_state")? as f32])
             .map_err(|e| format!("step {i}: {e}"))?;
         close("out_accum", &to_vec(s.accum.value_sync()), &[num(step, "out_accum")? as f32])

@@ -45,8 +45,11 @@ impl Granularity {
 }
 
 /// Where a quantizer's scale (and zero point) comes from.
+///
+/// In TOML: `observer = { kind = "moving_average_abs_max", rate = 0.9 }`; a field that the kind
+/// does not take is an error.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "RawObserver", into = "RawObserver")]
 pub enum ObserverKind {
     /// Paddle `fake_quantize_abs_max`: threshold = max|x| of the current tensor.
     AbsMax,
@@ -76,6 +79,84 @@ pub enum ObserverKind {
     /// LSQ (Esser et al., 2020): a learnable step size initialised to `2·mean|x|/sqrt(Qp)`,
     /// with gradient scale `1/sqrt(N·Qp)`; affine specs also learn the zero point (LSQ+).
     Lsq,
+}
+
+/// The wire form of [`ObserverKind`]: serde's internally tagged enums ignore unknown fields of
+/// unit variants, so the kind and its fields are checked by hand.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawObserver {
+    kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rate: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    averaging_constant: Option<f32>,
+}
+
+impl TryFrom<RawObserver> for ObserverKind {
+    type Error = String;
+
+    fn try_from(r: RawObserver) -> Result<Self, String> {
+        let given: Vec<&str> = [
+            r.window.map(|_| "window"),
+            r.rate.map(|_| "rate"),
+            r.averaging_constant.map(|_| "averaging_constant"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let (kind, takes): (ObserverKind, &[&str]) = match r.kind.as_str() {
+            "abs_max" => (ObserverKind::AbsMax, &[]),
+            "channel_wise_abs_max" => (ObserverKind::ChannelWiseAbsMax, &[]),
+            "range_abs_max" => {
+                (ObserverKind::RangeAbsMax { window: r.window.unwrap_or(10000) }, &["window"])
+            }
+            "moving_average_abs_max" => {
+                (ObserverKind::MovingAverageAbsMax { rate: r.rate.unwrap_or(0.9) }, &["rate"])
+            }
+            "min_max" => (ObserverKind::MinMax, &[]),
+            "moving_average_min_max" => (
+                ObserverKind::MovingAverageMinMax {
+                    averaging_constant: r.averaging_constant.unwrap_or(0.01),
+                },
+                &["averaging_constant"],
+            ),
+            "lsq" => (ObserverKind::Lsq, &[]),
+            other => {
+                return Err(format!(
+                    "unknown observer kind `{other}`: expected one of abs_max, \
+                     channel_wise_abs_max, range_abs_max, moving_average_abs_max, min_max, \
+                     moving_average_min_max, lsq"
+                ));
+            }
+        };
+        match given.iter().find(|f| !takes.contains(f)) {
+            Some(f) => Err(format!("observer `{}` takes no field `{f}`", r.kind)),
+            None => Ok(kind),
+        }
+    }
+}
+
+impl From<ObserverKind> for RawObserver {
+    fn from(k: ObserverKind) -> Self {
+        let mut r = RawObserver {
+            kind: k.name().to_string(),
+            window: None,
+            rate: None,
+            averaging_constant: None,
+        };
+        match k {
+            ObserverKind::RangeAbsMax { window } => r.window = Some(window),
+            ObserverKind::MovingAverageAbsMax { rate } => r.rate = Some(rate),
+            ObserverKind::MovingAverageMinMax { averaging_constant } => {
+                r.averaging_constant = Some(averaging_constant)
+            }
+            _ => {}
+        }
+        r
+    }
 }
 
 impl ObserverKind {
@@ -428,5 +509,12 @@ mod tests {
         let err = toml::from_str::<QuantSpec>("bits = 8\nobserver = { kind = \"lsq\", rate = 1 }")
             .unwrap_err();
         assert!(err.to_string().contains("rate"), "{err}");
+        let err =
+            toml::from_str::<QuantSpec>("bits = 8\nobserver = { kind = \"minmax\" }").unwrap_err();
+        assert!(err.to_string().contains("unknown observer kind `minmax`"), "{err}");
+        let s: QuantSpec =
+            toml::from_str("bits = 4\nobserver = { kind = \"range_abs_max\", window = 5 }")
+                .unwrap();
+        assert_eq!(s.observer(), ObserverKind::RangeAbsMax { window: 5 });
     }
 }
