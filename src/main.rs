@@ -1,2 +1,108 @@
-//! qdarts command line.
-fn main() {}
+//! `qdarts`: quantization-aware differentiable architecture search.
+//!
+//! Exit codes: 0 success; 1 error (message on stderr); 2 invalid command line; 3 the command is
+//! not available in this version yet.
+
+mod backend;
+mod bench;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use backend::Backend;
+
+/// Exit code of a command that this version does not provide yet.
+const EXIT_NOT_AVAILABLE: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "qdarts",
+    version,
+    about = "Quantization-aware DARTS: search, watch, train, freeze, export"
+)]
+struct Cli {
+    /// Compute backend (those compiled in: see `cargo build --features`).
+    #[arg(long, global = true, value_enum, default_value = "flex")]
+    backend: Backend,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Search a fake-quantized DARTS supernet and derive a genotype into results/<run>/.
+    Search {
+        /// Experiment config (TOML).
+        #[arg(long, default_value = "experiments/default.toml")]
+        config: PathBuf,
+        /// Override a config key, e.g. `--set search.epochs=5`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Continue an interrupted run.
+        #[arg(long, value_name = "RUN_DIR")]
+        resume: Option<PathBuf>,
+        /// Show the dashboard while searching.
+        #[arg(long)]
+        dashboard: bool,
+    },
+    /// Train the discrete network of a genotype with quantization-aware training.
+    Train {
+        /// Training config (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Freeze a trained run into an integer-only model.
+    Freeze {
+        /// Run folder.
+        run: PathBuf,
+    },
+    /// Export a frozen model (.qdf, ONNX QDQ).
+    Export {
+        /// Run folder.
+        run: PathBuf,
+    },
+    /// Evaluate the fake-quant and the integer model on the test set.
+    Eval {
+        /// Run folder.
+        run: PathBuf,
+    },
+    /// Watch a run record in the terminal.
+    Dashboard {
+        /// Run folder.
+        run: PathBuf,
+    },
+    /// Benchmarks; prints a table.
+    Bench {
+        #[command(subcommand)]
+        what: bench::BenchCommand,
+    },
+}
+
+fn not_available(what: &str) -> ExitCode {
+    eprintln!(
+        "qdarts: `{what}` is not available in this version yet; available now: `qdarts bench quant`"
+    );
+    ExitCode::from(EXIT_NOT_AVAILABLE)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Search { .. } => return not_available("search"),
+        Command::Train { .. } => return not_available("train"),
+        Command::Freeze { .. } => return not_available("freeze"),
+        Command::Export { .. } => return not_available("export"),
+        Command::Eval { .. } => return not_available("eval"),
+        Command::Dashboard { .. } => return not_available("dashboard"),
+        Command::Bench { what } => bench::run(what, cli.backend),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qdarts: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

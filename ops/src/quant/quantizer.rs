@@ -15,6 +15,15 @@ use super::observer::{ObserverState, channel_rows, qparams_from_min_max};
 use super::spec::{ObserverKind, QuantSpec};
 use super::stats::{Monitor, QuantStats, TensorRole};
 
+/// Initial (step, zero point) per channel, computed from the first tensor an LSQ quantizer sees.
+#[derive(Debug, Clone)]
+struct LsqInit {
+    scale: Vec<f32>,
+    zero_point: Vec<f32>,
+}
+
+type InitSlot = Arc<Mutex<Option<LsqInit>>>;
+
 /// The learnable step size and zero point of an LSQ quantizer.
 #[derive(Module, Debug)]
 pub struct LsqParams {
@@ -24,7 +33,7 @@ pub struct LsqParams {
     pub zero_point: Param<Tensor<1>>,
     /// The initial values, filled by the first forward and read by the lazy parameters.
     #[module(skip)]
-    pending: Arc<Mutex<Option<(Vec<f32>, Vec<f32>)>>>,
+    pending: InitSlot,
 }
 
 /// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
@@ -209,8 +218,8 @@ impl FakeQuantizer {
 
 impl LsqParams {
     fn new(spec: &QuantSpec, channels: usize, device: &Device) -> Self {
-        let pending: Arc<Mutex<Option<(Vec<f32>, Vec<f32>)>>> = Arc::default();
-        let lazy = |pick: fn(&(Vec<f32>, Vec<f32>)) -> Vec<f32>, fallback: f32, learn: bool| {
+        let pending: InitSlot = Arc::default();
+        let lazy = |pick: fn(&LsqInit) -> Vec<f32>, fallback: f32, learn: bool| {
             let slot = pending.clone();
             Param::uninitialized(
                 ParamId::new(),
@@ -230,8 +239,8 @@ impl LsqParams {
                 [channels].into(),
             )
         };
-        let scale = lazy(|p| p.0.clone(), 1.0, true);
-        let zero_point = lazy(|p| p.1.clone(), 0.0, !spec.is_symmetric());
+        let scale = lazy(|p| p.scale.clone(), 1.0, true);
+        let zero_point = lazy(|p| p.zero_point.clone(), 0.0, !spec.is_symmetric());
         LsqParams { scale, zero_point, pending }
     }
 
@@ -257,7 +266,7 @@ impl LsqParams {
         };
         let to_vec = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap_or_default();
         if let Ok(mut slot) = self.pending.lock() {
-            slot.get_or_insert_with(|| (to_vec(scale), to_vec(zp)));
+            slot.get_or_insert_with(|| LsqInit { scale: to_vec(scale), zero_point: to_vec(zp) });
         }
     }
 

@@ -291,7 +291,7 @@ impl QuantSpec {
             ObserverKind::ChannelWiseAbsMax if spec.granularity.axis().is_none() => {
                 return Err(SpecError::ChannelWiseNeedsAxis);
             }
-            ObserverKind::RangeAbsMax { window } if window == 0 => {
+            ObserverKind::RangeAbsMax { window: 0 } => {
                 return Err(SpecError::Window);
             }
             ObserverKind::MovingAverageAbsMax { rate } if !(rate > 0.0 && rate < 1.0) => {

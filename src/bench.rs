@@ -1,0 +1,271 @@
+//! `qdarts bench`: throughput tables. Timings live here, never in unit tests.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::{Device, Distribution, Tensor};
+use clap::Subcommand;
+use qdarts_ops::quant::{
+    FakeQuantizer, Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode, TensorRole,
+};
+
+use crate::backend::Backend;
+
+/// What to benchmark.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Fake-quant throughput per observer, per-tensor and per-channel, forward and
+    /// forward+backward, against a plain elementwise copy of the same tensor.
+    Quant {
+        /// Tensor shape N,C,H,W (per-channel quantizes along C).
+        #[arg(long, default_value = "64,64,56,56", value_parser = parse_shape)]
+        shape: [usize; 4],
+        /// Timed repetitions per row (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+}
+
+fn parse_shape(s: &str) -> Result<[usize; 4], String> {
+    let dims: Vec<usize> = s
+        .split(',')
+        .map(|d| d.trim().parse::<usize>().map_err(|e| format!("`{d}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match dims.as_slice() {
+        &[n, c, h, w] if n * c * h * w > 0 => Ok([n, c, h, w]),
+        _ => Err(format!("expected four positive dimensions N,C,H,W, got `{s}`")),
+    }
+}
+
+/// Runs a benchmark command.
+pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
+    match cmd {
+        BenchCommand::Quant { shape, reps, csv } => {
+            if reps == 0 {
+                bail!("--reps must be at least 1");
+            }
+            let device = backend.device()?;
+            let rows = quant_rows(shape, reps, &device)?;
+            let numel: usize = shape.iter().product();
+            println!(
+                "fake-quant throughput on {}, tensor {}x{}x{}x{} ({:.1} M elements, f32), median of {reps} after 1 warm-up",
+                backend.name(),
+                shape[0],
+                shape[1],
+                shape[2],
+                shape[3],
+                numel as f64 / 1e6
+            );
+            print!("{}", render(&rows));
+            if let Some(path) = csv {
+                write_csv(&path, backend, shape, &rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// One timed configuration.
+#[derive(Debug, Clone)]
+struct Row {
+    what: String,
+    granularity: &'static str,
+    pass: &'static str,
+    median_s: f64,
+    min_s: f64,
+    max_s: f64,
+    numel: usize,
+}
+
+impl Row {
+    fn elems_per_s(&self) -> f64 {
+        self.numel as f64 / self.median_s
+    }
+    /// Nominal traffic: one f32 read and one f32 write per element (per pass direction).
+    fn gb_per_s(&self) -> f64 {
+        let dirs = if self.pass == "fwd" { 1.0 } else { 2.0 };
+        dirs * 8.0 * self.numel as f64 / self.median_s / 1e9
+    }
+}
+
+fn time_reps(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64)> {
+    f()?; // warm-up
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        f()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    t.sort_by(f64::total_cmp);
+    Ok((t[t.len() / 2], t[0], t[t.len() - 1]))
+}
+
+/// Forces the lazy work of a result to finish (a one-element read back).
+fn settle(t: Tensor<4>) -> f32 {
+    t.slice([0..1, 0..1, 0..1, 0..1]).into_scalar::<f32>()
+}
+
+fn spec(observer: ObserverKind, granularity: Granularity) -> Result<QuantSpec> {
+    Ok(QuantSpec::new(RawQuantSpec {
+        bits: 8,
+        signed: true,
+        symmetric: true,
+        granularity,
+        round: RoundMode::TiesToEven,
+        observer,
+        quant_min: None,
+        quant_max: None,
+    })?)
+}
+
+fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row>> {
+    let numel: usize = shape.iter().product();
+    let per_channel = Granularity::PerChannel { axis: 1 };
+    let configs: Vec<(ObserverKind, Granularity)> = vec![
+        (ObserverKind::AbsMax, Granularity::PerTensor),
+        (ObserverKind::MovingAverageAbsMax { rate: 0.9 }, Granularity::PerTensor),
+        (ObserverKind::MinMax, Granularity::PerTensor),
+        (ObserverKind::Lsq, Granularity::PerTensor),
+        (ObserverKind::ChannelWiseAbsMax, per_channel),
+        (ObserverKind::MinMax, per_channel),
+        (ObserverKind::Lsq, per_channel),
+    ];
+    let gran_name = |g: Granularity| match g {
+        Granularity::PerTensor => "per-tensor",
+        Granularity::PerChannel { .. } => "per-channel",
+    };
+    let mut rows = Vec::new();
+    let x = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
+    let row = |what: String, granularity, pass, (median_s, min_s, max_s)| Row {
+        what,
+        granularity,
+        pass,
+        median_s,
+        min_s,
+        max_s,
+        numel,
+    };
+
+    // Baseline: the cheapest elementwise op that writes a new tensor.
+    let t = time_reps(reps, || {
+        settle(x.clone().add_scalar(0.0));
+        Ok(())
+    })?;
+    rows.push(row("copy (x + 0)".into(), "-", "fwd", t));
+    let ad = device.clone().autodiff();
+    let xa = Tensor::<4>::from_inner(x.clone());
+    let t = time_reps(reps, || {
+        let xg = xa.clone().require_grad();
+        let grads = xg.clone().add_scalar(0.0).sum().backward();
+        if let Some(g) = xg.grad(&grads) {
+            settle(g);
+        }
+        Ok(())
+    })?;
+    rows.push(row("copy (x + 0)".into(), "-", "fwd+bwd", t));
+
+    for (observer, granularity) in configs {
+        let s = spec(observer, granularity)?;
+        let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], device)?;
+        let t = time_reps(reps, || {
+            settle(fq.try_forward(x.clone())?);
+            Ok(())
+        })?;
+        rows.push(row(observer.name().to_string(), gran_name(granularity), "fwd", t));
+
+        let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], &ad)?;
+        let t = time_reps(reps, || {
+            let xg = xa.clone().require_grad();
+            let out = fq.try_forward(xg.clone())?;
+            let grads = out.sum().backward();
+            if let Some(g) = xg.grad(&grads) {
+                settle(g);
+            }
+            Ok(())
+        })?;
+        rows.push(row(observer.name().to_string(), gran_name(granularity), "fwd+bwd", t));
+    }
+    Ok(rows)
+}
+
+fn render(rows: &[Row]) -> String {
+    let copy = |pass: &str| {
+        rows.iter().find(|r| r.what.starts_with("copy") && r.pass == pass).map(|r| r.median_s)
+    };
+    let mut out = format!(
+        "{:<24} {:<12} {:<8} {:>10} {:>19} {:>10} {:>7} {:>8}\n",
+        "observer", "granularity", "pass", "median ms", "min..max ms", "Melem/s", "GB/s", "x copy"
+    );
+    for r in rows {
+        let ratio = copy(r.pass).map(|c| r.median_s / c).unwrap_or(f64::NAN);
+        out.push_str(&format!(
+            "{:<24} {:<12} {:<8} {:>10.1} {:>19} {:>10.1} {:>7.2} {:>8.2}\n",
+            r.what,
+            r.granularity,
+            r.pass,
+            r.median_s * 1e3,
+            format!("{:.1}..{:.1}", r.min_s * 1e3, r.max_s * 1e3),
+            r.elems_per_s() / 1e6,
+            r.gb_per_s(),
+            ratio
+        ));
+    }
+    out
+}
+
+fn write_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[Row]) -> Result<()> {
+    let mut f = File::create(path)?;
+    writeln!(
+        f,
+        "backend,shape,observer,granularity,pass,median_s,min_s,max_s,elems_per_s,gb_per_s"
+    )?;
+    let shape = format!("{}x{}x{}x{}", shape[0], shape[1], shape[2], shape[3]);
+    for r in rows {
+        writeln!(
+            f,
+            "{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3}",
+            backend.name(),
+            shape,
+            r.what,
+            r.granularity,
+            r.pass,
+            r.median_s,
+            r.min_s,
+            r.max_s,
+            r.elems_per_s(),
+            r.gb_per_s()
+        )?;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_bad_shapes_say_why() {
+        assert_eq!(parse_shape("2,3,4,5").unwrap(), [2, 3, 4, 5]);
+        assert!(parse_shape("2,3,4").unwrap_err().contains("four positive"));
+        assert!(parse_shape("2,0,4,5").unwrap_err().contains("four positive"));
+        assert!(parse_shape("2,x,4,5").unwrap_err().contains("`x`"));
+    }
+
+    #[test]
+    fn a_tiny_bench_produces_every_row() {
+        let rows = quant_rows([2, 3, 4, 4], 1, &Device::flex()).unwrap();
+        // copy + 7 observer configs, each forward and forward+backward.
+        assert_eq!(rows.len(), 16);
+        assert!(rows.iter().all(|r| r.median_s > 0.0 && r.min_s <= r.max_s));
+        let table = render(&rows);
+        assert!(table.contains("channel_wise_abs_max") && table.contains("per-channel"));
+    }
+}
