@@ -8,6 +8,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Distribution, Tensor};
 use clap::Subcommand;
+use qdarts_genotypes::Primitive;
+use qdarts_ops::candidates::{CandidateOp, QTensor};
+use qdarts_ops::qconfig::{Preset, QuantConfig};
 use qdarts_ops::quant::{
     FakeQuantizer, Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode, TensorRole,
 };
@@ -30,6 +33,51 @@ pub enum BenchCommand {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// Forward+backward time of each candidate op, float against fake-quant.
+    Ops {
+        /// Batch size.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Channels.
+        #[arg(long, default_value_t = 16)]
+        channels: usize,
+        /// Height and width.
+        #[arg(long, default_value_t = 32)]
+        size: usize,
+        /// Quantization preset of the fake-quant column.
+        #[arg(long, value_enum, default_value = "tensorrt")]
+        preset: PresetArg,
+        /// Timed repetitions per row (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+}
+
+/// A quantization preset on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PresetArg {
+    /// int8 per-channel weights, int8 per-tensor activations.
+    Tensorrt,
+    /// int8 per-channel weights, uint8 affine activations.
+    OnnxQdq,
+    /// channel-wise abs-max weights, moving-average abs-max activations.
+    Paddle,
+    /// learned step sizes.
+    Lsq,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Preset {
+        match p {
+            PresetArg::Tensorrt => Preset::Tensorrt,
+            PresetArg::OnnxQdq => Preset::OnnxQdq,
+            PresetArg::Paddle => Preset::Paddle,
+            PresetArg::Lsq => Preset::Lsq,
+        }
+    }
 }
 
 fn parse_shape(s: &str) -> Result<[usize; 4], String> {
@@ -69,7 +117,120 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Ops { batch, channels, size, preset, reps, csv } => {
+            if reps == 0 || batch == 0 || channels < 2 || size < 2 {
+                bail!("--reps, --batch must be >= 1, --channels and --size >= 2");
+            }
+            let device = backend.device()?;
+            let shape = [batch, channels, size, size];
+            let rows = op_rows(shape, preset.into(), reps, &device)?;
+            println!(
+                "candidate ops, forward+backward on {}, input {batch}x{channels}x{size}x{size}, \
+                 fake-quant preset {preset:?}, median of {reps} after 1 warm-up (ms)",
+                backend.name()
+            );
+            print!("{}", render_ops(&rows));
+            if let Some(path) = csv {
+                write_ops_csv(&path, backend, shape, &rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
     }
+}
+
+/// Float and fake-quant timings of one op.
+#[derive(Debug, Clone)]
+struct OpRow {
+    op: String,
+    stride: usize,
+    float: (f64, f64, f64),
+    quant: (f64, f64, f64),
+}
+
+fn time_op(op: &CandidateOp, x: &Tensor<4>, reps: usize) -> Result<(f64, f64, f64)> {
+    time_reps(reps, || {
+        let xg = x.clone().require_grad();
+        let out = op.forward(QTensor::float(xg.clone())).value;
+        if out.is_tracked() {
+            let grads = out.sum().backward();
+            if let Some(g) = xg.grad(&grads) {
+                settle(g);
+            }
+        } else {
+            settle(out);
+        }
+        Ok(())
+    })
+}
+
+fn op_rows(shape: [usize; 4], preset: Preset, reps: usize, device: &Device) -> Result<Vec<OpRow>> {
+    let ad = device.clone().autodiff();
+    let x = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &ad);
+    let float = QuantConfig::float();
+    let quant = QuantConfig::preset(preset);
+    let mut rows = Vec::new();
+    for stride in [1, 2] {
+        for p in Primitive::DARTS {
+            let path = format!("bench.{p}");
+            let f = CandidateOp::new(p, shape[1], stride, false, &float, &path, &ad)?;
+            let q = CandidateOp::new(p, shape[1], stride, false, &quant, &path, &ad)?;
+            rows.push(OpRow {
+                op: p.name().to_string(),
+                stride,
+                float: time_op(&f, &x, reps)?,
+                quant: time_op(&q, &x, reps)?,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn render_ops(rows: &[OpRow]) -> String {
+    let mut out = format!(
+        "{:<14} {:>6} {:>10} {:>17} {:>12} {:>17} {:>7}\n",
+        "op", "stride", "float", "min..max", "fake-quant", "min..max", "ratio"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<14} {:>6} {:>10.2} {:>17} {:>12.2} {:>17} {:>7.2}\n",
+            r.op,
+            r.stride,
+            r.float.0 * 1e3,
+            format!("{:.2}..{:.2}", r.float.1 * 1e3, r.float.2 * 1e3),
+            r.quant.0 * 1e3,
+            format!("{:.2}..{:.2}", r.quant.1 * 1e3, r.quant.2 * 1e3),
+            r.quant.0 / r.float.0
+        ));
+    }
+    out
+}
+
+fn write_ops_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[OpRow]) -> Result<()> {
+    let mut f = File::create(path)?;
+    writeln!(
+        f,
+        "backend,shape,op,stride,float_median_s,float_min_s,float_max_s,quant_median_s,quant_min_s,quant_max_s"
+    )?;
+    let shape = format!("{}x{}x{}x{}", shape[0], shape[1], shape[2], shape[3]);
+    for r in rows {
+        writeln!(
+            f,
+            "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
+            backend.name(),
+            shape,
+            r.op,
+            r.stride,
+            r.float.0,
+            r.float.1,
+            r.float.2,
+            r.quant.0,
+            r.quant.1,
+            r.quant.2
+        )?;
+    }
+    f.sync_all()?;
+    Ok(())
 }
 
 /// One timed configuration.
@@ -267,5 +428,13 @@ mod tests {
         assert!(rows.iter().all(|r| r.median_s > 0.0 && r.min_s <= r.max_s));
         let table = render(&rows);
         assert!(table.contains("channel_wise_abs_max") && table.contains("per-channel"));
+    }
+
+    #[test]
+    fn a_tiny_ops_bench_times_every_primitive_at_both_strides() {
+        let rows = op_rows([2, 4, 8, 8], Preset::Tensorrt, 1, &Device::flex()).unwrap();
+        assert_eq!(rows.len(), 16);
+        assert!(rows.iter().all(|r| r.float.0 > 0.0 && r.quant.0 > 0.0));
+        assert!(render_ops(&rows).contains("sep_conv_5x5"));
     }
 }

@@ -27,6 +27,10 @@ pub enum Primitive {
     DilConv3x3,
     /// Dilated (2) separable 5×5 convolution.
     DilConv5x5,
+    /// Two stacked separable 7×7 convolutions (in DARTS' OPS, not in its search space).
+    SepConv7x7,
+    /// Factorized 7×1 – 1×7 convolution (in DARTS' OPS, not in its search space).
+    Conv7x1_1x7,
 }
 
 impl Primitive {
@@ -42,6 +46,20 @@ impl Primitive {
         Primitive::DilConv5x5,
     ];
 
+    /// Every primitive qdarts knows: the DARTS space plus the other ops of DARTS' `OPS` table.
+    pub const ALL: [Primitive; 10] = [
+        Primitive::None,
+        Primitive::MaxPool3x3,
+        Primitive::AvgPool3x3,
+        Primitive::SkipConnect,
+        Primitive::SepConv3x3,
+        Primitive::SepConv5x5,
+        Primitive::DilConv3x3,
+        Primitive::DilConv5x5,
+        Primitive::SepConv7x7,
+        Primitive::Conv7x1_1x7,
+    ];
+
     /// The name DARTS uses.
     pub fn name(&self) -> &'static str {
         match self {
@@ -53,6 +71,8 @@ impl Primitive {
             Primitive::SepConv5x5 => "sep_conv_5x5",
             Primitive::DilConv3x3 => "dil_conv_3x3",
             Primitive::DilConv5x5 => "dil_conv_5x5",
+            Primitive::SepConv7x7 => "sep_conv_7x7",
+            Primitive::Conv7x1_1x7 => "conv_7x1_1x7",
         }
     }
 }
@@ -88,7 +108,7 @@ impl FromStr for Primitive {
     type Err = ParsePrimitiveError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Primitive::DARTS
+        Primitive::ALL
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| ParsePrimitiveError(s.to_string()))
@@ -123,8 +143,9 @@ mod tests {
 
     #[test]
     fn unknown_names_are_errors_that_list_the_choices() {
-        let err = "conv_7x1_1x7".parse::<Primitive>().unwrap_err();
-        assert!(err.to_string().contains("conv_7x1_1x7"));
+        assert_eq!("conv_7x1_1x7".parse::<Primitive>().unwrap(), Primitive::Conv7x1_1x7);
+        let err = "conv_3x3".parse::<Primitive>().unwrap_err();
+        assert!(err.to_string().contains("conv_3x3"));
         assert!(err.to_string().contains("sep_conv_3x3"));
     }
 }

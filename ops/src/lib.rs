@@ -4,4 +4,7 @@
 //! straight-through estimator, matching PyTorch's and PaddlePaddle's fake-quant kernels number
 //! for number (see `tests/golden.rs`).
 
+pub mod arith;
+pub mod candidates;
+pub mod qconfig;
 pub mod quant;

@@ -62,6 +62,14 @@ pub enum SpecError {
         /// The axis.
         axis: usize,
     },
+    /// A fixed range that is empty or not finite.
+    #[error("fixed range [{min}, {max}] must be finite with min < max")]
+    FixedRange {
+        /// Lower end.
+        min: f32,
+        /// Upper end.
+        max: f32,
+    },
     /// Zero window.
     #[error("range_abs_max needs window >= 1")]
     Window,

@@ -148,6 +148,37 @@ fn zero_with_grad<const D: usize>(p: Tensor<D>, coef: Tensor<D>) -> Tensor<D> {
     p.clone().sub(p.detach()).mul(coef)
 }
 
+/// Fake-quantizes a sum the way integer kernels add: every operand is rounded onto the output
+/// grid on its own (rescaled with its own multiplier), then the integers are added once with the
+/// zero point and clamped. The straight-through gradient reaches every operand where the clamped
+/// sum was in range.
+pub fn fake_quant_sum<const D: usize>(xs: &[Tensor<D>], grid: &Grid) -> (Tensor<D>, Quantized<D>) {
+    let mult = broadcast_param::<D>(grid.mult.clone().detach(), grid.axis);
+    let zp = broadcast_param::<D>(grid.zero_point.clone().detach(), grid.axis);
+    let mut r: Option<Tensor<D>> = None;
+    for x in xs {
+        let q = round_with(x.clone().detach().mul(mult.clone()), grid.round);
+        r = Some(match r {
+            Some(acc) => acc.add(q),
+            None => q,
+        });
+    }
+    let Some(r) = r else {
+        panic!("fake_quant_sum needs at least one operand");
+    };
+    let r = r.add(zp);
+    let below = r.clone().lower_elem(grid.qmin as f32);
+    let above = r.clone().greater_elem(grid.qmax as f32);
+    let in_range = below.clone().bool_or(above).bool_not();
+    let q = r.clamp(grid.qmin as f32, grid.qmax as f32);
+    let mut out = dequantize(q.clone(), grid);
+    let mask = in_range.clone().float();
+    for x in xs.iter().filter(|x| x.is_autodiff()) {
+        out = out.add(zero_with_grad(x.clone(), mask.clone()));
+    }
+    (out, Quantized { q, in_range, below })
+}
+
 /// Fake-quantizes with the straight-through estimator (no learnable scale).
 ///
 /// Returns the dequantized tensor and the quantization result it came from.

@@ -79,6 +79,17 @@ pub enum ObserverState {
     MovingAverageAbsMax(MovingAverageAbsMaxState),
     /// `MinMax` / `MovingAverageMinMax`.
     MinMax(MinMaxState),
+    /// `Fixed`: no state.
+    Fixed(FixedRange),
+}
+
+/// A fixed range (no state).
+#[derive(Module, Debug)]
+pub struct FixedRange {
+    /// Smallest value.
+    pub min: f32,
+    /// Largest value.
+    pub max: f32,
 }
 
 /// The threshold of the last tensor seen.
@@ -163,6 +174,7 @@ impl ObserverState {
                     max: state(full(f32::NEG_INFINITY)),
                 })
             }
+            ObserverKind::Fixed { min, max } => ObserverState::Fixed(FixedRange { min, max }),
             ObserverKind::Lsq => return None,
         })
     }
@@ -173,7 +185,7 @@ impl ObserverState {
             ObserverState::AbsMax(s) => Some(s.threshold.value_sync()),
             ObserverState::RangeAbsMax(s) => Some(s.threshold.value_sync()),
             ObserverState::MovingAverageAbsMax(s) => Some(s.threshold.value_sync()),
-            ObserverState::MinMax(_) => None,
+            ObserverState::MinMax(_) | ObserverState::Fixed(_) => None,
         }
     }
 
@@ -244,6 +256,18 @@ impl ObserverState {
                     s.min.update(lo.clone());
                     s.max.update(hi.clone());
                 }
+                let (scale, zp) = qparams_from_min_max(lo, hi, spec);
+                return Grid::from_step(scale, zp, spec.quant_range(), spec.round(), axis);
+            }
+            ObserverState::Fixed(r) => {
+                let c = x
+                    .dims()
+                    .get(axis.unwrap_or(0))
+                    .copied()
+                    .filter(|_| axis.is_some())
+                    .unwrap_or(1);
+                let lo = Tensor::<1>::full([c], r.min, &device);
+                let hi = Tensor::<1>::full([c], r.max, &device);
                 let (scale, zp) = qparams_from_min_max(lo, hi, spec);
                 return Grid::from_step(scale, zp, spec.quant_range(), spec.round(), axis);
             }

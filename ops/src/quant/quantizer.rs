@@ -139,6 +139,14 @@ impl FakeQuantizer {
     /// - x: any rank `D`; per-channel specs need `x.dims()[axis] == channels`.
     /// - output: the shape of `x`.
     pub fn try_forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, SpecError> {
+        self.try_forward_with_grid(x).map(|(out, _)| out)
+    }
+
+    /// [`try_forward`](Self::try_forward), also returning the grid the output lies on.
+    pub fn try_forward_with_grid<const D: usize>(
+        &self,
+        x: Tensor<D>,
+    ) -> Result<(Tensor<D>, Grid), SpecError> {
         self.check(&x)?;
         let update = self.training.is_enabled();
         let (out, qz, grid) = match &self.lsq {
@@ -154,7 +162,40 @@ impl FakeQuantizer {
             }
         };
         self.monitor.record(&x, &out, &qz, &grid);
-        Ok(out)
+        Ok((out, grid))
+    }
+
+    /// Fake-quantizes the sum of `xs` as an integer add does: each operand rescaled onto this
+    /// quantizer's grid on its own, then added (see [`kernel::fake_quant_sum`]). The observer
+    /// sees the float sum. LSQ quantizers quantize the float sum, to keep their step gradient.
+    ///
+    /// # Panics
+    /// If `xs` is empty, or as [`forward`](Self::forward).
+    pub fn forward_sum<const D: usize>(&self, xs: Vec<Tensor<D>>) -> (Tensor<D>, Grid) {
+        let Some(sum) = xs.iter().cloned().reduce(|a, b| a.add(b)) else {
+            panic!("quantizer {}: an add needs at least one operand", self.path);
+        };
+        if self.lsq.is_some() || xs.len() == 1 {
+            return self.forward_with_grid(sum);
+        }
+        if let Err(e) = self.check(&sum) {
+            panic!("quantizer {}: {e}", self.path);
+        }
+        let grid = self.observe(&sum, self.training.is_enabled());
+        let (out, qz) = kernel::fake_quant_sum(&xs, &grid);
+        self.monitor.record(&sum, &out, &qz, &grid);
+        (out, grid)
+    }
+
+    /// [`forward`](Self::forward), also returning the grid the output lies on.
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward).
+    pub fn forward_with_grid<const D: usize>(&self, x: Tensor<D>) -> (Tensor<D>, Grid) {
+        match self.try_forward_with_grid(x) {
+            Ok(r) => r,
+            Err(e) => panic!("quantizer {}: {e}", self.path),
+        }
     }
 
     /// [`try_forward`](Self::try_forward) for shapes the caller has already checked.

@@ -76,6 +76,14 @@ pub enum ObserverKind {
         /// Averaging constant `c` (torch's default 0.01).
         averaging_constant: f32,
     },
+    /// A fixed range `[min, max]` (PT2E's fixed-qparams spec): softmax outputs and DARTS mixing
+    /// weights live in `[0, 1]`.
+    Fixed {
+        /// Smallest representable value.
+        min: f32,
+        /// Largest representable value.
+        max: f32,
+    },
     /// LSQ (Esser et al., 2020): a learnable step size initialised to `2·mean|x|/sqrt(Qp)`,
     /// with gradient scale `1/sqrt(N·Qp)`; affine specs also learn the zero point (LSQ+).
     Lsq,
@@ -93,6 +101,10 @@ pub struct RawObserver {
     rate: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     averaging_constant: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    min: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max: Option<f32>,
 }
 
 impl TryFrom<RawObserver> for ObserverKind {
@@ -103,6 +115,8 @@ impl TryFrom<RawObserver> for ObserverKind {
             r.window.map(|_| "window"),
             r.rate.map(|_| "rate"),
             r.averaging_constant.map(|_| "averaging_constant"),
+            r.min.map(|_| "min"),
+            r.max.map(|_| "max"),
         ]
         .into_iter()
         .flatten()
@@ -124,11 +138,15 @@ impl TryFrom<RawObserver> for ObserverKind {
                 &["averaging_constant"],
             ),
             "lsq" => (ObserverKind::Lsq, &[]),
+            "fixed" => match (r.min, r.max) {
+                (Some(min), Some(max)) => (ObserverKind::Fixed { min, max }, &["min", "max"]),
+                _ => return Err("observer `fixed` needs both `min` and `max`".into()),
+            },
             other => {
                 return Err(format!(
                     "unknown observer kind `{other}`: expected one of abs_max, \
                      channel_wise_abs_max, range_abs_max, moving_average_abs_max, min_max, \
-                     moving_average_min_max, lsq"
+                     moving_average_min_max, fixed, lsq"
                 ));
             }
         };
@@ -146,12 +164,18 @@ impl From<ObserverKind> for RawObserver {
             window: None,
             rate: None,
             averaging_constant: None,
+            min: None,
+            max: None,
         };
         match k {
             ObserverKind::RangeAbsMax { window } => r.window = Some(window),
             ObserverKind::MovingAverageAbsMax { rate } => r.rate = Some(rate),
             ObserverKind::MovingAverageMinMax { averaging_constant } => {
                 r.averaging_constant = Some(averaging_constant)
+            }
+            ObserverKind::Fixed { min, max } => {
+                r.min = Some(min);
+                r.max = Some(max);
             }
             _ => {}
         }
@@ -180,6 +204,7 @@ impl ObserverKind {
             ObserverKind::MovingAverageAbsMax { .. } => "moving_average_abs_max",
             ObserverKind::MinMax => "min_max",
             ObserverKind::MovingAverageMinMax { .. } => "moving_average_min_max",
+            ObserverKind::Fixed { .. } => "fixed",
             ObserverKind::Lsq => "lsq",
         }
     }
@@ -291,6 +316,11 @@ impl QuantSpec {
             ObserverKind::ChannelWiseAbsMax if spec.granularity.axis().is_none() => {
                 return Err(SpecError::ChannelWiseNeedsAxis);
             }
+            ObserverKind::Fixed { min, max }
+                if !(min.is_finite() && max.is_finite() && min < max) =>
+            {
+                return Err(SpecError::FixedRange { min, max });
+            }
             ObserverKind::RangeAbsMax { window: 0 } => {
                 return Err(SpecError::Window);
             }
@@ -313,6 +343,20 @@ impl QuantSpec {
             return Err(SpecError::AbsMaxFixedGrid);
         }
         Ok(spec)
+    }
+
+    /// The fixed `[0, 1]` range of softmax outputs and mixing weights, unsigned, per tensor.
+    pub fn unit_interval(bits: u32) -> Result<Self, SpecError> {
+        Self::new(RawQuantSpec {
+            bits,
+            signed: false,
+            symmetric: false,
+            granularity: Granularity::PerTensor,
+            round: RoundMode::TiesToEven,
+            observer: ObserverKind::Fixed { min: 0.0, max: 1.0 },
+            quant_min: None,
+            quant_max: None,
+        })
     }
 
     /// A common preset: symmetric signed per-tensor, ties-to-even, with the given observer.

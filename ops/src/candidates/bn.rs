@@ -1,0 +1,112 @@
+//! `QBatchNorm`: BatchNorm2d as DARTS search uses it (no affine parameters by default), with its
+//! folded weight fake-quantized per tensor.
+//!
+//! Burn's `BatchNorm` has no `affine = False`, so this one is ours. In training mode (the
+//! module's `training` flag, on until `valid()`) it normalizes with the batch statistics and
+//! updates the running statistics on every forward, with PyTorch's update rule
+//! (`running = (1 − momentum)·running + momentum·batch`, unbiased batch variance). That includes
+//! the architecture step's forward on validation data, exactly as pt.darts' network in train mode
+//! does; `valid()` freezes them.
+//!
+//! Quantization: `y = (x − μ)·w + β` with the folded weight `w = γ/sqrt(σ² + ε)` (γ = 1 without
+//! affine) fake-quantized per tensor. Freeze folds `w` and `β − μ·w` into the preceding conv or
+//! into a per-channel integer scale and bias.
+
+use burn::module::{Flag, Module, Param, RunningState};
+use burn::tensor::Tensor;
+
+use super::common::{Ctx, QuantSites};
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// PyTorch's BatchNorm2d defaults.
+const MOMENTUM: f64 = 0.1;
+const EPSILON: f64 = 1e-5;
+
+/// BatchNorm2d with optional affine parameters and a fake-quantized folded weight.
+#[derive(Module, Debug)]
+pub struct QBatchNorm {
+    /// γ, `[C]` (affine only).
+    pub gamma: Option<Param<Tensor<1>>>,
+    /// β, `[C]` (affine only).
+    pub beta: Option<Param<Tensor<1>>>,
+    /// Running mean, `[C]`.
+    pub running_mean: RunningState<Tensor<1>>,
+    /// Running (unbiased) variance, `[C]`.
+    pub running_var: RunningState<Tensor<1>>,
+    /// Training mode: batch statistics and running-statistics updates.
+    pub training: Param<Flag>,
+    /// Quantizer of the folded weight (`<path>.weight`).
+    pub wq: Option<FakeQuantizer>,
+}
+
+impl QBatchNorm {
+    /// A BatchNorm over `channels` at `ctx.path`.
+    pub fn new(channels: usize, affine: bool, ctx: &Ctx) -> Result<Self, SpecError> {
+        let d = ctx.device;
+        Ok(QBatchNorm {
+            gamma: affine.then(|| Param::from_tensor(Tensor::ones([channels], d))),
+            beta: affine.then(|| Param::from_tensor(Tensor::zeros([channels], d))),
+            running_mean: RunningState::new(Tensor::zeros([channels], d)),
+            running_var: RunningState::new(Tensor::ones([channels], d)),
+            training: Param::from_bool(true),
+            wq: ctx.bn_quantizer("weight")?,
+        })
+    }
+
+    /// The statistics to normalize with: the batch's (updating the running ones) in training
+    /// mode, the running ones otherwise. Returns `(mean, biased variance)`, each `[C]`.
+    fn statistics(&self, x: &Tensor<4>) -> (Tensor<1>, Tensor<1>) {
+        let [n, c, h, w] = x.dims();
+        let device = x.device();
+        if !self.training.is_enabled() {
+            let mean = self.running_mean.value_sync().to_device(&device).detach();
+            let var = self.running_var.value_sync().to_device(&device).detach();
+            return (mean, var);
+        }
+        let rows = x.clone().swap_dims(0, 1).reshape([c, n * h * w]);
+        let mean = rows.clone().mean_dim(1);
+        let var = rows.sub(mean.clone()).square().mean_dim(1).reshape([c]);
+        let mean = mean.reshape([c]);
+        let count = (n * h * w) as f64;
+        let unbiased = var.clone().detach().mul_scalar(count / (count - 1.0).max(1.0));
+        let rm = self.running_mean.value_sync().to_device(&device).detach();
+        let rv = self.running_var.value_sync().to_device(&device).detach();
+        self.running_mean
+            .update(rm.mul_scalar(1.0 - MOMENTUM).add(mean.clone().detach().mul_scalar(MOMENTUM)));
+        self.running_var.update(rv.mul_scalar(1.0 - MOMENTUM).add(unbiased.mul_scalar(MOMENTUM)));
+        (mean, var)
+    }
+
+    /// The per-channel weight `γ/sqrt(σ² + ε)` and bias `β − μ·w` that the BN applies,
+    /// with the weight fake-quantized.
+    pub fn folded(&self, x: &Tensor<4>) -> (Tensor<1>, Tensor<1>) {
+        let (mean, var) = self.statistics(x);
+        let mut w = var.add_scalar(EPSILON).sqrt().recip();
+        if let Some(g) = &self.gamma {
+            w = w.mul(g.val());
+        }
+        let w = match &self.wq {
+            Some(q) => q.forward(w),
+            None => w,
+        };
+        let mut b = mean.mul(w.clone()).neg();
+        if let Some(beta) = &self.beta {
+            b = b.add(beta.val());
+        }
+        (w, b)
+    }
+
+    /// # Shapes
+    /// - x: `[N, C, H, W]`; output: the same.
+    pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        let c = x.dims()[1];
+        let (w, b) = self.folded(&x);
+        x.mul(w.reshape([1, c, 1, 1])).add(b.reshape([1, c, 1, 1]))
+    }
+}
+
+impl QuantSites for QBatchNorm {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        self.wq.iter().collect()
+    }
+}

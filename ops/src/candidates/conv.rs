@@ -1,0 +1,105 @@
+//! `QConv`: a bias-free 2-D convolution with a fake-quantized weight (the building block of the
+//! conv candidate ops; BN follows it).
+
+use burn::module::{Module, Param};
+use burn::nn::Initializer;
+use burn::tensor::Tensor;
+use burn::tensor::module::conv2d;
+use burn::tensor::ops::ConvOptions;
+
+use super::common::{Ctx, QuantSites};
+use crate::qconfig::Site;
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// The geometry of a convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvShape {
+    /// Input channels.
+    pub c_in: usize,
+    /// Output channels.
+    pub c_out: usize,
+    /// Kernel `[kh, kw]`.
+    pub kernel: [usize; 2],
+    /// Stride `[sh, sw]`.
+    pub stride: [usize; 2],
+    /// Zero padding `[ph, pw]` on both sides.
+    pub padding: [usize; 2],
+    /// Dilation (both axes).
+    pub dilation: usize,
+    /// Groups (`c_in` for depthwise).
+    pub groups: usize,
+}
+
+impl ConvShape {
+    /// A square `k×k` convolution.
+    pub fn square(c_in: usize, c_out: usize, k: usize, stride: usize, padding: usize) -> Self {
+        ConvShape {
+            c_in,
+            c_out,
+            kernel: [k, k],
+            stride: [stride, stride],
+            padding: [padding, padding],
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// Conv2d without bias whose weight is fake-quantized per output channel.
+#[derive(Module, Debug)]
+pub struct QConv {
+    /// Weight `[c_out, c_in/groups, kh, kw]`.
+    pub weight: Param<Tensor<4>>,
+    /// Weight quantizer (`<path>.weight`).
+    pub wq: Option<FakeQuantizer>,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: usize,
+    groups: usize,
+}
+
+impl QConv {
+    /// A convolution at `ctx.path`, initialised as PyTorch's Conv2d (uniform ±1/sqrt(fan_in)).
+    pub fn new(shape: ConvShape, ctx: &Ctx) -> Result<Self, SpecError> {
+        let fan_in = shape.c_in / shape.groups * shape.kernel[0] * shape.kernel[1];
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let weight = Initializer::Uniform { min: -bound, max: bound }.init(
+            [shape.c_out, shape.c_in / shape.groups, shape.kernel[0], shape.kernel[1]],
+            ctx.device,
+        );
+        Ok(QConv {
+            weight,
+            wq: ctx.quantizer(Site::Weight, "weight", shape.c_out)?,
+            stride: shape.stride,
+            padding: shape.padding,
+            dilation: shape.dilation,
+            groups: shape.groups,
+        })
+    }
+
+    /// The weight as the forward pass uses it (fake-quantized when quantized).
+    pub fn effective_weight(&self) -> Tensor<4> {
+        match &self.wq {
+            Some(q) => q.forward(self.weight.val()),
+            None => self.weight.val(),
+        }
+    }
+
+    /// The convolution options.
+    pub fn options(&self) -> ConvOptions<2> {
+        ConvOptions::new(self.stride, self.padding, [self.dilation; 2], self.groups)
+    }
+
+    /// # Shapes
+    /// - x: `[N, c_in, H, W]`
+    /// - output: `[N, c_out, H', W']`, `H' = (H + 2p − d(k − 1) − 1)/s + 1`
+    pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        conv2d(x, self.effective_weight(), None, self.options())
+    }
+}
+
+impl QuantSites for QConv {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        self.wq.iter().collect()
+    }
+}

@@ -1,0 +1,85 @@
+//! `QDilConv`: ReLU – depthwise (dilated) Conv(k×k) – Conv(1×1) – BN, fake-quantized
+//! (pt.darts `DilConv`; `dil_conv_3x3` has dilation 2, padding 2: a 5×5 receptive field).
+
+use burn::module::Module;
+use burn::tensor::activation::relu;
+
+use super::bn::QBatchNorm;
+use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::conv::{ConvShape, QConv};
+use crate::qconfig::Site;
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// ReLU – depthwise dilated conv – pointwise conv – BN.
+#[derive(Module, Debug)]
+pub struct QDilConv {
+    /// Depthwise conv, `c_in` groups (`<path>.dw`).
+    pub dw: QConv,
+    /// Quantizer of the depthwise output (`<path>.dw.act`).
+    pub dw_act: Option<FakeQuantizer>,
+    /// Pointwise conv `c_in → c_out` (`<path>.pw`).
+    pub pw: QConv,
+    /// BatchNorm (`<path>.bn`).
+    pub bn: QBatchNorm,
+    /// Output quantizer (`<path>.act`).
+    pub act: Option<FakeQuantizer>,
+}
+
+/// The geometry of a dilated depthwise-separable conv.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DilShape {
+    /// Input channels.
+    pub c_in: usize,
+    /// Output channels.
+    pub c_out: usize,
+    /// Kernel size.
+    pub k: usize,
+    /// Stride of the depthwise conv.
+    pub stride: usize,
+    /// Padding of the depthwise conv.
+    pub padding: usize,
+    /// Dilation of the depthwise conv.
+    pub dilation: usize,
+}
+
+impl QDilConv {
+    /// A dilated separable conv at `ctx.path`.
+    pub fn new(s: DilShape, affine: bool, ctx: &Ctx) -> Result<Self, SpecError> {
+        let dw = ConvShape {
+            c_in: s.c_in,
+            c_out: s.c_in,
+            kernel: [s.k, s.k],
+            stride: [s.stride; 2],
+            padding: [s.padding; 2],
+            dilation: s.dilation,
+            groups: s.c_in,
+        };
+        let dw_ctx = ctx.child("dw");
+        Ok(QDilConv {
+            dw: QConv::new(dw, &dw_ctx)?,
+            dw_act: dw_ctx.quantizer(Site::Act, "act", 1)?,
+            pw: QConv::new(ConvShape::square(s.c_in, s.c_out, 1, 1, 0), &ctx.child("pw"))?,
+            bn: QBatchNorm::new(s.c_out, affine, &ctx.child("bn"))?,
+            act: ctx.quantizer(Site::Act, "act", 1)?,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
+    pub fn forward(&self, x: QTensor) -> QTensor {
+        let y = quantize_opt(&self.dw_act, self.dw.forward(relu(x.value)));
+        let y = self.bn.forward(self.pw.forward(y.value));
+        quantize_opt(&self.act, y)
+    }
+}
+
+impl QuantSites for QDilConv {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q = self.dw.quantizers();
+        q.extend(sites([&self.dw_act]));
+        q.extend(self.pw.quantizers());
+        q.extend(self.bn.quantizers());
+        q.extend(sites([&self.act]));
+        q
+    }
+}

@@ -1,0 +1,88 @@
+//! `QFacConv`: ReLU – Conv(k×1) – Conv(1×k) – BN, fake-quantized (pt.darts `FacConv`).
+//!
+//! pt.darts pads `(p, p)` on both factor convs and strides both, so at stride 1 its output grows
+//! by `2p` in each axis. Here the k×1 conv pads and strides only the height and the 1×k conv only
+//! the width, so the output is `H/s × W/s` as for every other op.
+
+use burn::module::Module;
+use burn::tensor::activation::relu;
+
+use super::bn::QBatchNorm;
+use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::conv::{ConvShape, QConv};
+use crate::qconfig::Site;
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// ReLU – Conv(k×1) – Conv(1×k) – BN.
+#[derive(Module, Debug)]
+pub struct QFacConv {
+    /// k×1 conv, `c_in → c_in` (`<path>.conv1`).
+    pub conv1: QConv,
+    /// Quantizer between the two convs (`<path>.conv1.act`).
+    pub mid: Option<FakeQuantizer>,
+    /// 1×k conv, `c_in → c_out` (`<path>.conv2`).
+    pub conv2: QConv,
+    /// BatchNorm (`<path>.bn`).
+    pub bn: QBatchNorm,
+    /// Output quantizer (`<path>.act`).
+    pub act: Option<FakeQuantizer>,
+}
+
+impl QFacConv {
+    /// `c_in → c_out`, kernel length `k`, stride `s`, padding `p`.
+    pub fn new(
+        c_in: usize,
+        c_out: usize,
+        k: usize,
+        stride: usize,
+        padding: usize,
+        affine: bool,
+        ctx: &Ctx,
+    ) -> Result<Self, SpecError> {
+        let c1 = ConvShape {
+            c_in,
+            c_out: c_in,
+            kernel: [k, 1],
+            stride: [stride, 1],
+            padding: [padding, 0],
+            dilation: 1,
+            groups: 1,
+        };
+        let c2 = ConvShape {
+            c_in,
+            c_out,
+            kernel: [1, k],
+            stride: [1, stride],
+            padding: [0, padding],
+            dilation: 1,
+            groups: 1,
+        };
+        let conv1 = ctx.child("conv1");
+        Ok(QFacConv {
+            conv1: QConv::new(c1, &conv1)?,
+            mid: conv1.quantizer(Site::Act, "act", 1)?,
+            conv2: QConv::new(c2, &ctx.child("conv2"))?,
+            bn: QBatchNorm::new(c_out, affine, &ctx.child("bn"))?,
+            act: ctx.quantizer(Site::Act, "act", 1)?,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
+    pub fn forward(&self, x: QTensor) -> QTensor {
+        let y = quantize_opt(&self.mid, self.conv1.forward(relu(x.value)));
+        let y = self.bn.forward(self.conv2.forward(y.value));
+        quantize_opt(&self.act, y)
+    }
+}
+
+impl QuantSites for QFacConv {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q = self.conv1.quantizers();
+        q.extend(sites([&self.mid]));
+        q.extend(self.conv2.quantizers());
+        q.extend(self.bn.quantizers());
+        q.extend(sites([&self.act]));
+        q
+    }
+}

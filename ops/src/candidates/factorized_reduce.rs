@@ -1,0 +1,59 @@
+//! `QFactorizedReduce`: ReLU – [Conv1×1/2 on x, Conv1×1/2 on x[:, :, 1:, 1:]] – concat – BN
+//! (pt.darts `FactorizedReduce`: halves H and W; `skip_connect` at stride 2).
+
+use burn::module::Module;
+use burn::tensor::Tensor;
+use burn::tensor::activation::relu;
+
+use super::bn::QBatchNorm;
+use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::conv::{ConvShape, QConv};
+use crate::qconfig::Site;
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// Two offset strided 1×1 convs, concatenated, then BN.
+#[derive(Module, Debug)]
+pub struct QFactorizedReduce {
+    /// 1×1 stride-2 conv on x (`<path>.conv1`).
+    pub conv1: QConv,
+    /// 1×1 stride-2 conv on x shifted by one pixel (`<path>.conv2`).
+    pub conv2: QConv,
+    /// BatchNorm (`<path>.bn`).
+    pub bn: QBatchNorm,
+    /// Output quantizer (`<path>.act`).
+    pub act: Option<FakeQuantizer>,
+}
+
+impl QFactorizedReduce {
+    /// `c_in → c_out` (`c_out` even).
+    pub fn new(c_in: usize, c_out: usize, affine: bool, ctx: &Ctx) -> Result<Self, SpecError> {
+        let half = ConvShape::square(c_in, c_out / 2, 1, 2, 0);
+        let other = ConvShape { c_out: c_out - c_out / 2, ..half };
+        Ok(QFactorizedReduce {
+            conv1: QConv::new(half, &ctx.child("conv1"))?,
+            conv2: QConv::new(other, &ctx.child("conv2"))?,
+            bn: QBatchNorm::new(c_out, affine, &ctx.child("bn"))?,
+            act: ctx.quantizer(Site::Act, "act", 1)?,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[N, c_in, H, W]`, H and W even; output: `[N, c_out, H/2, W/2]`.
+    pub fn forward(&self, x: QTensor) -> QTensor {
+        let x = relu(x.value);
+        let [_, _, h, w] = x.dims();
+        let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
+        let y = Tensor::cat(vec![self.conv1.forward(x), self.conv2.forward(shifted)], 1);
+        quantize_opt(&self.act, self.bn.forward(y))
+    }
+}
+
+impl QuantSites for QFactorizedReduce {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q = self.conv1.quantizers();
+        q.extend(self.conv2.quantizers());
+        q.extend(self.bn.quantizers());
+        q.extend(sites([&self.act]));
+        q
+    }
+}

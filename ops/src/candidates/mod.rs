@@ -1,0 +1,137 @@
+//! Quantized DARTS candidate ops (pt.darts semantics, one file each) and the mixed op.
+
+mod bn;
+mod common;
+mod conv;
+mod dil_conv;
+mod fac_conv;
+mod factorized_reduce;
+mod identity;
+mod mixed;
+mod pool_bn;
+mod sep_conv;
+mod std_conv;
+mod zero;
+
+use burn::module::Module;
+use burn::tensor::Device;
+use qdarts_genotypes::Primitive;
+
+pub use bn::QBatchNorm;
+pub use common::{Ctx, QTensor, QuantSites, quantize_opt};
+pub use conv::{ConvShape, QConv};
+pub use dil_conv::{DilShape, QDilConv};
+pub use fac_conv::QFacConv;
+pub use factorized_reduce::QFactorizedReduce;
+pub use identity::QIdentity;
+pub use mixed::QMixedOp;
+pub use pool_bn::{PoolKind, QPoolBN};
+pub use sep_conv::QSepConv;
+pub use std_conv::QStdConv;
+pub use zero::QZero;
+
+use crate::qconfig::QuantConfig;
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// One candidate op on a DARTS edge, built from a [`Primitive`].
+// Ops are built once and stay in their mixed op's Vec; the variant size gap costs nothing there,
+// while boxing would put every forward behind a pointer.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum CandidateOp {
+    /// `none`.
+    Zero(QZero),
+    /// `max_pool_3x3`, `avg_pool_3x3`.
+    Pool(QPoolBN),
+    /// `skip_connect` at stride 1.
+    Identity(QIdentity),
+    /// `skip_connect` at stride 2.
+    Reduce(QFactorizedReduce),
+    /// `sep_conv_3x3`, `sep_conv_5x5`.
+    Sep(QSepConv),
+    /// `dil_conv_3x3`, `dil_conv_5x5`.
+    Dil(QDilConv),
+    /// `conv_7x1_1x7`.
+    Fac(QFacConv),
+}
+
+impl CandidateOp {
+    /// The op for `primitive` on `c` channels at `stride`, with quantizers under `path`
+    /// (e.g. `cells.3.edges.5.sep_conv_3x3`).
+    pub fn new(
+        primitive: Primitive,
+        c: usize,
+        stride: usize,
+        affine: bool,
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+    ) -> Result<Self, SpecError> {
+        let ctx = Ctx { cfg, op: primitive.name(), path: path.to_string(), device };
+        let dil = |k: usize, padding: usize| DilShape {
+            c_in: c,
+            c_out: c,
+            k,
+            stride,
+            padding,
+            dilation: 2,
+        };
+        Ok(match primitive {
+            Primitive::None => CandidateOp::Zero(QZero::new(stride, &ctx)?),
+            Primitive::MaxPool3x3 => {
+                CandidateOp::Pool(QPoolBN::new(PoolKind::Max, c, stride, affine, &ctx)?)
+            }
+            Primitive::AvgPool3x3 => {
+                CandidateOp::Pool(QPoolBN::new(PoolKind::Avg, c, stride, affine, &ctx)?)
+            }
+            Primitive::SkipConnect if stride == 1 => {
+                CandidateOp::Identity(QIdentity { path: path.to_string() })
+            }
+            Primitive::SkipConnect => {
+                CandidateOp::Reduce(QFactorizedReduce::new(c, c, affine, &ctx)?)
+            }
+            Primitive::SepConv3x3 => {
+                CandidateOp::Sep(QSepConv::new(c, c, 3, stride, affine, &ctx)?)
+            }
+            Primitive::SepConv5x5 => {
+                CandidateOp::Sep(QSepConv::new(c, c, 5, stride, affine, &ctx)?)
+            }
+            Primitive::DilConv3x3 => CandidateOp::Dil(QDilConv::new(dil(3, 2), affine, &ctx)?),
+            Primitive::DilConv5x5 => CandidateOp::Dil(QDilConv::new(dil(5, 4), affine, &ctx)?),
+            Primitive::SepConv7x7 => {
+                CandidateOp::Sep(QSepConv::new(c, c, 7, stride, affine, &ctx)?)
+            }
+            Primitive::Conv7x1_1x7 => {
+                CandidateOp::Fac(QFacConv::new(c, c, 7, stride, 3, affine, &ctx)?)
+            }
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[N, C, H, W]`; output: `[N, C, H/s, W/s]`.
+    pub fn forward(&self, x: QTensor) -> QTensor {
+        match self {
+            CandidateOp::Zero(op) => op.forward(x),
+            CandidateOp::Pool(op) => op.forward(x),
+            CandidateOp::Identity(op) => op.forward(x),
+            CandidateOp::Reduce(op) => op.forward(x),
+            CandidateOp::Sep(op) => op.forward(x),
+            CandidateOp::Dil(op) => op.forward(x),
+            CandidateOp::Fac(op) => op.forward(x),
+        }
+    }
+}
+
+impl QuantSites for CandidateOp {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        match self {
+            CandidateOp::Zero(op) => op.quantizers(),
+            CandidateOp::Pool(op) => op.quantizers(),
+            CandidateOp::Identity(_) => vec![],
+            CandidateOp::Reduce(op) => op.quantizers(),
+            CandidateOp::Sep(op) => op.quantizers(),
+            CandidateOp::Dil(op) => op.quantizers(),
+            CandidateOp::Fac(op) => op.quantizers(),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! `QPoolBN`: Pool(3×3, max or avg with `count_include_pad = False`) – BN (pt.darts `PoolBN`).
+//!
+//! The pool shares its input's quantization grid: max pooling picks input values, so its output
+//! is already on that grid; average pooling is requantized onto it. The BN's folded weight is
+//! fake-quantized per tensor, then the output.
+
+use burn::module::Module;
+use burn::tensor::module::{avg_pool2d, max_pool2d};
+use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
+
+use super::bn::QBatchNorm;
+use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use crate::qconfig::Site;
+use crate::quant::{FakeQuantizer, SpecError, fake_quant};
+
+/// Which pooling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Max pooling (padding counts as −∞).
+    Max,
+    /// Average pooling; padded positions are not counted.
+    Avg,
+}
+
+/// Pool – BN, output fake-quantized.
+#[derive(Module, Debug)]
+pub struct QPoolBN {
+    /// Max or average.
+    #[module(skip)]
+    pub kind: PoolKind,
+    /// BatchNorm (`<path>.bn`).
+    pub bn: QBatchNorm,
+    /// Output quantizer (`<path>.act`).
+    pub act: Option<FakeQuantizer>,
+    stride: usize,
+}
+
+impl QPoolBN {
+    /// A 3×3 pool with padding 1 and the given stride, then BN over `c` channels.
+    pub fn new(
+        kind: PoolKind,
+        c: usize,
+        stride: usize,
+        affine: bool,
+        ctx: &Ctx,
+    ) -> Result<Self, SpecError> {
+        Ok(QPoolBN {
+            kind,
+            bn: QBatchNorm::new(c, affine, &ctx.child("bn"))?,
+            act: ctx.quantizer(Site::Act, "act", 1)?,
+            stride,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[N, C, H, W]`; output: `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
+    pub fn forward(&self, x: QTensor) -> QTensor {
+        let s = [self.stride; 2];
+        let pooled = match self.kind {
+            PoolKind::Max => {
+                max_pool2d(x.value, MaxPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]))
+            }
+            PoolKind::Avg => {
+                let mut opts = AvgPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]);
+                opts.count_include_pad = false;
+                let avg = avg_pool2d(x.value, opts);
+                match &x.grid {
+                    Some(grid) => fake_quant(avg, grid).0,
+                    None => avg,
+                }
+            }
+        };
+        quantize_opt(&self.act, self.bn.forward(pooled))
+    }
+}
+
+impl QuantSites for QPoolBN {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q = self.bn.quantizers();
+        q.extend(sites([&self.act]));
+        q
+    }
+}

@@ -1,0 +1,51 @@
+//! `QSepConv`: QDilConv(stride s, dilation 1) – QDilConv(stride 1, dilation 1), i.e.
+//! (ReLU – depthwise conv – 1×1 conv – BN) twice (pt.darts `SepConv`).
+
+use burn::module::Module;
+
+use super::common::{Ctx, QTensor, QuantSites};
+use super::dil_conv::{DilShape, QDilConv};
+use crate::quant::{FakeQuantizer, SpecError};
+
+/// Two stacked separable convolutions.
+#[derive(Module, Debug)]
+pub struct QSepConv {
+    /// First, `c_in → c_in`, strided (`<path>.op1`).
+    pub op1: QDilConv,
+    /// Second, `c_in → c_out` (`<path>.op2`).
+    pub op2: QDilConv,
+}
+
+impl QSepConv {
+    /// `c_in → c_out`, kernel `k`, stride, padding `k/2`.
+    pub fn new(
+        c_in: usize,
+        c_out: usize,
+        k: usize,
+        stride: usize,
+        affine: bool,
+        ctx: &Ctx,
+    ) -> Result<Self, SpecError> {
+        let padding = k / 2;
+        let first = DilShape { c_in, c_out: c_in, k, stride, padding, dilation: 1 };
+        let second = DilShape { c_in, c_out, k, stride: 1, padding, dilation: 1 };
+        Ok(QSepConv {
+            op1: QDilConv::new(first, affine, &ctx.child("op1"))?,
+            op2: QDilConv::new(second, affine, &ctx.child("op2"))?,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
+    pub fn forward(&self, x: QTensor) -> QTensor {
+        self.op2.forward(self.op1.forward(x))
+    }
+}
+
+impl QuantSites for QSepConv {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q = self.op1.quantizers();
+        q.extend(self.op2.quantizers());
+        q
+    }
+}

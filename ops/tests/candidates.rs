@@ -1,0 +1,271 @@
+//! Candidate ops: shapes against pt.darts, float equality against an independent f64 reference,
+//! finite gradients for every parameter, all-zero inputs, the mixed op, and error reporting.
+
+// Test helpers panic on impossible conversions; a panic is the failure report here.
+#![allow(clippy::unwrap_used)]
+
+mod reference;
+
+use std::collections::BTreeSet;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::{Device, Distribution, Gradients, Tensor, TensorData};
+use qdarts_genotypes::Primitive;
+use qdarts_ops::candidates::{CandidateOp, QMixedOp, QTensor, QuantSites};
+use qdarts_ops::qconfig::{Preset, QuantConfig};
+use reference::{Nd, batch_norm, cat, conv2d, pool3, relu, shift};
+
+fn dev() -> Device {
+    Device::flex()
+}
+
+fn nd<const D: usize>(t: Tensor<D>) -> Vec<f64> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+}
+
+fn to_nd(t: Tensor<4>) -> Nd {
+    let dims = t.dims();
+    Nd::new(dims, nd(t))
+}
+
+fn input(dims: [usize; 4], device: &Device) -> Tensor<4> {
+    Tensor::random(dims, Distribution::Normal(0.0, 1.0), device)
+}
+
+fn op(p: Primitive, c: usize, stride: usize, cfg: &QuantConfig, device: &Device) -> CandidateOp {
+    CandidateOp::new(p, c, stride, false, cfg, &format!("cells.0.edges.1.{p}"), device).unwrap()
+}
+
+#[test]
+fn every_op_keeps_spatial_size_at_stride_1_and_halves_it_at_stride_2() {
+    // pt.darts OPS on a [2, 4, 8, 8] input: every op returns [2, 4, 8, 8] at stride 1 and
+    // [2, 4, 4, 4] at stride 2 (conv_7x1_1x7 included, which pt.darts' FacConv gets wrong:
+    // its k×1 conv pads the width too, giving 8 + 2·3 = 14 columns at stride 1).
+    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    for p in Primitive::ALL {
+        for (stride, hw) in [(1, 8), (2, 4)] {
+            let out =
+                op(p, 4, stride, &cfg, &dev()).forward(QTensor::float(input([2, 4, 8, 8], &dev())));
+            assert_eq!(out.dims(), [2, 4, hw, hw], "{p} at stride {stride}");
+        }
+    }
+}
+
+fn close(name: &str, got: &Nd, want: &Nd, tol: f64) {
+    assert_eq!(got.dims, want.dims, "{name}: shape");
+    for (i, (g, w)) in got.v.iter().zip(&want.v).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{name}[{i}]: {g} vs reference {w}");
+    }
+}
+
+fn weight(p: &Param<Tensor<4>>) -> Nd {
+    to_nd(p.val())
+}
+
+#[test]
+fn float_ops_equal_the_reference_definitions() {
+    let cfg = QuantConfig::float();
+    let x = input([2, 4, 8, 8], &dev());
+    let xr = to_nd(x.clone());
+    for p in Primitive::ALL {
+        for stride in [1, 2] {
+            let o = op(p, 4, stride, &cfg, &dev());
+            let got = to_nd(o.forward(QTensor::float(x.clone())).value);
+            let sep =
+                |d: &qdarts_ops::candidates::QDilConv, x: &Nd, s: usize, pad: usize, dil: usize| {
+                    let y = conv2d(&relu(x), &weight(&d.dw.weight), [s, s], [pad, pad], dil, 4);
+                    batch_norm(&conv2d(&y, &weight(&d.pw.weight), [1, 1], [0, 0], 1, 1))
+                };
+            let want = match (&o, p) {
+                (CandidateOp::Zero(_), _) => Nd::zeros(got.dims),
+                (CandidateOp::Identity(_), _) => xr.clone(),
+                (CandidateOp::Pool(_), Primitive::MaxPool3x3) => {
+                    batch_norm(&pool3(&xr, stride, true))
+                }
+                (CandidateOp::Pool(_), _) => batch_norm(&pool3(&xr, stride, false)),
+                (CandidateOp::Reduce(r), _) => {
+                    let a = conv2d(&relu(&xr), &weight(&r.conv1.weight), [2, 2], [0, 0], 1, 1);
+                    let b =
+                        conv2d(&shift(&relu(&xr)), &weight(&r.conv2.weight), [2, 2], [0, 0], 1, 1);
+                    batch_norm(&cat(&a, &b))
+                }
+                (CandidateOp::Sep(s), _) => {
+                    let k = s.op1.dw.weight.val().dims()[2];
+                    let y = sep(&s.op1, &xr, stride, k / 2, 1);
+                    sep(&s.op2, &y, 1, k / 2, 1)
+                }
+                (CandidateOp::Dil(d), _) => {
+                    let k = d.dw.weight.val().dims()[2];
+                    sep(d, &xr, stride, k - 1, 2)
+                }
+                (CandidateOp::Fac(f), _) => {
+                    let y = conv2d(&relu(&xr), &weight(&f.conv1.weight), [stride, 1], [3, 0], 1, 1);
+                    batch_norm(&conv2d(&y, &weight(&f.conv2.weight), [1, stride], [0, 3], 1, 1))
+                }
+            };
+            close(&format!("{p} stride {stride}"), &got, &want, 2e-4);
+        }
+    }
+}
+
+/// Collects, for every float parameter that requires a gradient, whether it got a finite one.
+struct GradCheck<'a> {
+    grads: &'a Gradients,
+    missing: usize,
+    non_finite: usize,
+    seen: usize,
+}
+
+impl ModuleVisitor for GradCheck<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = param.val();
+        if !t.is_require_grad() {
+            return;
+        }
+        self.seen += 1;
+        match t.grad(self.grads) {
+            None => self.missing += 1,
+            Some(g) => {
+                if nd(g).iter().any(|v| !v.is_finite()) {
+                    self.non_finite += 1;
+                }
+            }
+        }
+    }
+}
+
+fn check_grads(m: &impl Module, grads: &Gradients, name: &str) -> usize {
+    let mut v = GradCheck { grads, missing: 0, non_finite: 0, seen: 0 };
+    m.visit(&mut v);
+    assert_eq!(v.missing, 0, "{name}: {} of {} parameters got no gradient", v.missing, v.seen);
+    assert_eq!(v.non_finite, 0, "{name}: non-finite gradients");
+    v.seen
+}
+
+#[test]
+fn forward_and_backward_give_finite_gradients_for_every_parameter() {
+    let ad = dev().autodiff();
+    for preset in [Preset::Tensorrt, Preset::Paddle, Preset::Lsq, Preset::OnnxQdq] {
+        let cfg = QuantConfig::preset(preset);
+        for p in Primitive::ALL {
+            for stride in [1, 2] {
+                let o = op(p, 4, stride, &cfg, &ad);
+                let x = input([2, 4, 8, 8], &ad).require_grad();
+                let out = o.forward(QTensor::float(x.clone())).value;
+                if matches!(p, Primitive::None) {
+                    assert!(nd(out).iter().all(|&v| v == 0.0));
+                    continue;
+                }
+                let grads = out.square().sum().backward();
+                let name = format!("{preset:?} {p} stride {stride}");
+                check_grads(&o, &grads, &name);
+                let gx = x.grad(&grads).unwrap_or_else(|| panic!("{name}: no input gradient"));
+                assert!(nd(gx).iter().all(|v| v.is_finite()), "{name}: input gradient");
+            }
+        }
+    }
+}
+
+#[test]
+fn all_zero_inputs_give_no_nan_in_forward_backward_or_error_reports() {
+    let ad = dev().autodiff();
+    for preset in [Preset::Tensorrt, Preset::Paddle, Preset::Lsq, Preset::OnnxQdq] {
+        let cfg = QuantConfig::preset(preset);
+        let m = QMixedOp::new(&Primitive::DARTS, 4, 2, &cfg, "cells.1.edges.0", &ad).unwrap();
+        m.set_recording(true);
+        let x = Tensor::<4>::zeros([2, 4, 8, 8], &ad).require_grad();
+        let w = Tensor::<1>::full([8], 0.125, &ad).require_grad();
+        let out = m.forward(QTensor::float(x.clone()), w.clone()).value;
+        assert!(nd(out.clone()).iter().all(|v| v.is_finite()), "{preset:?}: forward");
+        let grads = out.sum().backward();
+        check_grads(&m, &grads, &format!("{preset:?}"));
+        assert!(nd(x.grad(&grads).unwrap()).iter().all(|v| v.is_finite()));
+        assert!(nd(w.grad(&grads).unwrap()).iter().all(|v| v.is_finite()));
+        let rows = m.quant_stats();
+        assert!(!rows.is_empty());
+        for r in rows {
+            for v in [r.mse, r.sqnr_db, r.clip_frac, r.scale, r.zero_point] {
+                assert!(v.is_finite(), "{preset:?}: {r:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_op_with_one_hot_weights_equals_the_selected_op_within_one_step() {
+    // Training mode on one batch: BN normalizes with that batch's statistics both times, and
+    // the moving-average observers are at their fixed point on repeated data, so the only
+    // difference left is the mixed op's own requantization of the sum.
+    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    let x = input([2, 4, 8, 8], &dev());
+    for (k, p) in Primitive::DARTS.iter().enumerate() {
+        let m = QMixedOp::new(&Primitive::DARTS, 4, 1, &cfg, "cells.0.edges.0", &dev()).unwrap();
+        let mut w = vec![0.0f32; 8];
+        w[k] = 1.0;
+        let mixed = m.forward(QTensor::float(x.clone()), Tensor::from_floats(w.as_slice(), &dev()));
+        let step = mixed.grid.as_ref().map(|g| nd(g.step.clone())[0]).unwrap();
+        let single = m.ops[k].forward(QTensor::float(x.clone())).value;
+        let diff =
+            nd(mixed.value).iter().zip(nd(single)).fold(0f64, |d, (a, b)| d.max((a - b).abs()));
+        assert!(diff <= step * 1.0001, "{p}: max difference {diff} above one step {step}");
+    }
+}
+
+#[test]
+fn every_quantizer_reports_under_a_unique_stable_path() {
+    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    let m = QMixedOp::new(&Primitive::DARTS, 4, 1, &cfg, "cells.3.edges.5", &dev()).unwrap();
+    m.set_recording(true);
+    m.forward(QTensor::float(input([2, 4, 8, 8], &dev())), Tensor::full([8], 0.125, &dev()));
+    let rows = m.quant_stats();
+    let paths: BTreeSet<&str> = rows.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths.len(), rows.len(), "duplicate paths");
+    assert_eq!(rows.len(), m.quantizers().len(), "a quantizer did not report");
+    for want in [
+        "cells.3.edges.5.sep_conv_3x3.op1.pw.weight",
+        "cells.3.edges.5.sep_conv_3x3.op1.dw.act",
+        "cells.3.edges.5.sep_conv_3x3.op2.bn.weight",
+        "cells.3.edges.5.sep_conv_3x3.op2.act",
+        "cells.3.edges.5.dil_conv_5x5.dw.weight",
+        "cells.3.edges.5.max_pool_3x3.bn.weight",
+        "cells.3.edges.5.none.act",
+        "cells.3.edges.5.mix",
+        "cells.3.edges.5.act",
+    ] {
+        assert!(paths.contains(want), "missing {want}; have {paths:?}");
+    }
+    let none = rows.iter().find(|r| r.path.ends_with("none.act")).unwrap();
+    assert!(none.scale.is_finite() && none.scale > 0.0, "zero op scale {}", none.scale);
+}
+
+#[test]
+fn batch_norm_updates_running_statistics_in_training_mode_only() {
+    use qdarts_ops::candidates::{Ctx, QBatchNorm};
+    let cfg = QuantConfig::float();
+    let ctx = Ctx { cfg: &cfg, op: "bn", path: "bn".into(), device: &dev() };
+    let bn = QBatchNorm::new(1, false, &ctx).unwrap();
+    assert!(bn.gamma.is_none() && bn.beta.is_none(), "affine-free BN has no γ, β");
+    let ad = dev().autodiff();
+    let ctx_ad = Ctx { cfg: &cfg, op: "bn", path: "bn".into(), device: &ad };
+    let out = QBatchNorm::new(1, false, &ctx_ad).unwrap();
+    let y = out.forward(Tensor::<4>::ones([1, 1, 2, 2], &ad).require_grad()).sum().backward();
+    check_grads(&out, &y, "affine-free BN");
+    // Channel values 1, 2, 3, 6: mean 3, unbiased variance 14/3 (PyTorch's running update).
+    let x =
+        Tensor::<4>::from_data(TensorData::new(vec![1.0f32, 2.0, 3.0, 6.0], [1, 1, 2, 2]), &dev());
+    bn.forward(x.clone());
+    let mean = nd(bn.running_mean.value_sync())[0];
+    let var = nd(bn.running_var.value_sync())[0];
+    assert!((mean - 0.1 * 3.0).abs() < 1e-6, "{mean}");
+    assert!((var - (0.9 + 0.1 * 14.0 / 3.0)).abs() < 1e-6, "{var}");
+    // A second training forward (e.g. the architecture step's) updates them again...
+    bn.forward(x.clone());
+    assert!((nd(bn.running_mean.value_sync())[0] - (0.9 * 0.3 + 0.3)).abs() < 1e-6);
+    // ...but a validation copy normalizes with them and leaves them alone.
+    let frozen = bn.valid();
+    let before = nd(frozen.running_mean.value_sync());
+    let y = nd(frozen.forward(x));
+    assert_eq!(nd(frozen.running_mean.value_sync()), before);
+    let (m, v) = (before[0], nd(frozen.running_var.value_sync())[0]);
+    assert!((y[0] - (1.0 - m) / (v + 1e-5).sqrt()).abs() < 1e-5);
+}
