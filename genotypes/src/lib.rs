@@ -1,6 +1,16 @@
-//! qdarts-genotypes: the DARTS search space vocabulary, free of Burn so that any tool can read
-//! a genotype.
+//! qdarts-genotypes: the DARTS search-space vocabulary, genotypes, their derivation from
+//! architecture weights, and their JSON and DARTS text forms. Free of Burn, so that any tool can
+//! read a genotype.
 
+mod derive;
+mod error;
+mod genotype;
+mod known;
 mod primitive;
+mod text;
 
+pub use derive::{derive_cell, edge_count};
+pub use error::GenotypeError;
+pub use genotype::{Edge, Genotype};
+pub use known::{KNOWN, known};
 pub use primitive::{ParsePrimitiveError, Primitive};

@@ -1,0 +1,101 @@
+//! Deriving a discrete genotype from architecture weights (DARTS `Network.genotype`).
+//!
+//! Per edge, the softmax of its α is taken first (the original DARTS does; pt.darts ranks raw
+//! α, which is not invariant to a per-edge shift of α). Then for each intermediate node the
+//! `k` incoming edges with the strongest non-`none` op are kept, each with that op. Ties go to
+//! the lower index, as Python's stable sort and strict `>` in DARTS do.
+
+use crate::error::GenotypeError;
+use crate::genotype::{Edge, Genotype};
+use crate::primitive::Primitive;
+
+/// Number of edges of a cell with `nodes` intermediate nodes: `Σ_{i<nodes} (i + 2)`.
+pub fn edge_count(nodes: usize) -> usize {
+    nodes * (nodes + 3) / 2
+}
+
+fn softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let e: Vec<f64> = row.iter().map(|&v| (v as f64 - max).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / s).collect()
+}
+
+/// The nodes of one cell from its raw α (`[edges][ops]`, edges ordered node by node, inputs in
+/// increasing order).
+pub fn derive_cell(
+    alpha: &[Vec<f32>],
+    primitives: &[Primitive],
+    nodes: usize,
+    k: usize,
+) -> Result<Vec<Vec<Edge>>, GenotypeError> {
+    let want = edge_count(nodes);
+    if alpha.len() != want {
+        return Err(GenotypeError::Weights(format!(
+            "{} edges given, a cell with {nodes} nodes has {want}",
+            alpha.len()
+        )));
+    }
+    if let Some(row) = alpha.iter().find(|r| r.len() != primitives.len()) {
+        return Err(GenotypeError::Weights(format!(
+            "an edge has {} weights for {} primitives",
+            row.len(),
+            primitives.len()
+        )));
+    }
+    if alpha.iter().flatten().any(|v| !v.is_finite()) {
+        return Err(GenotypeError::Weights("non-finite architecture weight".into()));
+    }
+    let candidates: Vec<usize> =
+        (0..primitives.len()).filter(|&i| primitives[i] != Primitive::None).collect();
+    if candidates.is_empty() {
+        return Err(GenotypeError::Weights("no primitive other than `none`".into()));
+    }
+    let mut out = Vec::with_capacity(nodes);
+    let mut start = 0;
+    for i in 0..nodes {
+        let inputs = i + 2;
+        // (input, best op index, its weight)
+        let mut best: Vec<(usize, usize, f64)> = (0..inputs)
+            .map(|j| {
+                let w = softmax(&alpha[start + j]);
+                let mut kb = candidates[0];
+                for &c in &candidates[1..] {
+                    if w[c] > w[kb] {
+                        kb = c;
+                    }
+                }
+                (j, kb, w[kb])
+            })
+            .collect();
+        best.sort_by(|a, b| b.2.total_cmp(&a.2)); // stable: ties keep the lower input first
+        out.push(
+            best.iter()
+                .take(k.min(inputs))
+                .map(|&(j, kb, _)| Edge { op: primitives[kb], input: j })
+                .collect(),
+        );
+        start += inputs;
+    }
+    Ok(out)
+}
+
+impl Genotype {
+    /// The genotype of raw α for the normal and the reduction cell (`[edges][ops]` each), keeping
+    /// `k` edges per node and concatenating every intermediate node.
+    pub fn derive(
+        alpha_normal: &[Vec<f32>],
+        alpha_reduce: &[Vec<f32>],
+        primitives: &[Primitive],
+        nodes: usize,
+        k: usize,
+    ) -> Result<Genotype, GenotypeError> {
+        let concat: Vec<usize> = (2..2 + nodes).collect();
+        Ok(Genotype {
+            normal: derive_cell(alpha_normal, primitives, nodes, k)?,
+            normal_concat: concat.clone(),
+            reduce: derive_cell(alpha_reduce, primitives, nodes, k)?,
+            reduce_concat: concat,
+        })
+    }
+}

@@ -1,0 +1,127 @@
+//! `Genotype`: a discrete DARTS cell pair, as pt.darts and DARTS define it.
+//!
+//! `normal[i]` lists the incoming edges of intermediate node `i` (nodes 0 and 1 are the cell
+//! inputs, so node `i` is state `i + 2` and may read states `0..i+2`); `*_concat` lists the
+//! states concatenated into the cell output.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::GenotypeError;
+use crate::primitive::Primitive;
+
+/// One incoming edge: an op applied to an earlier state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "(Primitive, usize)", into = "(Primitive, usize)")]
+pub struct Edge {
+    /// The op.
+    pub op: Primitive,
+    /// The input state (0, 1: cell inputs; 2..: intermediate nodes).
+    pub input: usize,
+}
+
+impl From<(Primitive, usize)> for Edge {
+    fn from((op, input): (Primitive, usize)) -> Self {
+        Edge { op, input }
+    }
+}
+
+impl From<Edge> for (Primitive, usize) {
+    fn from(e: Edge) -> Self {
+        (e.op, e.input)
+    }
+}
+
+/// A normal cell and a reduction cell.
+///
+/// JSON: `{"normal": [[["sep_conv_3x3", 0], ["sep_conv_3x3", 1]], ...], "normal_concat":
+/// [2, 3, 4, 5], "reduce": [...], "reduce_concat": [2, 3, 4, 5]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Genotype {
+    /// Incoming edges of each intermediate node of the normal cell.
+    pub normal: Vec<Vec<Edge>>,
+    /// States concatenated into the normal cell's output.
+    pub normal_concat: Vec<usize>,
+    /// Incoming edges of each intermediate node of the reduction cell.
+    pub reduce: Vec<Vec<Edge>>,
+    /// States concatenated into the reduction cell's output.
+    pub reduce_concat: Vec<usize>,
+}
+
+fn check_cell(name: &str, nodes: &[Vec<Edge>], concat: &[usize]) -> Result<(), GenotypeError> {
+    if nodes.is_empty() {
+        return Err(GenotypeError::Invalid(format!("`{name}` has no nodes")));
+    }
+    for (i, edges) in nodes.iter().enumerate() {
+        if edges.is_empty() {
+            return Err(GenotypeError::Invalid(format!("`{name}` node {} has no edges", i + 2)));
+        }
+        for e in edges {
+            if e.input >= i + 2 {
+                return Err(GenotypeError::Invalid(format!(
+                    "`{name}` node {} reads state {}, but only states 0..{} exist before it",
+                    i + 2,
+                    e.input,
+                    i + 1
+                )));
+            }
+        }
+    }
+    let states = nodes.len() + 2;
+    if concat.is_empty() {
+        return Err(GenotypeError::Invalid(format!("`{name}_concat` is empty")));
+    }
+    if let Some(&s) = concat.iter().find(|&&s| s >= states) {
+        return Err(GenotypeError::Invalid(format!(
+            "`{name}_concat` names state {s}, but the cell has states 0..{}",
+            states - 1
+        )));
+    }
+    Ok(())
+}
+
+impl Genotype {
+    /// Checks that every edge reads an earlier state and every concatenated state exists.
+    pub fn validate(&self) -> Result<(), GenotypeError> {
+        check_cell("normal", &self.normal, &self.normal_concat)?;
+        check_cell("reduce", &self.reduce, &self.reduce_concat)
+    }
+
+    /// Reads JSON, validated.
+    pub fn from_json(text: &str) -> Result<Self, GenotypeError> {
+        let g: Genotype =
+            serde_json::from_str(text).map_err(|e| GenotypeError::Json(e.to_string()))?;
+        g.validate()?;
+        Ok(g)
+    }
+
+    /// Writes pretty JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing this plain data cannot fail.
+        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+        v.push(b'\n');
+        v
+    }
+
+    /// Reads the DARTS text form (pt.darts' nested lists or the original flat list), validated.
+    pub fn from_darts_text(text: &str) -> Result<Self, GenotypeError> {
+        let g = crate::text::parse(text)?;
+        g.validate()?;
+        Ok(g)
+    }
+
+    /// Writes the pt.darts text form, on one line:
+    /// `Genotype(normal=[[('sep_conv_3x3', 0), ...], ...], normal_concat=range(2, 6), ...)`.
+    pub fn to_darts_text(&self) -> String {
+        crate::text::write(self)
+    }
+
+    /// The op names used by this genotype, sorted and deduplicated.
+    pub fn primitives(&self) -> Vec<Primitive> {
+        let mut ops: Vec<Primitive> =
+            self.normal.iter().chain(&self.reduce).flatten().map(|e| e.op).collect();
+        ops.sort();
+        ops.dedup();
+        ops
+    }
+}
