@@ -5,6 +5,7 @@
 
 mod backend;
 mod bench;
+mod search_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,7 +83,7 @@ enum Command {
 
 fn not_available(what: &str) -> ExitCode {
     eprintln!(
-        "qdarts: `{what}` is not available in this version yet; available now: `qdarts bench quant`"
+        "qdarts: `{what}` is not available in this version yet; available now: `qdarts search`, `qdarts bench`"
     );
     ExitCode::from(EXIT_NOT_AVAILABLE)
 }
@@ -90,7 +91,10 @@ fn not_available(what: &str) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Search { .. } => return not_available("search"),
+        Command::Search { dashboard: true, .. } => return not_available("search --dashboard"),
+        Command::Search { config, overrides, resume, dashboard: false } => {
+            search_cmd::run(&config, &overrides, resume.as_deref(), cli.backend)
+        }
         Command::Train { .. } => return not_available("train"),
         Command::Freeze { .. } => return not_available("freeze"),
         Command::Export { .. } => return not_available("export"),

@@ -1,5 +1,10 @@
 //! qdarts-search: data, the DARTS supernet over quantized candidate ops, the architect, the
-//! search loop and its run record; the discrete network with its QAT and freeze.
+//! search loop and its run record.
 
+pub mod architect;
+pub mod config;
 pub mod data;
+pub mod record;
 pub mod rng;
+pub mod search;
+pub mod supernet;

@@ -1,0 +1,164 @@
+//! `SearchCell`: a DARTS search cell over quantized mixed ops (pt.darts `SearchCell`).
+//!
+//! Inputs `s0`, `s1` (outputs of the two previous cells) are preprocessed to `C` channels
+//! (FactorizedReduce when the previous cell reduced, else ReLU–Conv1×1–BN); each intermediate
+//! node sums one mixed op per earlier state (stride 2 on the inputs of a reduction cell), as a
+//! quantized add; the output concatenates the intermediate nodes on one grid.
+
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+use qdarts_genotypes::Primitive;
+use qdarts_ops::arith::{QAdd, QConcat};
+use qdarts_ops::candidates::{
+    ConvShape, Ctx, QFactorizedReduce, QMixedOp, QStdConv, QTensor, QuantSites,
+};
+use qdarts_ops::qconfig::QuantConfig;
+use qdarts_ops::quant::{FakeQuantizer, SpecError};
+
+/// The first preprocessing op of a cell.
+// Built once per cell; boxing would only add an indirection to every forward.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum Preprocess {
+    /// After a reduction cell: halve the resolution.
+    Reduce(QFactorizedReduce),
+    /// Otherwise: ReLU – Conv1×1 – BN.
+    Conv(QStdConv),
+}
+
+/// One search cell.
+#[derive(Module, Debug)]
+pub struct SearchCell {
+    /// Preprocessing of `s0`.
+    pub preproc0: Preprocess,
+    /// Preprocessing of `s1`.
+    pub preproc1: QStdConv,
+    /// Mixed ops, node by node, inputs in increasing order.
+    pub edges: Vec<QMixedOp>,
+    /// The quantized sum of each node.
+    pub adds: Vec<QAdd>,
+    /// The output concatenation.
+    pub concat: QConcat,
+    /// Whether this cell halves the resolution.
+    pub reduction: bool,
+    /// Intermediate nodes.
+    pub nodes: usize,
+}
+
+/// What a cell is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct CellShape {
+    /// Channels of `s0`.
+    pub c_pp: usize,
+    /// Channels of `s1`.
+    pub c_p: usize,
+    /// Channels of each node.
+    pub c: usize,
+    /// Whether this cell reduces.
+    pub reduction: bool,
+    /// Whether the previous cell reduced.
+    pub reduction_prev: bool,
+    /// Intermediate nodes.
+    pub nodes: usize,
+}
+
+impl SearchCell {
+    /// A cell at `path` (e.g. `cells.3`).
+    pub fn new(
+        s: CellShape,
+        primitives: &[Primitive],
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+    ) -> Result<Self, SpecError> {
+        let ctx =
+            |name: &str, op: &'static str| Ctx { cfg, op, path: format!("{path}.{name}"), device };
+        let preproc0 = if s.reduction_prev {
+            Preprocess::Reduce(QFactorizedReduce::new(
+                s.c_pp,
+                s.c,
+                false,
+                &ctx("preproc0", "preprocess"),
+            )?)
+        } else {
+            Preprocess::Conv(QStdConv::new(
+                ConvShape::square(s.c_pp, s.c, 1, 1, 0),
+                false,
+                &ctx("preproc0", "preprocess"),
+            )?)
+        };
+        let preproc1 = QStdConv::new(
+            ConvShape::square(s.c_p, s.c, 1, 1, 0),
+            false,
+            &ctx("preproc1", "preprocess"),
+        )?;
+        let mut edges = Vec::new();
+        let mut adds = Vec::new();
+        for i in 0..s.nodes {
+            for j in 0..i + 2 {
+                let stride = if s.reduction && j < 2 { 2 } else { 1 };
+                let k = edges.len();
+                edges.push(QMixedOp::new(
+                    primitives,
+                    s.c,
+                    stride,
+                    cfg,
+                    &format!("{path}.edges.{k}"),
+                    device,
+                )?);
+            }
+            adds.push(QAdd::new(&ctx(&format!("nodes.{}", i + 2), "add"))?);
+        }
+        Ok(SearchCell {
+            preproc0,
+            preproc1,
+            edges,
+            adds,
+            concat: QConcat::new(&ctx("concat", "concat"))?,
+            reduction: s.reduction,
+            nodes: s.nodes,
+        })
+    }
+
+    /// # Shapes
+    /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]` (s0 at twice the resolution after a
+    ///   reduction); weights: one `[K]` row per edge; output: `[N, nodes·C, H', W']`.
+    pub fn forward(&self, s0: QTensor, s1: QTensor, weights: &[Tensor<1>]) -> QTensor {
+        let s0 = match &self.preproc0 {
+            Preprocess::Reduce(op) => op.forward(s0),
+            Preprocess::Conv(op) => op.forward(s0),
+        };
+        let mut states = vec![s0, self.preproc1.forward(s1)];
+        let mut k = 0;
+        for add in &self.adds {
+            let terms: Vec<QTensor> = states
+                .iter()
+                .map(|h| {
+                    let y = self.edges[k].forward(h.clone(), weights[k].clone());
+                    k += 1;
+                    y
+                })
+                .collect();
+            states.push(add.forward(terms));
+        }
+        self.concat.forward(states.split_off(2))
+    }
+}
+
+impl QuantSites for SearchCell {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q = match &self.preproc0 {
+            Preprocess::Reduce(op) => op.quantizers(),
+            Preprocess::Conv(op) => op.quantizers(),
+        };
+        q.extend(self.preproc1.quantizers());
+        for e in &self.edges {
+            q.extend(e.quantizers());
+        }
+        for a in &self.adds {
+            q.extend(a.quantizers());
+        }
+        q.extend(self.concat.quantizers());
+        q
+    }
+}

@@ -1,0 +1,71 @@
+//! The architect's finite-difference Hessian-vector product on a quadratic whose mixed Hessian
+//! is known in closed form, and the global gradient-norm clip.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use burn::module::{Module, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor, TensorData};
+use qdarts_search::architect::{clip_grad_norm, grad_norm, hessian_vector};
+
+#[derive(Module, Debug)]
+struct W {
+    w: Param<Tensor<1>>,
+}
+
+const B: [[f32; 3]; 2] = [[1.0, -2.0, 0.5], [3.0, 0.25, -1.0]];
+
+fn dev() -> Device {
+    Device::flex().autodiff()
+}
+
+fn vals(t: Tensor<1>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+/// ∇α of L(w, α) = αᵀBw + ½(wᵀw)(αᵀα), by autodiff, at α.
+fn grad_alpha(m: &W, alpha: &[f32; 2]) -> Vec<f32> {
+    let d = dev();
+    let a = Tensor::<1>::from_floats(*alpha, &d).require_grad();
+    let b = Tensor::<2>::from_data(TensorData::new(B.concat(), [2, 3]), &d);
+    let w = m.w.val();
+    let bw = b.matmul(w.clone().reshape([3, 1])).reshape([2]);
+    let l =
+        a.clone().mul(bw).sum().add(w.square().sum().mul(a.clone().square().sum()).mul_scalar(0.5));
+    vals(a.grad(&l.backward()).unwrap())
+}
+
+#[test]
+fn central_difference_recovers_the_mixed_hessian_times_a_vector() {
+    // ∇α L = Bw + α(wᵀw), so ∂(∇α L)/∂w · v = Bv + 2α(wᵀv): exact for central differences,
+    // since ∇α L is quadratic in w. (pt.darts' `(p - n) / 2.*eps` would return ε²/4 of it.)
+    let (w0, v, alpha) = ([0.3f32, -1.2, 2.0], [0.7f32, 0.1, -0.4], [0.6f32, -0.9]);
+    let m = W { w: Param::from_tensor(Tensor::from_floats(w0, &dev())) };
+    let mut g = GradientsParams::new();
+    g.register(m.w.id, Tensor::<1>::from_floats(v, &Device::flex()));
+    let hv = hessian_vector(
+        &m,
+        &g,
+        |m| grad_alpha(m, &alpha),
+        |a, x, b, y| a.iter().zip(b).map(|(p, q)| p * x + q * y).collect::<Vec<f32>>(),
+    );
+    let wv: f32 = w0.iter().zip(&v).map(|(a, b)| a * b).sum();
+    for i in 0..2 {
+        let want = B[i].iter().zip(&v).map(|(b, x)| b * x).sum::<f32>() + 2.0 * alpha[i] * wv;
+        // ε = 0.01/‖v‖ makes the f32 difference quotient lose ~1e-3 relative.
+        assert!((hv[i] - want).abs() < 2e-3 * want.abs().max(1.0), "row {i}: {} vs {want}", hv[i]);
+    }
+}
+
+#[test]
+fn the_global_norm_clip_scales_all_gradients_together() {
+    let m = W { w: Param::from_tensor(Tensor::from_floats([1.0, 2.0], &dev())) };
+    let mut g = GradientsParams::new();
+    g.register(m.w.id, Tensor::<1>::from_floats([3.0, 4.0], &Device::flex()));
+    assert!((grad_norm(&g, &m) - 5.0).abs() < 1e-6);
+    let before = clip_grad_norm(&mut g, &m, 1.0);
+    assert!((before - 5.0).abs() < 1e-6);
+    let after = vals(g.get::<1>(m.w.id).unwrap());
+    assert!((after[0] - 0.6).abs() < 1e-5 && (after[1] - 0.8).abs() < 1e-5, "{after:?}");
+}

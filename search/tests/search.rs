@@ -1,0 +1,184 @@
+//! A tiny search end to end: the run record's files and rows, determinism given a seed, and the
+//! NaN guard with an injected NaN.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+use qdarts_genotypes::{Genotype, Primitive};
+use qdarts_ops::candidates::QuantSites;
+use qdarts_ops::qconfig::QuantConfig;
+use qdarts_search::config::ExperimentConfig;
+use qdarts_search::search::run_search;
+use qdarts_search::supernet::{NetShape, SearchNetwork};
+
+fn tiny(results: &Path, extra: &str) -> ExperimentConfig {
+    let text = format!(
+        r#"
+        name = "tiny"
+        seed = 5
+        [data]
+        dataset = "fashion-mnist"
+        limit = 64
+        [model]
+        init_channels = 2
+        layers = 3
+        nodes = 2
+        stem_multiplier = 1
+        [search]
+        epochs = 2
+        batch_size = 8
+        steps_per_epoch = 2
+        [record]
+        results_dir = "{}"
+        quant_error_every = 1
+        {extra}
+        "#,
+        results.display()
+    );
+    ExperimentConfig::parse(&text, Path::new("tiny.toml"), &[]).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qdarts-search-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// metrics.csv without the wall-clock column.
+fn metrics_without_time(run: &Path) -> Vec<String> {
+    read(&run.join("metrics.csv"))
+        .lines()
+        .map(|l| l.rsplit_once(',').map(|(a, _)| a.to_string()).unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn a_tiny_search_writes_the_whole_run_record() {
+    let cfg = tiny(&scratch("record"), "");
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let run = &out.run_dir;
+    for f in [
+        "config.toml",
+        "metrics.csv",
+        "nan_events.csv",
+        "quant_error.csv",
+        "alphas.csv",
+        "genotypes.csv",
+        "genotype.json",
+        "genotype.txt",
+        "checkpoint/state.json",
+        "checkpoint/net.bpk",
+    ] {
+        assert!(run.join(f).exists(), "missing {f}");
+    }
+    assert!(!run.join("lock").exists(), "lock left behind");
+    // 2 epochs × (2 train steps + 1 validation row), plus the header.
+    let metrics = read(&run.join("metrics.csv"));
+    assert_eq!(metrics.lines().count(), 7, "{metrics}");
+    assert!(metrics.starts_with("epoch,step,phase,loss,top1,lr,arch_lr,seconds\n"));
+    // Every quantizer of the network reports at every recorded step.
+    let net = SearchNetwork::new(
+        &NetShape {
+            c_in: 1,
+            classes: 10,
+            channels: 2,
+            layers: 3,
+            nodes: 2,
+            stem_multiplier: 1,
+            primitives: Primitive::DARTS.to_vec(),
+        },
+        &QuantConfig::default(),
+        &Device::flex(),
+    )
+    .unwrap();
+    let quant = read(&run.join("quant_error.csv"));
+    let step1: Vec<&str> = quant.lines().filter(|l| l.starts_with("0,1,")).collect();
+    assert_eq!(step1.len(), net.quantizers().len());
+    assert!(
+        quant.contains(",cells.2.edges.4.sep_conv_3x3.op1.pw.weight,weight,8,"),
+        "{}",
+        &quant[..500]
+    );
+    assert!(quant.contains(",cells.0.nodes.3.act,act,8,"), "node 3's add");
+    // α: 2 epochs × 2 cell types × 5 edges × 8 ops, softmax rows summing to 1.
+    let alphas = read(&run.join("alphas.csv"));
+    assert_eq!(alphas.lines().count(), 1 + 2 * 2 * 5 * 8);
+    let sum: f64 = alphas
+        .lines()
+        .skip(1)
+        .take(8)
+        .map(|l| l.rsplit(',').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!((sum - 1.0).abs() < 1e-4, "{sum}");
+    // The final genotype in both forms, and the last genotypes.csv row.
+    let g = Genotype::from_darts_text(&read(&run.join("genotype.txt"))).unwrap();
+    assert_eq!(g, Genotype::from_json(&read(&run.join("genotype.json"))).unwrap());
+    assert_eq!(g, out.genotype);
+    assert!(read(&run.join("genotypes.csv")).lines().last().unwrap().starts_with("1,\"Genotype("));
+    let config = read(&run.join("config.toml"));
+    assert!(
+        config.contains("init_channels = 2") && config.contains("preset = \"tensorrt\""),
+        "{config}"
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_metrics_and_genotype() {
+    let a = run_search(&tiny(&scratch("det-a"), ""), &Device::flex(), None, &mut |_| {}).unwrap();
+    let b = run_search(&tiny(&scratch("det-b"), ""), &Device::flex(), None, &mut |_| {}).unwrap();
+    assert_eq!(a.genotype, b.genotype);
+    assert_eq!(metrics_without_time(&a.run_dir), metrics_without_time(&b.run_dir));
+    assert_eq!(read(&a.run_dir.join("alphas.csv")), read(&b.run_dir.join("alphas.csv")));
+}
+
+#[test]
+fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
+    let cfg = tiny(&scratch("nan"), "[nan_guard]\ninject_step = 2\ninject_site = \"loss\"");
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let events = read(&out.run_dir.join("nan_events.csv"));
+    assert_eq!(events, "epoch,step,site,layer,value,action\n0,2,loss,loss,NaN,skipped\n");
+    assert_eq!(read(&out.run_dir.join("metrics.csv")).lines().count(), 7, "the run finished");
+
+    let cfg = tiny(&scratch("nan-grad"), "[nan_guard]\ninject_step = 3\ninject_site = \"grad\"");
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let events = read(&out.run_dir.join("nan_events.csv"));
+    let row = events.lines().nth(1).unwrap();
+    assert!(row.starts_with("1,3,grad,stem.") && row.ends_with(",NaN,skipped"), "{events}");
+}
+
+#[test]
+fn bad_configs_name_the_key() {
+    let p = Path::new("exp.toml");
+    let base = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/default.toml"),
+    )
+    .unwrap();
+    let err =
+        ExperimentConfig::parse(&base, p, &["search.epohcs=3".into()]).unwrap_err().to_string();
+    assert!(err.contains("exp.toml") && err.contains("epohcs"), "{err}");
+    let err =
+        ExperimentConfig::parse(&base, p, &["model.layers=2".into()]).unwrap_err().to_string();
+    assert!(err.contains("model.layers"), "{err}");
+    let err = ExperimentConfig::parse(
+        &base,
+        p,
+        &["quant.act.bits=40".into(), "quant.act.observer.kind=\"lsq\"".into()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("40"), "{err}");
+    let err = ExperimentConfig::parse(&base, p, &["model.primitives=[\"sep_conv_9x9\"]".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sep_conv_9x9"), "{err}");
+    let ok = ExperimentConfig::parse(&base, p, &["search.epochs=3".into(), "name=other".into()])
+        .unwrap();
+    assert_eq!((ok.search.epochs, ok.name.as_str()), (3, "other"));
+}

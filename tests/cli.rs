@@ -1,0 +1,152 @@
+//! The `qdarts` binary as a user runs it: help, bad input, and a search killed with SIGKILL
+//! mid-run and resumed, which must end with the same genotype and metrics as an uninterrupted
+//! run, with no torn CSV rows.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn qdarts() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_qdarts"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qdarts-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const TINY: &str = r#"
+name = "tiny"
+seed = 11
+[data]
+dataset = "fashion-mnist"
+limit = 64
+[model]
+init_channels = 2
+layers = 3
+nodes = 2
+stem_multiplier = 1
+[search]
+epochs = 6
+batch_size = 8
+steps_per_epoch = 2
+[record]
+quant_error_every = 1
+"#;
+
+fn config(dir: &Path) -> PathBuf {
+    let p = dir.join("tiny.toml");
+    std::fs::write(&p, format!("{TINY}results_dir = \"{}\"\n", dir.join("results").display()))
+        .unwrap();
+    p
+}
+
+fn only_run(dir: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> =
+        std::fs::read_dir(dir.join("results")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs[0].clone()
+}
+
+fn without_time(csv: &str) -> Vec<String> {
+    csv.lines()
+        .map(|l| l.rsplit_once(',').map(|(a, _)| a.to_string()).unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn help_lists_every_subcommand() {
+    let out = qdarts().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in ["search", "train", "freeze", "export", "eval", "dashboard", "bench"] {
+        assert!(text.contains(cmd), "{cmd} missing from --help:\n{text}");
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_a_nonzero_exit() {
+    let dir = scratch("bad");
+    let p = dir.join("bad.toml");
+    std::fs::write(&p, "name = \"x\"\n[data]\ndataset = \"imagenet\"\n").unwrap();
+    let out = qdarts().args(["search", "--config"]).arg(&p).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml") && err.contains("imagenet"), "{err}");
+    let out = qdarts().args(["search", "--config", "/nonexistent.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
+    let out = qdarts().args(["search", "--resume", "/nonexistent-run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let out = qdarts().args(["--backend", "cuda", "bench", "quant"]).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let out = qdarts().args(["search", "--frobnicate"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
+    // Uninterrupted.
+    let a = scratch("uninterrupted");
+    let out = qdarts().args(["search", "--config"]).arg(config(&a)).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run_a = only_run(&a);
+
+    // Killed with SIGKILL once the first checkpoint is there, then resumed.
+    let b = scratch("killed");
+    let mut child = qdarts()
+        .args(["search", "--config"])
+        .arg(config(&b))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let run_b = loop {
+        if let Ok(mut entries) = std::fs::read_dir(b.join("results"))
+            && let Some(Ok(e)) = entries.next()
+            && e.path().join("checkpoint/state.json").exists()
+        {
+            break e.path();
+        }
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Let it run into the next epoch a little, then kill it mid-write.
+    std::thread::sleep(Duration::from_millis(300));
+    let finished_before_kill = run_b.join("genotype.txt").exists();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!finished_before_kill, "the search finished before it could be killed");
+    assert!(run_b.join("lock").exists(), "a killed run leaves its lock");
+
+    let out = qdarts().args(["search", "--resume"]).arg(&run_b).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    for f in ["genotype.txt", "genotype.json", "alphas.csv", "genotypes.csv", "nan_events.csv"] {
+        let (x, y) = (
+            std::fs::read_to_string(run_a.join(f)).unwrap(),
+            std::fs::read_to_string(run_b.join(f)).unwrap(),
+        );
+        assert_eq!(x, y, "{f} differs after resume");
+    }
+    let (ma, mb) = (
+        std::fs::read_to_string(run_a.join("metrics.csv")).unwrap(),
+        std::fs::read_to_string(run_b.join("metrics.csv")).unwrap(),
+    );
+    assert_eq!(without_time(&ma), without_time(&mb), "metrics differ after resume");
+    for f in ["metrics.csv", "quant_error.csv", "alphas.csv"] {
+        let text = std::fs::read_to_string(run_b.join(f)).unwrap();
+        let fields = text.lines().next().unwrap().split(',').count();
+        assert!(text.ends_with('\n'));
+        for line in text.lines() {
+            if !line.contains('"') {
+                assert_eq!(line.split(',').count(), fields, "torn row in {f}: {line}");
+            }
+        }
+    }
+}
