@@ -14,12 +14,12 @@ use crate::data::DatasetKind;
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The TOML does not parse or does not fit the schema.
     #[error("{path}: {message}")]
@@ -287,7 +287,7 @@ impl ExperimentConfig {
     /// Reads a config file, applies `key=value` overrides, and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Io { path: path.into(), source })?;
+            .map_err(|cause| ConfigError::Io { path: path.into(), cause })?;
         Self::parse(&text, path, overrides)
     }
 

@@ -13,12 +13,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum RecordError {
     /// File-system error on a path.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The path.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// Another live process holds the run.
     #[error("{path} is held by process {pid}, which is still running: wait for it or stop it")]
@@ -34,7 +34,7 @@ pub enum RecordError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RecordError + '_ {
-    move |source| RecordError::Io { path: path.into(), source }
+    move |cause| RecordError::Io { path: path.into(), cause }
 }
 
 /// UTC `YYYYmmdd-HHMMSS` from the system clock (days-to-civil, Howard Hinnant).
@@ -78,7 +78,7 @@ impl RunDir {
             match fs::create_dir(&dir) {
                 Ok(()) => return Self::open(&dir),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(RecordError::Io { path: dir, source: e }),
+                Err(e) => return Err(RecordError::Io { path: dir, cause: e }),
             }
         }
         Err(RecordError::NotARun(format!("{}: no free run folder name", parent.display())))
@@ -107,7 +107,7 @@ impl RunDir {
                         _ => fs::remove_file(&lock).map_err(io(&lock))?,
                     }
                 }
-                Err(e) => return Err(RecordError::Io { path: lock, source: e }),
+                Err(e) => return Err(RecordError::Io { path: lock, cause: e }),
             }
         }
         Err(RecordError::NotARun(format!("{}: could not take the lock", lock.display())))

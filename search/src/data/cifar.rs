@@ -10,8 +10,7 @@ const RECORD: usize = 1 + 3 * 32 * 32;
 
 /// Reads one batch file (`data_batch_N.bin`, `test_batch.bin`).
 pub fn read_cifar_batch(path: &Path) -> Result<ImageSet, DataError> {
-    let bytes =
-        std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
+    let bytes = std::fs::read(path).map_err(|cause| DataError::Io { path: path.into(), cause })?;
     if bytes.is_empty() {
         return Err(DataError::format(path, "empty file: not a CIFAR-10 batch"));
     }

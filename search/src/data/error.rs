@@ -8,12 +8,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum DataError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not in the expected format.
     #[error("{path}: {message}")]

@@ -21,8 +21,7 @@ pub struct IdxArray {
 
 /// Reads an IDX file, gunzipping it when it starts with the gzip magic.
 pub fn read_idx_file(path: &Path) -> Result<IdxArray, DataError> {
-    let bytes =
-        std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
+    let bytes = std::fs::read(path).map_err(|cause| DataError::Io { path: path.into(), cause })?;
     parse_idx(&bytes, path)
 }
 

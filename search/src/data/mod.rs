@@ -170,7 +170,7 @@ fn find(dir: &Path, stem: &str) -> Result<PathBuf, DataError> {
     }
     Err(DataError::Io {
         path: dir.join(stem),
-        source: std::io::Error::new(
+        cause: std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("neither {stem} nor {stem}.gz exists"),
         ),
