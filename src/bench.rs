@@ -14,6 +14,10 @@ use qdarts_ops::qconfig::{Preset, QuantConfig};
 use qdarts_ops::quant::{
     FakeQuantizer, Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode, TensorRole,
 };
+use qdarts_search::architect::Batch;
+use qdarts_search::config::ExperimentConfig;
+use qdarts_search::search::{arch_step, build_optimizers, weight_step};
+use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
 
 use crate::backend::Backend;
 
@@ -29,6 +33,22 @@ pub enum BenchCommand {
         /// Timed repetitions per row (after one warm-up).
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Seconds per search step (architecture step + weight step), first and second order,
+    /// float and fake-quant.
+    Search {
+        /// Supernet shape(s).
+        #[arg(long, value_enum, default_value = "default")]
+        shape: SearchShapeArg,
+        /// Timed steps per row.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
         /// Also write the table as CSV.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -54,6 +74,17 @@ pub enum BenchCommand {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+}
+
+/// Which supernet shapes `bench search` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SearchShapeArg {
+    /// experiments/default.toml: C=4, 4 cells, 3 nodes, batch 32, 1×28×28.
+    Default,
+    /// The DARTS shape: C=16, 8 cells, 4 nodes, batch 32, 3×32×32.
+    Darts,
+    /// Both.
+    Both,
 }
 
 /// A quantization preset on the command line.
@@ -117,6 +148,66 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Search { shape, reps, warmup, csv } => {
+            if reps == 0 {
+                bail!("--reps must be at least 1");
+            }
+            let device = backend.device()?;
+            let shapes: &[SearchShape] = match shape {
+                SearchShapeArg::Default => &SEARCH_SHAPES[..1],
+                SearchShapeArg::Darts => &SEARCH_SHAPES[1..],
+                SearchShapeArg::Both => &SEARCH_SHAPES[..],
+            };
+            println!(
+                "seconds per search step (architecture step + weight step) on {}, median of {reps} after {warmup} warm-up",
+                backend.name()
+            );
+            let mut rows = Vec::new();
+            println!(
+                "{:<8} {:<26} {:<7} {:<10} {:>10} {:>17}",
+                "shape", "network", "order", "quant", "s/step", "min..max"
+            );
+            for sh in shapes {
+                for order in ["first", "second"] {
+                    for preset in ["float", "tensorrt"] {
+                        let t = time_search_step(sh, order, preset, reps, warmup, &device)?;
+                        let net = format!(
+                            "C={} {} cells {} nodes b{}",
+                            sh.c, sh.layers, sh.nodes, sh.batch
+                        );
+                        println!(
+                            "{:<8} {:<26} {:<7} {:<10} {:>10.2} {:>17}",
+                            sh.name,
+                            net,
+                            order,
+                            preset,
+                            t.0,
+                            format!("{:.2}..{:.2}", t.1, t.2)
+                        );
+                        rows.push(format!(
+                            "{},{},{},{},{},{:.4},{:.4},{:.4}",
+                            backend.name(),
+                            sh.name,
+                            net,
+                            order,
+                            preset,
+                            t.0,
+                            t.1,
+                            t.2
+                        ));
+                    }
+                }
+            }
+            if let Some(path) = csv {
+                let mut f =
+                    File::create(&path).with_context(|| format!("writing {}", path.display()))?;
+                writeln!(f, "backend,shape,network,order,quant,median_s,min_s,max_s")?;
+                for r in rows {
+                    writeln!(f, "{r}")?;
+                }
+            }
+            Ok(())
+        }
         BenchCommand::Ops { batch, channels, size, preset, reps, csv } => {
             if reps == 0 || batch == 0 || channels < 2 || size < 2 {
                 bail!("--reps, --batch must be >= 1, --channels and --size >= 2");
@@ -137,6 +228,72 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// A supernet shape for `bench search`.
+#[derive(Debug, Clone, Copy)]
+struct SearchShape {
+    name: &'static str,
+    c_in: usize,
+    hw: usize,
+    c: usize,
+    layers: usize,
+    nodes: usize,
+    batch: usize,
+}
+
+const SEARCH_SHAPES: [SearchShape; 2] = [
+    SearchShape { name: "default", c_in: 1, hw: 28, c: 4, layers: 4, nodes: 3, batch: 32 },
+    SearchShape { name: "darts", c_in: 3, hw: 32, c: 16, layers: 8, nodes: 4, batch: 32 },
+];
+
+fn time_search_step(
+    sh: &SearchShape,
+    order: &str,
+    preset: &str,
+    reps: usize,
+    warmup: usize,
+    device: &Device,
+) -> Result<(f64, f64, f64)> {
+    let text = format!(
+        "name = \"bench\"\n[data]\ndataset = \"fashion-mnist\"\n[model]\ninit_channels = {}\nlayers = {}\nnodes = {}\n\
+         [search]\nepochs = 1\nbatch_size = {}\norder = \"{order}\"\n[quant]\npreset = \"{preset}\"\n",
+        sh.c, sh.layers, sh.nodes, sh.batch
+    );
+    let cfg = ExperimentConfig::parse(&text, Path::new("<bench>"), &[])?;
+    let ad = device.clone().autodiff();
+    ad.seed(1);
+    let shape = NetShape {
+        c_in: sh.c_in,
+        classes: 10,
+        channels: sh.c,
+        layers: sh.layers,
+        nodes: sh.nodes,
+        stem_multiplier: 3,
+        primitives: Primitive::DARTS.to_vec(),
+    };
+    let mut net = SearchNetwork::new(&shape, &cfg.quant, &ad)?;
+    let mut alphas = Alphas::new(sh.nodes, 8, &ad);
+    let (mut w_optim, mut a_optim) = build_optimizers(&cfg);
+    let batch = || -> Batch {
+        (
+            Tensor::random([sh.batch, sh.c_in, sh.hw, sh.hw], Distribution::Normal(0.0, 1.0), &ad),
+            Tensor::<1>::random([sh.batch], Distribution::Uniform(0.0, 9.99), &ad).int(),
+        )
+    };
+    let (tb, vb) = (batch(), batch());
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..warmup + reps {
+        let start = Instant::now();
+        alphas = arch_step(&net, alphas, &mut a_optim, (&tb, &vb), 0.025, &cfg.search);
+        let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, 0.025, &cfg.search);
+        net = n;
+        if i >= warmup {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], times[0], times[times.len() - 1]))
 }
 
 /// Float and fake-quant timings of one op.

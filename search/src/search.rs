@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::architect::{self, Batch, clip_grad_norm, correct, cross_entropy};
-use crate::config::{ConfigError, ExperimentConfig, NanSite, Order};
+use crate::config::{ConfigError, ExperimentConfig, NanSite, Order, SearchConfig};
 use crate::data::{self, DataError, ImageSet};
 use crate::record::{Csv, RecordError, RunDir, quote, truncate_csv_to_epoch, write_atomic};
 use crate::rng::Rng;
@@ -221,6 +221,50 @@ fn f(v: f64) -> String {
     format!("{v:.6}")
 }
 
+/// The architecture step: α's gradient on a validation batch (first or second order), then
+/// an Adam step. `batches` is `(train, validation)`; `lr` is the current weight learning rate
+/// (ξ of the second-order virtual step).
+pub fn arch_step(
+    net: &SearchNetwork,
+    alphas: Alphas,
+    optim: &mut ModuleOptimizer,
+    (train, val): (&Batch, &Batch),
+    lr: f64,
+    s: &SearchConfig,
+) -> Alphas {
+    let da = match s.order {
+        Order::First => architect::first_order(net, &alphas, val),
+        Order::Second => architect::second_order(net, &alphas, train, val, lr, s.w_weight_decay),
+    };
+    let grads = da.into_params(&alphas);
+    optim.step(s.alpha_lr, alphas, grads)
+}
+
+/// The weight step without the run record: forward, backward, global-norm clip, SGD. Returns
+/// the new network and the training loss.
+pub fn weight_step(
+    net: SearchNetwork,
+    alphas: &Alphas,
+    optim: &mut ModuleOptimizer,
+    train: &Batch,
+    lr: f64,
+    s: &SearchConfig,
+) -> (SearchNetwork, f64) {
+    let (wn, wr) = alphas.weights();
+    let logits = net.forward(train.0.clone(), wn.detach(), wr.detach());
+    let loss = cross_entropy(logits, train.1.clone());
+    let value = loss.clone().into_scalar::<f32>() as f64;
+    let mut grads = loss.backward();
+    let mut gw = GradientsParams::from_module(&mut grads, &net);
+    clip_grad_norm(&mut gw, &net, s.w_grad_clip);
+    (optim.step(lr, net, gw), value)
+}
+
+/// The optimizers of a search as configured: SGD for the weights, Adam for α.
+pub fn build_optimizers(cfg: &ExperimentConfig) -> (ModuleOptimizer, ModuleOptimizer) {
+    optimizers(cfg)
+}
+
 /// Runs (or resumes) a search and writes its run record.
 pub fn run_search(
     cfg: &ExperimentConfig,
@@ -300,16 +344,8 @@ pub fn run_search(
             let vb: Batch =
                 data::batch(&train_set, kind, &order_v[i * bs..(i + 1) * bs], Some(&mut rng), &ad);
 
-            // Architecture step.
-            let da = match s.order {
-                Order::First => architect::first_order(&st.net, &st.alphas, &vb),
-                Order::Second => {
-                    architect::second_order(&st.net, &st.alphas, &tb, &vb, lr, s.w_weight_decay)
-                }
-            };
             let alphas_before = st.alphas.clone();
-            st.alphas =
-                st.a_optim.step(s.alpha_lr, st.alphas.clone(), da.into_params(&alphas_before));
+            st.alphas = arch_step(&st.net, st.alphas.clone(), &mut st.a_optim, (&tb, &vb), lr, s);
 
             // Weight step.
             let record_quant = every > 0 && (step.is_multiple_of(every) || i + 1 == steps);

@@ -2,10 +2,9 @@
 //! conv candidate ops; BN follows it).
 
 use burn::module::{Module, Param};
-use burn::nn::Initializer;
-use burn::tensor::Tensor;
 use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
+use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, QuantSites};
 use crate::qconfig::Site;
@@ -63,10 +62,13 @@ impl QConv {
     pub fn new(shape: ConvShape, ctx: &Ctx) -> Result<Self, SpecError> {
         let fan_in = shape.c_in / shape.groups * shape.kernel[0] * shape.kernel[1];
         let bound = 1.0 / (fan_in as f64).sqrt();
-        let weight = Initializer::Uniform { min: -bound, max: bound }.init(
+        // Drawn now, not lazily at the first forward as burn's Initializer does, so that a
+        // caller that seeds the device gets its draws in construction order.
+        let weight = Param::from_tensor(Tensor::random(
             [shape.c_out, shape.c_in / shape.groups, shape.kernel[0], shape.kernel[1]],
+            Distribution::Uniform(-bound, bound),
             ctx.device,
-        );
+        ));
         Ok(QConv {
             weight,
             wq: ctx.quantizer(Site::Weight, "weight", shape.c_out)?,

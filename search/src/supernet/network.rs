@@ -48,10 +48,11 @@ impl QLinear {
     /// PyTorch's Linear initialisation (uniform ±1/sqrt(in)).
     pub fn new(c_in: usize, c_out: usize, ctx: &Ctx) -> Result<Self, SpecError> {
         let b = 1.0 / (c_in as f64).sqrt();
-        let init = burn::module::Initializer::Uniform { min: -b, max: b };
+        // Drawn now (not lazily at the first forward), in construction order.
+        let u = Distribution::Uniform(-b, b);
         Ok(QLinear {
-            weight: init.init([c_out, c_in], ctx.device),
-            bias: init.init([c_out], ctx.device),
+            weight: Param::from_tensor(Tensor::random([c_out, c_in], u, ctx.device)),
+            bias: Param::from_tensor(Tensor::random([c_out], u, ctx.device)),
             wq: ctx.quantizer(Site::Weight, "weight", c_out)?,
         })
     }
