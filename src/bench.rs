@@ -11,9 +11,7 @@ use clap::Subcommand;
 use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, QTensor};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
-use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode, TensorRole,
-};
+use qdarts_ops::quant::{FakeQuantizer, Granularity, ObserverKind, QuantSpec, TensorRole};
 use qdarts_search::architect::Batch;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::search::{arch_step, build_optimizers, weight_step};
@@ -430,19 +428,6 @@ fn settle(t: Tensor<4>) -> f32 {
     t.slice([0..1, 0..1, 0..1, 0..1]).into_scalar::<f32>()
 }
 
-fn spec(observer: ObserverKind, granularity: Granularity) -> Result<QuantSpec> {
-    Ok(QuantSpec::new(RawQuantSpec {
-        bits: 8,
-        signed: true,
-        symmetric: true,
-        granularity,
-        round: RoundMode::TiesToEven,
-        observer,
-        quant_min: None,
-        quant_max: None,
-    })?)
-}
-
 fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row>> {
     let numel: usize = shape.iter().product();
     let per_channel = Granularity::PerChannel { axis: 1 };
@@ -490,7 +475,7 @@ fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row
     rows.push(row("copy (x + 0)".into(), "-", "fwd+bwd", t));
 
     for (observer, granularity) in configs {
-        let s = spec(observer, granularity)?;
+        let s = QuantSpec::with(8, true, true, granularity, observer)?;
         let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], device)?;
         let t = time_reps(reps, || {
             settle(fq.try_forward(x.clone())?);

@@ -47,6 +47,12 @@ enum Command {
         /// Show the dashboard while searching.
         #[arg(long)]
         dashboard: bool,
+        /// Folder of the dataset files (sets `data.path`).
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
+        /// Dataset (sets `data.dataset`).
+        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"])]
+        dataset: Option<String>,
     },
     /// Train the discrete network of a genotype with quantization-aware training.
     Train {
@@ -92,7 +98,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Search { dashboard: true, .. } => return not_available("search --dashboard"),
-        Command::Search { config, overrides, resume, dashboard: false } => {
+        Command::Search { config, mut overrides, resume, dashboard: false, data, dataset } => {
+            if let Some(d) = dataset {
+                overrides.push(format!("data.dataset=\"{d}\""));
+            }
+            if let Some(p) = data {
+                let p = p.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+                overrides.push(format!("data.path=\"{p}\""));
+            }
             search_cmd::run(&config, &overrides, resume.as_deref(), cli.backend)
         }
         Command::Train { .. } => return not_available("train"),

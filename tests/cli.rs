@@ -96,7 +96,7 @@ fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run_a = only_run(&a);
 
-    // Killed with SIGKILL once the first checkpoint is there, then resumed.
+    // Killed with SIGKILL once the first epoch's checkpoint is there, then resumed.
     let b = scratch("killed");
     let mut child = qdarts()
         .args(["search", "--config"])
@@ -109,7 +109,8 @@ fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
     let run_b = loop {
         if let Ok(mut entries) = std::fs::read_dir(b.join("results"))
             && let Some(Ok(e)) = entries.next()
-            && e.path().join("checkpoint/state.json").exists()
+            && std::fs::read_to_string(e.path().join("checkpoint/state.json"))
+                .is_ok_and(|t| !t.contains("\"epochs_done\": 0"))
         {
             break e.path();
         }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::quant::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode, SpecError};
+use crate::quant::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, SpecError};
 
 /// A named starting point for the specs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -84,25 +84,6 @@ pub struct QuantConfig {
     pub ops: BTreeMap<String, OpOverride>,
 }
 
-fn spec(
-    bits: u32,
-    signed: bool,
-    symmetric: bool,
-    granularity: Granularity,
-    observer: ObserverKind,
-) -> Result<QuantSpec, SpecError> {
-    QuantSpec::new(RawQuantSpec {
-        bits,
-        signed,
-        symmetric,
-        granularity,
-        round: RoundMode::TiesToEven,
-        observer,
-        quant_min: None,
-        quant_max: None,
-    })
-}
-
 const PER_OUT_CHANNEL: Granularity = Granularity::PerChannel { axis: 0 };
 
 impl Preset {
@@ -116,23 +97,29 @@ impl Preset {
             (Preset::Float, _) => return Ok(None),
             (_, Site::Mix) => QuantSpec::unit_interval(8)?,
             (Preset::Tensorrt | Preset::OnnxQdq, Site::Weight) => {
-                spec(8, true, true, PER_OUT_CHANNEL, ObserverKind::MinMax)?
+                QuantSpec::with(8, true, true, PER_OUT_CHANNEL, ObserverKind::MinMax)?
             }
-            (Preset::Tensorrt, Site::Act) => spec(8, true, true, Granularity::PerTensor, ema)?,
-            (Preset::OnnxQdq, Site::Act) => spec(8, false, false, Granularity::PerTensor, ema)?,
+            (Preset::Tensorrt, Site::Act) => {
+                QuantSpec::with(8, true, true, Granularity::PerTensor, ema)?
+            }
+            (Preset::OnnxQdq, Site::Act) => {
+                QuantSpec::with(8, false, false, Granularity::PerTensor, ema)?
+            }
             (Preset::Paddle, Site::Weight) => {
-                spec(8, true, true, PER_OUT_CHANNEL, ObserverKind::ChannelWiseAbsMax)?
+                QuantSpec::with(8, true, true, PER_OUT_CHANNEL, ObserverKind::ChannelWiseAbsMax)?
             }
-            (Preset::Paddle, Site::Act) => spec(
+            (Preset::Paddle, Site::Act) => QuantSpec::with(
                 8,
                 true,
                 true,
                 Granularity::PerTensor,
                 ObserverKind::MovingAverageAbsMax { rate: 0.9 },
             )?,
-            (Preset::Lsq, Site::Weight) => spec(8, true, true, PER_OUT_CHANNEL, ObserverKind::Lsq)?,
+            (Preset::Lsq, Site::Weight) => {
+                QuantSpec::with(8, true, true, PER_OUT_CHANNEL, ObserverKind::Lsq)?
+            }
             (Preset::Lsq, Site::Act) => {
-                spec(8, true, true, Granularity::PerTensor, ObserverKind::Lsq)?
+                QuantSpec::with(8, true, true, Granularity::PerTensor, ObserverKind::Lsq)?
             }
         }))
     }

@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode, TensorRole,
+    FakeQuantizer, Granularity, ObserverKind, QuantSpec, RoundMode, TensorRole,
 };
 
 fn dev() -> Device {
@@ -18,17 +18,7 @@ fn spec(
     symmetric: bool,
     granularity: Granularity,
 ) -> QuantSpec {
-    QuantSpec::new(RawQuantSpec {
-        bits: 8,
-        signed,
-        symmetric,
-        granularity,
-        round: RoundMode::TiesToEven,
-        observer,
-        quant_min: None,
-        quant_max: None,
-    })
-    .expect("valid spec")
+    QuantSpec::with(8, signed, symmetric, granularity, observer).expect("valid spec")
 }
 
 fn t1(v: &[f32]) -> Tensor<1> {

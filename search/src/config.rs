@@ -205,12 +205,27 @@ pub enum NanSite {
     Grad,
 }
 
-/// The non-finite guard. After every step the loss, the gradient norm and α are checked; a
-/// non-finite one is logged to `nan_events.csv` and the step is skipped (weights kept, α step
-/// undone if α went bad). After `max_events` events the search aborts.
+/// What the guard does with a non-finite step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NanPolicy {
+    /// Skip the step: keep the weights, undo the α step if α went bad.
+    Skip,
+    /// Reload the last checkpoint (the start of the epoch) and halve the learning rate.
+    Rollback,
+}
+
+/// The non-finite guard. After every step the loss, the gradient norm and α are checked, and
+/// the quantizer scales on steps whose statistics are recorded; a non-finite one is logged to
+/// `nan_events.csv` and the policy applies: skip the step (weights kept, α step undone if α went
+/// bad), or roll back to the last checkpoint and halve the learning rate. After `max_events`
+/// events the search aborts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NanGuardConfig {
+    /// What to do with a non-finite step.
+    #[serde(default = "skip_policy")]
+    pub policy: NanPolicy,
     /// Abort after this many events.
     #[serde(default = "ten")]
     pub max_events: usize,
@@ -224,10 +239,18 @@ pub struct NanGuardConfig {
 
 impl Default for NanGuardConfig {
     fn default() -> Self {
-        NanGuardConfig { max_events: ten(), inject_step: None, inject_site: loss_site() }
+        NanGuardConfig {
+            policy: skip_policy(),
+            max_events: ten(),
+            inject_step: None,
+            inject_site: loss_site(),
+        }
     }
 }
 
+fn skip_policy() -> NanPolicy {
+    NanPolicy::Skip
+}
 fn ten() -> usize {
     10
 }

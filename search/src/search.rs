@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::architect::{self, Batch, clip_grad_norm, correct, cross_entropy};
-use crate::config::{ConfigError, ExperimentConfig, NanSite, Order, SearchConfig};
+use crate::config::{ConfigError, ExperimentConfig, NanPolicy, NanSite, Order, SearchConfig};
 use crate::data::{self, DataError, ImageSet};
 use crate::record::{Csv, RecordError, RunDir, quote, truncate_csv_to_epoch, write_atomic};
 use crate::rng::Rng;
@@ -84,6 +84,13 @@ struct CheckpointState {
     rng: u64,
     /// Non-finite events so far.
     nan_events: usize,
+    /// Factor on the weight learning rate (halved by each rollback).
+    #[serde(default = "one")]
+    lr_scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// The result of a finished search.
@@ -308,7 +315,8 @@ pub fn run_search(
         (net, alphas)
     };
     let (w_optim, a_optim) = optimizers(cfg);
-    let fresh = CheckpointState { epochs_done: 0, step: 0, rng: cfg.seed, nan_events: 0 };
+    let fresh =
+        CheckpointState { epochs_done: 0, step: 0, rng: cfg.seed, nan_events: 0, lr_scale: 1.0 };
     let mut st = State { net, alphas, w_optim, a_optim, ckpt: fresh };
     if resume.is_some() && run.file("checkpoint").join("state.json").exists() {
         st = load_checkpoint(&run, st)?;
@@ -322,15 +330,21 @@ pub fn run_search(
         }
     }
     run.write_atomic("config.toml", cfg.to_toml().as_bytes())?;
+    if !run.file("checkpoint").exists() {
+        // The state a rollback in the first epoch returns to.
+        save_checkpoint(&run, &st)?;
+    }
     let mut rec = Record::open(&run)?;
     let mut rng = Rng::from_state(st.ckpt.rng);
     let start = Instant::now();
     let kind = cfg.data.dataset;
     let s = &cfg.search;
     let every = cfg.record.quant_error_every;
+    let mut injected = false;
 
-    for epoch in st.ckpt.epochs_done..s.epochs {
-        let lr = cosine_lr(s.w_lr, s.w_lr_min, epoch, s.epochs);
+    let mut epoch = st.ckpt.epochs_done;
+    'epochs: while epoch < s.epochs {
+        let lr = cosine_lr(s.w_lr, s.w_lr_min, epoch, s.epochs) * st.ckpt.lr_scale;
         let mut order_t = train_idx.clone();
         let mut order_v = val_idx.clone();
         rng.shuffle(&mut order_t);
@@ -353,7 +367,8 @@ pub fn run_search(
             let (wn, wr) = st.alphas.weights();
             let logits = st.net.forward(tb.0.clone(), wn.detach(), wr.detach());
             let mut loss = cross_entropy(logits.clone(), tb.1.clone());
-            let inject = cfg.nan_guard.inject_step == Some(step);
+            let inject = !injected && cfg.nan_guard.inject_step == Some(step);
+            injected |= inject;
             if inject && cfg.nan_guard.inject_site == NanSite::Loss {
                 loss = loss.mul_scalar(f32::NAN);
             }
@@ -378,26 +393,63 @@ pub fn run_search(
             if an.iter().chain(&ar).flatten().any(|v| !v.is_finite()) {
                 events.push(("alpha", "alphas".to_string(), f64::NAN));
             }
+            // Quantizer scales, on the steps whose statistics are recorded.
+            let qstats = if record_quant { st.net.quant_stats() } else { Vec::new() };
+            if let Some(q) = qstats.iter().find(|q| !(q.scale.is_finite() && q.scale > 0.0)) {
+                events.push(("scale", q.path.clone(), q.scale));
+            }
             if events.is_empty() {
                 st.net = st.w_optim.step(lr, st.net.clone(), gw);
             } else {
-                // Skip: keep the weights, and undo the α step if α went bad.
-                if events.iter().any(|e| e.0 == "alpha") {
-                    st.alphas = alphas_before;
-                }
+                let rollback = cfg.nan_guard.policy == NanPolicy::Rollback;
+                let action = if rollback { "rolled_back" } else { "skipped" };
+                let total = st.ckpt.nan_events + events.len();
                 for (site, layer, value) in &events {
-                    st.ckpt.nan_events += 1;
                     rec.nan.row(&[
                         epoch.to_string(),
                         step.to_string(),
                         site.to_string(),
                         quote(layer),
                         format!("{value}"),
-                        "skipped".into(),
+                        action.into(),
                     ])?;
                 }
-                if st.ckpt.nan_events > cfg.nan_guard.max_events {
-                    return Err(SearchError::NanAbort(st.ckpt.nan_events));
+                if total > cfg.nan_guard.max_events {
+                    rec.nan.row(&[
+                        epoch.to_string(),
+                        step.to_string(),
+                        "guard".into(),
+                        "-".into(),
+                        total.to_string(),
+                        "aborted".into(),
+                    ])?;
+                    return Err(SearchError::NanAbort(total));
+                }
+                if rollback {
+                    // Back to the start of the epoch (the last checkpoint), at half the lr.
+                    st = load_checkpoint(&run, st)?;
+                    st.ckpt.nan_events = total;
+                    st.ckpt.lr_scale *= 0.5;
+                    for name in CSVS.iter().filter(|n| **n != "nan_events.csv") {
+                        truncate_csv_to_epoch(&run.file(name), st.ckpt.epochs_done)?;
+                    }
+                    rec = Record::open(&run)?;
+                    rec.nan.row(&[
+                        epoch.to_string(),
+                        step.to_string(),
+                        "lr".into(),
+                        "-".into(),
+                        format!("{}", s.w_lr * st.ckpt.lr_scale),
+                        "lr_halved".into(),
+                    ])?;
+                    rng = Rng::from_state(st.ckpt.rng);
+                    epoch = st.ckpt.epochs_done;
+                    continue 'epochs;
+                }
+                // Skip: keep the weights, and undo the α step if α went bad.
+                st.ckpt.nan_events = total;
+                if events.iter().any(|e| e.0 == "alpha") {
+                    st.alphas = alphas_before;
                 }
             }
             seen += bs;
@@ -414,7 +466,7 @@ pub fn run_search(
                 format!("{:.3}", start.elapsed().as_secs_f64()),
             ])?;
             if record_quant {
-                for q in st.net.quant_stats() {
+                for q in &qstats {
                     rec.quant.row(&[
                         epoch.to_string(),
                         step.to_string(),
@@ -486,6 +538,7 @@ pub fn run_search(
         st.ckpt.epochs_done = epoch + 1;
         st.ckpt.rng = rng.state();
         save_checkpoint(&run, &st)?;
+        epoch += 1;
     }
 
     let (an, ar) = st.alphas.to_rows();

@@ -154,6 +154,25 @@ fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
 }
 
 #[test]
+fn rollback_reloads_the_epoch_start_and_halves_the_learning_rate() {
+    let cfg = tiny(&scratch("rollback"), "[nan_guard]\npolicy = \"rollback\"\ninject_step = 3");
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let events = read(&out.run_dir.join("nan_events.csv"));
+    // Step 3 is the first step of epoch 1; w_lr 0.025 halved.
+    assert_eq!(
+        events,
+        "epoch,step,site,layer,value,action\n1,3,loss,loss,NaN,rolled_back\n1,3,lr,-,0.0125,lr_halved\n"
+    );
+    // Epoch 1 was rerun from its start: steps 3 and 4 once each, at half the cosine lr
+    // (0.001 + 0.5·0.024·(1 + cos(π/2)) = 0.013, halved).
+    let metrics = read(&out.run_dir.join("metrics.csv"));
+    let epoch1: Vec<&str> = metrics.lines().filter(|l| l.starts_with("1,")).collect();
+    assert_eq!(epoch1.len(), 3, "{metrics}");
+    assert!(epoch1[0].starts_with("1,3,train,") && epoch1[0].contains(",0.006500,"), "{metrics}");
+    assert!(out.run_dir.join("genotype.txt").exists());
+}
+
+#[test]
 fn bad_configs_name_the_key() {
     let p = Path::new("exp.toml");
     let base = std::fs::read_to_string(

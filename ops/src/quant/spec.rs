@@ -345,32 +345,40 @@ impl QuantSpec {
         Ok(spec)
     }
 
-    /// The fixed `[0, 1]` range of softmax outputs and mixing weights, unsigned, per tensor.
-    pub fn unit_interval(bits: u32) -> Result<Self, SpecError> {
+    /// A ties-to-even spec on the full integer range of `bits`.
+    pub fn with(
+        bits: u32,
+        signed: bool,
+        symmetric: bool,
+        granularity: Granularity,
+        observer: ObserverKind,
+    ) -> Result<Self, SpecError> {
         Self::new(RawQuantSpec {
             bits,
-            signed: false,
-            symmetric: false,
-            granularity: Granularity::PerTensor,
-            round: RoundMode::TiesToEven,
-            observer: ObserverKind::Fixed { min: 0.0, max: 1.0 },
-            quant_min: None,
-            quant_max: None,
-        })
-    }
-
-    /// A common preset: symmetric signed per-tensor, ties-to-even, with the given observer.
-    pub fn symmetric(bits: u32, observer: ObserverKind) -> Result<Self, SpecError> {
-        Self::new(RawQuantSpec {
-            bits,
-            signed: true,
-            symmetric: true,
-            granularity: Granularity::PerTensor,
+            signed,
+            symmetric,
+            granularity,
             round: RoundMode::TiesToEven,
             observer,
             quant_min: None,
             quant_max: None,
         })
+    }
+
+    /// The fixed `[0, 1]` range of softmax outputs and mixing weights, unsigned, per tensor.
+    pub fn unit_interval(bits: u32) -> Result<Self, SpecError> {
+        Self::with(
+            bits,
+            false,
+            false,
+            Granularity::PerTensor,
+            ObserverKind::Fixed { min: 0.0, max: 1.0 },
+        )
+    }
+
+    /// A common preset: symmetric signed per-tensor, ties-to-even, with the given observer.
+    pub fn symmetric(bits: u32, observer: ObserverKind) -> Result<Self, SpecError> {
+        Self::with(bits, true, true, Granularity::PerTensor, observer)
     }
 
     /// Returns the spec with another granularity, validated again.
