@@ -141,7 +141,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             );
             print!("{}", render(&rows));
             if let Some(path) = csv {
-                write_csv(&path, backend, shape, &rows)
+                write_quant_csv(&path, backend, shape, &rows)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
@@ -197,12 +197,8 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 }
             }
             if let Some(path) = csv {
-                let mut f =
-                    File::create(&path).with_context(|| format!("writing {}", path.display()))?;
-                writeln!(f, "backend,shape,network,order,quant,median_s,min_s,max_s")?;
-                for r in rows {
-                    writeln!(f, "{r}")?;
-                }
+                write_csv(&path, "backend,shape,network,order,quant,median_s,min_s,max_s", rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
         }
@@ -362,18 +358,11 @@ fn render_ops(rows: &[OpRow]) -> String {
 }
 
 fn write_ops_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[OpRow]) -> Result<()> {
-    let mut f = File::create(path)?;
-    writeln!(
-        f,
-        "backend,shape,op,stride,float_median_s,float_min_s,float_max_s,quant_median_s,quant_min_s,quant_max_s"
-    )?;
     let shape = format!("{}x{}x{}x{}", shape[0], shape[1], shape[2], shape[3]);
-    for r in rows {
-        writeln!(
-            f,
-            "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
+    let lines = rows.iter().map(|r| {
+        format!(
+            "{},{shape},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
             backend.name(),
-            shape,
             r.op,
             r.stride,
             r.float.0,
@@ -382,10 +371,13 @@ fn write_ops_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[OpRow
             r.quant.0,
             r.quant.1,
             r.quant.2
-        )?;
-    }
-    f.sync_all()?;
-    Ok(())
+        )
+    });
+    write_csv(
+        path,
+        "backend,shape,op,stride,float_median_s,float_min_s,float_max_s,quant_median_s,quant_min_s,quant_max_s",
+        lines,
+    )
 }
 
 /// One timed configuration.
@@ -523,19 +515,12 @@ fn render(rows: &[Row]) -> String {
     out
 }
 
-fn write_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[Row]) -> Result<()> {
-    let mut f = File::create(path)?;
-    writeln!(
-        f,
-        "backend,shape,observer,granularity,pass,median_s,min_s,max_s,elems_per_s,gb_per_s"
-    )?;
+fn write_quant_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[Row]) -> Result<()> {
     let shape = format!("{}x{}x{}x{}", shape[0], shape[1], shape[2], shape[3]);
-    for r in rows {
-        writeln!(
-            f,
-            "{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3}",
+    let lines = rows.iter().map(|r| {
+        format!(
+            "{},{shape},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3}",
             backend.name(),
-            shape,
             r.what,
             r.granularity,
             r.pass,
@@ -544,7 +529,21 @@ fn write_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[Row]) -> 
             r.max_s,
             r.elems_per_s(),
             r.gb_per_s()
-        )?;
+        )
+    });
+    write_csv(
+        path,
+        "backend,shape,observer,granularity,pass,median_s,min_s,max_s,elems_per_s,gb_per_s",
+        lines,
+    )
+}
+
+/// Writes a header and one line per row, synced to disk.
+fn write_csv(path: &Path, header: &str, lines: impl IntoIterator<Item = String>) -> Result<()> {
+    let mut f = File::create(path)?;
+    writeln!(f, "{header}")?;
+    for line in lines {
+        writeln!(f, "{line}")?;
     }
     f.sync_all()?;
     Ok(())

@@ -36,22 +36,29 @@ pub fn correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> usize {
 
 struct SquaredNorm<'a> {
     grads: &'a GradientsParams,
-    sum: f64,
+    /// Σ g² over the parameters seen so far, kept on the device.
+    sum: Option<Tensor<1>>,
 }
 
 impl ModuleVisitor for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.grads.get::<D>(param.id) {
-            self.sum += g.square().sum().into_scalar::<f32>() as f64;
+            let sq = g.square().sum();
+            self.sum = Some(match self.sum.take() {
+                Some(acc) => acc.add(sq),
+                None => sq,
+            });
         }
     }
 }
 
 /// The global L2 norm of a module's gradients (as `torch.nn.utils.clip_grad_norm_` computes it).
+///
+/// The sum stays on the device and is read back once: this runs every training step.
 pub fn grad_norm<M: Module>(grads: &GradientsParams, module: &M) -> f64 {
-    let mut v = SquaredNorm { grads, sum: 0.0 };
+    let mut v = SquaredNorm { grads, sum: None };
     module.visit(&mut v);
-    v.sum.sqrt()
+    v.sum.map_or(0.0, |s| (s.into_scalar::<f32>() as f64).sqrt())
 }
 
 struct Scale<'a> {
