@@ -1,6 +1,7 @@
 //! `qdarts search`: read the experiment, run the search with a progress bar on stderr, print
 //! where the run record is.
 
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -45,6 +46,7 @@ pub fn run(
         }
         bar.set_position(p.step as u64);
         bar.set_message(format!("loss {:.3} top1 {:.1}%", p.loss, 100.0 * p.top1));
+        ControlFlow::Continue(())
     };
     let out = run_search(&cfg, &device, resume, &mut on_progress)
         .with_context(|| format!("search `{}` failed", cfg.name))?;

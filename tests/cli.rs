@@ -37,6 +37,7 @@ batch_size = 8
 steps_per_epoch = 2
 [record]
 quant_error_every = 1
+checkpoint_every = 1
 "#;
 
 fn config(dir: &Path) -> PathBuf {
@@ -128,7 +129,14 @@ fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
     let out = qdarts().args(["search", "--resume"]).arg(&run_b).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    for f in ["genotype.txt", "genotype.json", "alphas.csv", "genotypes.csv", "nan_events.csv"] {
+    for f in [
+        "genotype.txt",
+        "genotype.json",
+        "alphas.csv",
+        "genotypes.csv",
+        "nan_events.csv",
+        "quant_error.csv",
+    ] {
         let (x, y) = (
             std::fs::read_to_string(run_a.join(f)).unwrap(),
             std::fs::read_to_string(run_b.join(f)).unwrap(),

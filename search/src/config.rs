@@ -180,12 +180,23 @@ pub struct RecordConfig {
     /// Write every quantizer's error every this many steps (0: only at epoch ends).
     #[serde(default = "fifty")]
     pub quant_error_every: usize,
+    /// Also checkpoint every this many global steps inside an epoch (0: only at epoch ends).
+    #[serde(default = "two_hundred")]
+    pub checkpoint_every: usize,
 }
 
 impl Default for RecordConfig {
     fn default() -> Self {
-        RecordConfig { results_dir: results(), quant_error_every: fifty() }
+        RecordConfig {
+            results_dir: results(),
+            quant_error_every: fifty(),
+            checkpoint_every: two_hundred(),
+        }
     }
+}
+
+fn two_hundred() -> usize {
+    200
 }
 
 fn results() -> PathBuf {

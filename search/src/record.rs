@@ -192,21 +192,25 @@ pub fn quote(s: &str) -> String {
     }
 }
 
-/// Keeps the header and the rows whose first field (the epoch) is below `epoch`: what a resumed
-/// run keeps of a CSV file written after its last checkpoint.
-pub fn truncate_csv_to_epoch(path: &Path, epoch: usize) -> Result<(), RecordError> {
+/// Keeps the header and the rows written before a checkpoint: those whose first field (the
+/// epoch) is below `epoch`, and, when `step` is given, those of `epoch` itself whose second
+/// field (the global step) is at most `step`. What a resumed run keeps of a CSV file written
+/// after its last checkpoint.
+pub fn truncate_csv_to(path: &Path, epoch: usize, step: Option<usize>) -> Result<(), RecordError> {
     let Ok(text) = fs::read_to_string(path) else { return Ok(()) };
     let mut out = String::new();
     for (i, line) in text.split_inclusive('\n').enumerate() {
         if !line.ends_with('\n') {
             break;
         }
+        let mut fields = line.split(',').map(|f| f.trim().parse::<usize>().ok());
+        let (e, s) = (fields.next().flatten(), fields.next().flatten());
         let keep = i == 0
-            || line
-                .split(',')
-                .next()
-                .and_then(|e| e.trim().parse::<usize>().ok())
-                .is_some_and(|e| e < epoch);
+            || match (e, step) {
+                (Some(e), _) if e < epoch => true,
+                (Some(e), Some(step)) if e == epoch => s.is_some_and(|s| s <= step),
+                _ => false,
+            };
         if keep {
             out.push_str(line);
         }
@@ -251,8 +255,13 @@ mod tests {
         let mut c = Csv::open(&p, "epoch,loss").unwrap();
         c.row(&["1".into(), "0.75".into()]).unwrap();
         assert_eq!(fs::read_to_string(&p).unwrap(), "epoch,loss\n0,1.5\n1,0.75\n");
-        truncate_csv_to_epoch(&p, 1).unwrap();
+        truncate_csv_to(&p, 1, None).unwrap();
         assert_eq!(fs::read_to_string(&p).unwrap(), "epoch,loss\n0,1.5\n");
+        // Mid-epoch: rows of the epoch up to the step stay.
+        let q = d.join("s.csv");
+        fs::write(&q, "epoch,step,v\n0,1,a\n0,2,b\n1,3,c\n1,4,d\n1,5,e\n2,6,f\n").unwrap();
+        truncate_csv_to(&q, 1, Some(4)).unwrap();
+        assert_eq!(fs::read_to_string(&q).unwrap(), "epoch,step,v\n0,1,a\n0,2,b\n1,3,c\n1,4,d\n");
         assert_eq!(quote("a,b"), "\"a,b\"");
     }
 

@@ -2,6 +2,7 @@
 //! training batch; per epoch a validation pass, the α and the derived genotype, and a
 //! checkpoint. Everything goes to the run record; progress goes to a callback.
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -18,7 +19,7 @@ use thiserror::Error;
 use crate::architect::{self, Batch, clip_grad_norm, correct, cross_entropy};
 use crate::config::{ConfigError, ExperimentConfig, NanPolicy, NanSite, Order, SearchConfig};
 use crate::data::{self, DataError, ImageSet};
-use crate::record::{Csv, RecordError, RunDir, quote, truncate_csv_to_epoch, write_atomic};
+use crate::record::{Csv, RecordError, RunDir, quote, truncate_csv_to, write_atomic};
 use crate::rng::Rng;
 use crate::supernet::{Alphas, NetShape, SearchNetwork};
 
@@ -87,19 +88,34 @@ struct CheckpointState {
     /// Factor on the weight learning rate (halved by each rollback).
     #[serde(default = "one")]
     lr_scale: f64,
+    /// Steps of the epoch `epochs_done` already taken (0: the checkpoint is at an epoch start).
+    #[serde(default)]
+    step_in_epoch: usize,
+    /// Data-order generator at the start of that epoch (it shuffles the epoch's order).
+    #[serde(default)]
+    epoch_rng: u64,
+    /// Training images seen and classified right so far in that epoch (running top-1).
+    #[serde(default)]
+    seen: usize,
+    /// See `seen`.
+    #[serde(default)]
+    right: usize,
 }
 
 fn one() -> f64 {
     1.0
 }
 
-/// The result of a finished search.
+/// The result of a search that finished or was stopped.
 #[derive(Debug, Clone)]
 pub struct SearchOutcome {
     /// The run folder.
     pub run_dir: PathBuf,
-    /// The final genotype.
+    /// The final genotype (on a stop: the genotype of the current α).
     pub genotype: Genotype,
+    /// Whether the search ran all its epochs. A stopped search has saved a checkpoint at the
+    /// step it stopped after; `--resume` continues from there.
+    pub finished: bool,
 }
 
 /// The learning rate of epoch `e` of `n` under cosine annealing (PyTorch `CosineAnnealingLR`
@@ -163,8 +179,26 @@ impl Record {
     }
 }
 
-const CSVS: [&str; 5] =
-    ["metrics.csv", "nan_events.csv", "quant_error.csv", "alphas.csv", "genotypes.csv"];
+/// The CSV files, and whether their second field is the global step.
+const CSVS: [(&str, bool); 5] = [
+    ("metrics.csv", true),
+    ("nan_events.csv", true),
+    ("quant_error.csv", true),
+    ("alphas.csv", false),
+    ("genotypes.csv", false),
+];
+
+/// Cuts every CSV file back to what the checkpoint `ck` had seen: rows of earlier epochs, and
+/// rows of its epoch up to its step.
+fn truncate_record(run: &RunDir, ck: &CheckpointState, keep_nan: bool) -> Result<(), RecordError> {
+    for (name, stepped) in CSVS {
+        if keep_nan && name == "nan_events.csv" {
+            continue;
+        }
+        truncate_csv_to(&run.file(name), ck.epochs_done, stepped.then_some(ck.step))?;
+    }
+    Ok(())
+}
 
 fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> SearchError {
     SearchError::Checkpoint { path: path.into(), message: e.to_string() }
@@ -184,6 +218,9 @@ fn save_checkpoint(run: &RunDir, st: &State) -> Result<(), SearchError> {
     let dest = run.file("checkpoint");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| ckpt_err(&tmp, e))?;
+    // A running state (BN statistics, observer ranges) records its last update per thread
+    // and folds it in only on a sync; saving reads the folded value. `valid()` syncs them all.
+    drop(st.net.valid());
     st.net.clone().save_file(tmp.join("net.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
     st.alphas.clone().save_file(tmp.join("alphas.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
     st.w_optim.save(tmp.join("w_optim.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
@@ -272,12 +309,14 @@ pub fn build_optimizers(cfg: &ExperimentConfig) -> (ModuleOptimizer, ModuleOptim
     optimizers(cfg)
 }
 
-/// Runs (or resumes) a search and writes its run record.
+/// Runs (or resumes) a search and writes its run record. `progress` is called after every
+/// step; when it returns `Break` the search saves a checkpoint at that step and returns
+/// (`finished: false`), so that `--resume` continues exactly there.
 pub fn run_search(
     cfg: &ExperimentConfig,
     device: &Device,
     resume: Option<&Path>,
-    progress: &mut dyn FnMut(&Progress),
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<SearchOutcome, SearchError> {
     let mut train_set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
     if cfg.data.limit > 0 {
@@ -315,17 +354,24 @@ pub fn run_search(
         (net, alphas)
     };
     let (w_optim, a_optim) = optimizers(cfg);
-    let fresh =
-        CheckpointState { epochs_done: 0, step: 0, rng: cfg.seed, nan_events: 0, lr_scale: 1.0 };
+    let fresh = CheckpointState {
+        epochs_done: 0,
+        step: 0,
+        rng: cfg.seed,
+        nan_events: 0,
+        lr_scale: 1.0,
+        step_in_epoch: 0,
+        epoch_rng: cfg.seed,
+        seen: 0,
+        right: 0,
+    };
     let mut st = State { net, alphas, w_optim, a_optim, ckpt: fresh };
     if resume.is_some() && run.file("checkpoint").join("state.json").exists() {
         st = load_checkpoint(&run, st)?;
-        for name in CSVS {
-            truncate_csv_to_epoch(&run.file(name), st.ckpt.epochs_done)?;
-        }
+        truncate_record(&run, &st.ckpt, false)?;
     } else if resume.is_some() {
         // Killed before the first checkpoint: start over in the same folder.
-        for name in CSVS {
+        for (name, _) in CSVS {
             let _ = std::fs::remove_file(run.file(name));
         }
     }
@@ -340,17 +386,28 @@ pub fn run_search(
     let kind = cfg.data.dataset;
     let s = &cfg.search;
     let every = cfg.record.quant_error_every;
+    let ckpt_every = cfg.record.checkpoint_every;
     let mut injected = false;
 
     let mut epoch = st.ckpt.epochs_done;
+    let mut stop_after_epoch = false;
     'epochs: while epoch < s.epochs {
         let lr = cosine_lr(s.w_lr, s.w_lr_min, epoch, s.epochs) * st.ckpt.lr_scale;
+        // A checkpoint taken inside this epoch replays the epoch's shuffle from the generator
+        // state at the epoch start, then continues with the state at its step.
+        let first = std::mem::take(&mut st.ckpt.step_in_epoch).min(steps);
+        let epoch_rng = if first > 0 { st.ckpt.epoch_rng } else { rng.state() };
+        rng = Rng::from_state(epoch_rng);
         let mut order_t = train_idx.clone();
         let mut order_v = val_idx.clone();
         rng.shuffle(&mut order_t);
         rng.shuffle(&mut order_v);
         let (mut seen, mut right) = (0usize, 0usize);
-        for i in 0..steps {
+        if first > 0 {
+            rng = Rng::from_state(st.ckpt.rng);
+            (seen, right) = (st.ckpt.seen, st.ckpt.right);
+        }
+        for i in first..steps {
             st.ckpt.step += 1;
             let step = st.ckpt.step;
             let tb: Batch =
@@ -426,13 +483,11 @@ pub fn run_search(
                     return Err(SearchError::NanAbort(total));
                 }
                 if rollback {
-                    // Back to the start of the epoch (the last checkpoint), at half the lr.
+                    // Back to the last checkpoint, at half the lr.
                     st = load_checkpoint(&run, st)?;
                     st.ckpt.nan_events = total;
                     st.ckpt.lr_scale *= 0.5;
-                    for name in CSVS.iter().filter(|n| **n != "nan_events.csv") {
-                        truncate_csv_to_epoch(&run.file(name), st.ckpt.epochs_done)?;
-                    }
+                    truncate_record(&run, &st.ckpt, true)?;
                     rec = Record::open(&run)?;
                     rec.nan.row(&[
                         epoch.to_string(),
@@ -482,7 +537,7 @@ pub fn run_search(
                 }
                 st.net.set_recording(false);
             }
-            progress(&Progress {
+            let flow = progress(&Progress {
                 epoch,
                 epochs: s.epochs,
                 step: i + 1,
@@ -490,6 +545,31 @@ pub fn run_search(
                 loss: loss_value,
                 top1,
             });
+            let stop = flow.is_break();
+            if i + 1 < steps && (stop || (ckpt_every > 0 && step.is_multiple_of(ckpt_every))) {
+                st.ckpt.epochs_done = epoch;
+                st.ckpt.step_in_epoch = i + 1;
+                st.ckpt.epoch_rng = epoch_rng;
+                st.ckpt.rng = rng.state();
+                (st.ckpt.seen, st.ckpt.right) = (seen, right);
+                save_checkpoint(&run, &st)?;
+                st.ckpt.step_in_epoch = 0;
+            }
+            if stop {
+                if i + 1 == steps {
+                    // The epoch's last step: finish the epoch (validation, α, checkpoint).
+                    stop_after_epoch = true;
+                    continue;
+                }
+                let (an, ar) = st.alphas.to_rows();
+                let genotype =
+                    Genotype::derive(&an, &ar, &cfg.model.primitives, cfg.model.nodes, 2)?;
+                return Ok(SearchOutcome {
+                    run_dir: run.path().to_path_buf(),
+                    genotype,
+                    finished: false,
+                });
+            }
         }
 
         // Validation pass on the α split, with frozen statistics.
@@ -537,13 +617,21 @@ pub fn run_search(
 
         st.ckpt.epochs_done = epoch + 1;
         st.ckpt.rng = rng.state();
+        (st.ckpt.seen, st.ckpt.right) = (0, 0);
         save_checkpoint(&run, &st)?;
         epoch += 1;
+        if stop_after_epoch && epoch < s.epochs {
+            return Ok(SearchOutcome {
+                run_dir: run.path().to_path_buf(),
+                genotype,
+                finished: false,
+            });
+        }
     }
 
     let (an, ar) = st.alphas.to_rows();
     let genotype = Genotype::derive(&an, &ar, &cfg.model.primitives, cfg.model.nodes, 2)?;
     run.write_atomic("genotype.json", &genotype.to_json())?;
     run.write_atomic("genotype.txt", format!("{}\n", genotype.to_darts_text()).as_bytes())?;
-    Ok(SearchOutcome { run_dir: run.path().to_path_buf(), genotype })
+    Ok(SearchOutcome { run_dir: run.path().to_path_buf(), genotype, finished: true })
 }

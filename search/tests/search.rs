@@ -4,6 +4,7 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
@@ -62,7 +63,7 @@ fn metrics_without_time(run: &Path) -> Vec<String> {
 #[test]
 fn a_tiny_search_writes_the_whole_run_record() {
     let cfg = tiny(&scratch("record"), "");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
     let run = &out.run_dir;
     for f in [
         "config.toml",
@@ -131,8 +132,14 @@ fn a_tiny_search_writes_the_whole_run_record() {
 
 #[test]
 fn the_same_seed_gives_the_same_metrics_and_genotype() {
-    let a = run_search(&tiny(&scratch("det-a"), ""), &Device::flex(), None, &mut |_| {}).unwrap();
-    let b = run_search(&tiny(&scratch("det-b"), ""), &Device::flex(), None, &mut |_| {}).unwrap();
+    let a = run_search(&tiny(&scratch("det-a"), ""), &Device::flex(), None, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    let b = run_search(&tiny(&scratch("det-b"), ""), &Device::flex(), None, &mut |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap();
     assert_eq!(a.genotype, b.genotype);
     assert_eq!(metrics_without_time(&a.run_dir), metrics_without_time(&b.run_dir));
     assert_eq!(read(&a.run_dir.join("alphas.csv")), read(&b.run_dir.join("alphas.csv")));
@@ -141,13 +148,13 @@ fn the_same_seed_gives_the_same_metrics_and_genotype() {
 #[test]
 fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
     let cfg = tiny(&scratch("nan"), "[nan_guard]\ninject_step = 2\ninject_site = \"loss\"");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     assert_eq!(events, "epoch,step,site,layer,value,action\n0,2,loss,loss,NaN,skipped\n");
     assert_eq!(read(&out.run_dir.join("metrics.csv")).lines().count(), 7, "the run finished");
 
     let cfg = tiny(&scratch("nan-grad"), "[nan_guard]\ninject_step = 3\ninject_site = \"grad\"");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     let row = events.lines().nth(1).unwrap();
     assert!(row.starts_with("1,3,grad,stem.") && row.ends_with(",NaN,skipped"), "{events}");
@@ -156,7 +163,7 @@ fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
 #[test]
 fn rollback_reloads_the_epoch_start_and_halves_the_learning_rate() {
     let cfg = tiny(&scratch("rollback"), "[nan_guard]\npolicy = \"rollback\"\ninject_step = 3");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| {}).unwrap();
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     // Step 3 is the first step of epoch 1; w_lr 0.025 halved.
     assert_eq!(
@@ -170,6 +177,79 @@ fn rollback_reloads_the_epoch_start_and_halves_the_learning_rate() {
     assert_eq!(epoch1.len(), 3, "{metrics}");
     assert!(epoch1[0].starts_with("1,3,train,") && epoch1[0].contains(",0.006500,"), "{metrics}");
     assert!(out.run_dir.join("genotype.txt").exists());
+}
+
+/// Every CSV file of a run, the wall-clock column of metrics.csv left out.
+fn record_without_time(run: &Path) -> Vec<(String, Vec<String>)> {
+    let mut out = vec![("metrics.csv".to_string(), metrics_without_time(run))];
+    for f in ["quant_error.csv", "alphas.csv", "genotypes.csv", "nan_events.csv", "genotype.txt"] {
+        out.push((f.to_string(), read(&run.join(f)).lines().map(String::from).collect()));
+    }
+    out
+}
+
+#[test]
+fn a_search_stopped_mid_epoch_resumes_to_the_uninterrupted_result() {
+    let four_steps = |name: &str| {
+        let mut cfg = tiny(&scratch(name), "");
+        cfg.search.steps_per_epoch = 4;
+        cfg
+    };
+    let go = |_: &qdarts_search::search::Progress| ControlFlow::Continue(());
+    let whole = run_search(&four_steps("whole"), &Device::flex(), None, &mut { go }).unwrap();
+    assert!(whole.finished);
+
+    // Stopped after step 2 of epoch 0 (no epoch-end checkpoint yet), then after step 3 of
+    // epoch 1 (global step 7), then run to the end.
+    let cfg = four_steps("stopped");
+    let stop_at = |global: usize| {
+        move |p: &qdarts_search::search::Progress| {
+            if p.epoch * p.steps + p.step == global {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+    };
+    let part = run_search(&cfg, &Device::flex(), None, &mut stop_at(2)).unwrap();
+    assert!(!part.finished && !part.run_dir.join("genotype.txt").exists());
+    let state = read(&part.run_dir.join("checkpoint/state.json"));
+    assert!(state.contains("\"step\": 2") && state.contains("\"step_in_epoch\": 2"), "{state}");
+    let part = run_search(&cfg, &Device::flex(), Some(&part.run_dir), &mut stop_at(7)).unwrap();
+    assert!(!part.finished);
+    let done = run_search(&cfg, &Device::flex(), Some(&part.run_dir), &mut { go }).unwrap();
+    assert!(done.finished);
+    assert_eq!(done.genotype, whole.genotype);
+    for ((f, a), (_, b)) in
+        record_without_time(&whole.run_dir).iter().zip(&record_without_time(&done.run_dir))
+    {
+        assert_eq!(a, b, "{f} differs after two stops and resumes");
+    }
+}
+
+#[test]
+fn rollback_returns_to_a_mid_epoch_checkpoint() {
+    let mut cfg = tiny(
+        &scratch("rollback-mid"),
+        "checkpoint_every = 2\n[nan_guard]\npolicy = \"rollback\"\ninject_step = 4",
+    );
+    cfg.search.steps_per_epoch = 4;
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    // The last checkpoint before step 4 is the one after step 2: steps 3 and 4 are rerun.
+    let metrics = read(&out.run_dir.join("metrics.csv"));
+    let steps: Vec<&str> = metrics
+        .lines()
+        .skip(1)
+        .filter(|l| l.starts_with("0,") && l.contains(",train,"))
+        .map(|l| l.split(',').nth(1).unwrap())
+        .collect();
+    assert_eq!(steps, ["1", "2", "3", "4"], "{metrics}");
+    let events = read(&out.run_dir.join("nan_events.csv"));
+    assert!(events.contains("0,4,loss,loss,NaN,rolled_back\n"), "{events}");
+    // Steps 1-2 ran at the full cosine lr of epoch 0, steps 3-4 (rerun) at half of it.
+    let lr: Vec<&str> =
+        metrics.lines().skip(1).take(4).map(|l| l.split(',').nth(5).unwrap()).collect();
+    assert_eq!(lr, ["0.025000", "0.025000", "0.012500", "0.012500"], "{metrics}");
 }
 
 #[test]
