@@ -318,6 +318,29 @@ pub fn run_search(
     resume: Option<&Path>,
     progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<SearchOutcome, SearchError> {
+    let run = match resume {
+        Some(dir) => RunDir::open(dir)?,
+        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
+    };
+    let dir = run.path().to_path_buf();
+    let out = run_search_in(cfg, device, run, resume.is_some(), progress);
+    if out.is_err() && resume.is_none() {
+        // Failed before writing anything (bad data, say): leave no empty run folder behind.
+        // (`remove_dir` removes only an empty folder.)
+        let _ = std::fs::remove_dir(&dir);
+    }
+    out
+}
+
+/// [`run_search`] in a run folder the caller holds (so it knows the folder before the first
+/// step, e.g. to show a dashboard on it). `resume`: continue from its checkpoint if it has one.
+pub fn run_search_in(
+    cfg: &ExperimentConfig,
+    device: &Device,
+    run: RunDir,
+    resume: bool,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<SearchOutcome, SearchError> {
     let mut train_set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
     if cfg.data.limit > 0 {
         train_set.truncate(cfg.data.limit);
@@ -339,10 +362,6 @@ pub fn run_search(
         steps = steps.min(cfg.search.steps_per_epoch);
     }
 
-    let run = match resume {
-        Some(dir) => RunDir::open(dir)?,
-        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
-    };
     let ad = device.clone().autodiff();
     let (net, alphas) = {
         // The backend's generator is process-wide: hold it from seeding to the last random
@@ -366,16 +385,25 @@ pub fn run_search(
         right: 0,
     };
     let mut st = State { net, alphas, w_optim, a_optim, ckpt: fresh };
-    if resume.is_some() && run.file("checkpoint").join("state.json").exists() {
+    if resume && run.file("checkpoint").join("state.json").exists() {
         st = load_checkpoint(&run, st)?;
         truncate_record(&run, &st.ckpt, false)?;
-    } else if resume.is_some() {
+    } else if resume {
         // Killed before the first checkpoint: start over in the same folder.
         for (name, _) in CSVS {
             let _ = std::fs::remove_file(run.file(name));
         }
     }
     run.write_atomic("config.toml", cfg.to_toml().as_bytes())?;
+    // What a dashboard needs for progress and ETA.
+    let plan = serde_json::json!({
+        "epochs": cfg.search.epochs,
+        "steps_per_epoch": steps,
+        "batch_size": bs,
+        "train_images": train_idx.len(),
+        "val_images": val_idx.len(),
+    });
+    run.write_atomic("plan.json", plan.to_string().as_bytes())?;
     if !run.file("checkpoint").exists() {
         // The state a rollback in the first epoch returns to.
         save_checkpoint(&run, &st)?;
