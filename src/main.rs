@@ -5,6 +5,8 @@
 
 mod backend;
 mod bench;
+mod dashboard_cmd;
+mod debug_log;
 mod search_cmd;
 
 use std::path::PathBuf;
@@ -44,9 +46,11 @@ enum Command {
         /// Continue an interrupted run.
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
-        /// Show the dashboard while searching.
+        /// Show the dashboard while searching (logs go to the run's debug.log).
         #[arg(long)]
         dashboard: bool,
+        #[command(flatten)]
+        dash: DashArgs,
         /// Folder of the dataset files (sets `data.path`).
         #[arg(long, value_name = "DIR")]
         data: Option<PathBuf>,
@@ -75,10 +79,12 @@ enum Command {
         /// Run folder.
         run: PathBuf,
     },
-    /// Watch a run record in the terminal.
+    /// Watch a run record in the terminal (live, finished or copied).
     Dashboard {
-        /// Run folder.
+        /// Run folder, e.g. results/default-20261122-014901.
         run: PathBuf,
+        #[command(flatten)]
+        dash: DashArgs,
     },
     /// Benchmarks; prints a table.
     Bench {
@@ -87,9 +93,29 @@ enum Command {
     },
 }
 
+/// Dashboard settings.
+#[derive(Debug, Clone, clap::Args)]
+struct DashArgs {
+    /// How often the dashboard reads the run folder, in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    refresh_ms: u64,
+    /// Quantizers under this SQNR (dB) are highlighted.
+    #[arg(long, default_value_t = 20.0)]
+    sqnr_threshold: f64,
+}
+
+impl DashArgs {
+    fn options(&self) -> qdarts_tui::Options {
+        qdarts_tui::Options {
+            refresh: std::time::Duration::from_millis(self.refresh_ms),
+            sqnr_threshold: self.sqnr_threshold,
+        }
+    }
+}
+
 fn not_available(what: &str) -> ExitCode {
     eprintln!(
-        "qdarts: `{what}` is not available in this version yet; available now: `qdarts search`, `qdarts bench`"
+        "qdarts: `{what}` is not available in this version yet; available now: `qdarts search`, `qdarts dashboard`, `qdarts bench`"
     );
     ExitCode::from(EXIT_NOT_AVAILABLE)
 }
@@ -97,8 +123,7 @@ fn not_available(what: &str) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Search { dashboard: true, .. } => return not_available("search --dashboard"),
-        Command::Search { config, mut overrides, resume, dashboard: false, data, dataset } => {
+        Command::Search { config, mut overrides, resume, dashboard, dash, data, dataset } => {
             if let Some(d) = dataset {
                 overrides.push(format!("data.dataset=\"{d}\""));
             }
@@ -106,13 +131,20 @@ fn main() -> ExitCode {
                 let p = p.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
                 overrides.push(format!("data.path=\"{p}\""));
             }
-            search_cmd::run(&config, &overrides, resume.as_deref(), cli.backend)
+            search_cmd::run(&search_cmd::SearchArgs {
+                config: &config,
+                overrides: &overrides,
+                resume: resume.as_deref(),
+                backend: cli.backend,
+                dashboard,
+                dash: dash.options(),
+            })
         }
         Command::Train { .. } => return not_available("train"),
         Command::Freeze { .. } => return not_available("freeze"),
         Command::Export { .. } => return not_available("export"),
         Command::Eval { .. } => return not_available("eval"),
-        Command::Dashboard { .. } => return not_available("dashboard"),
+        Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
         Command::Bench { what } => bench::run(what, cli.backend),
     };
     match result {

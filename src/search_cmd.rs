@@ -1,34 +1,41 @@
-//! `qdarts search`: read the experiment, run the search with a progress bar on stderr, print
-//! where the run record is.
+//! `qdarts search`: read the experiment, run the search with a progress bar on stderr, or with
+//! the dashboard (the search on a worker thread, logs to `debug.log`); print where the run
+//! record is.
 
+use std::io::IsTerminal;
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use qdarts_search::config::ExperimentConfig;
-use qdarts_search::search::{Progress, run_search};
+use qdarts_search::record::RunDir;
+use qdarts_search::search::{Progress, SearchOutcome, run_search, run_search_in};
+use qdarts_tui::{Exit, SearchControl, SearchPhase};
 
 use crate::backend::Backend;
+use crate::debug_log::DebugLog;
 
-/// Runs `qdarts search`.
-pub fn run(
-    config: &Path,
-    overrides: &[String],
-    resume: Option<&Path>,
-    backend: Backend,
-) -> Result<()> {
-    // A resumed run continues with the config it was started with.
-    let cfg = match resume {
-        Some(dir) => {
-            if !dir.is_dir() {
-                anyhow::bail!("{}: no such run folder", dir.display());
-            }
-            ExperimentConfig::load(&dir.join("config.toml"), overrides)?
-        }
-        None => ExperimentConfig::load(config, overrides)?,
-    };
-    let device = backend.device()?;
+/// What `qdarts search` was asked to do.
+#[derive(Debug)]
+pub struct SearchArgs<'a> {
+    /// Experiment config.
+    pub config: &'a Path,
+    /// `--set` overrides.
+    pub overrides: &'a [String],
+    /// `--resume` folder.
+    pub resume: Option<&'a Path>,
+    /// Backend.
+    pub backend: Backend,
+    /// `--dashboard`.
+    pub dashboard: bool,
+    /// Dashboard settings.
+    pub dash: qdarts_tui::Options,
+}
+
+fn progress_bar() -> ProgressBar {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -37,21 +44,175 @@ pub fn run(
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    let mut last_epoch = usize::MAX;
-    let mut on_progress = |p: &Progress| {
-        if p.epoch != last_epoch {
-            last_epoch = p.epoch;
-            bar.set_length(p.steps as u64);
-            bar.set_prefix(format!("{}/{}", p.epoch + 1, p.epochs));
+    bar
+}
+
+fn show(bar: &ProgressBar, p: &Progress) {
+    bar.set_length(p.steps as u64);
+    bar.set_prefix(format!("{}/{}", p.epoch + 1, p.epochs));
+    bar.set_position(p.step as u64);
+    bar.set_message(format!("loss {:.3} top1 {:.1}%", p.loss, 100.0 * p.top1));
+}
+
+fn report(out: &SearchOutcome) {
+    if out.finished {
+        println!("{}", out.genotype.to_darts_text());
+        eprintln!("run record: {}", out.run_dir.display());
+    } else {
+        eprintln!(
+            "stopped cleanly; continue with: qdarts search --resume {}",
+            out.run_dir.display()
+        );
+    }
+}
+
+/// Runs `qdarts search`.
+pub fn run(args: &SearchArgs<'_>) -> Result<()> {
+    // A resumed run continues with the config it was started with.
+    let cfg = match args.resume {
+        Some(dir) => {
+            if !dir.is_dir() {
+                bail!("{}: no such run folder", dir.display());
+            }
+            ExperimentConfig::load(&dir.join("config.toml"), args.overrides)?
         }
-        bar.set_position(p.step as u64);
-        bar.set_message(format!("loss {:.3} top1 {:.1}%", p.loss, 100.0 * p.top1));
+        None => ExperimentConfig::load(args.config, args.overrides)?,
+    };
+    let device = args.backend.device()?;
+    if args.dashboard {
+        return with_dashboard(cfg, device, args);
+    }
+    let bar = progress_bar();
+    let mut on_progress = |p: &Progress| {
+        show(&bar, p);
         ControlFlow::Continue(())
     };
-    let out = run_search(&cfg, &device, resume, &mut on_progress)
+    let out = run_search(&cfg, &device, args.resume, &mut on_progress)
         .with_context(|| format!("search `{}` failed", cfg.name))?;
     bar.finish_and_clear();
-    println!("{}", out.genotype.to_darts_text());
-    eprintln!("run record: {}", out.run_dir.display());
+    report(&out);
+    Ok(())
+}
+
+/// The worker's status as the dashboard sees it.
+#[derive(Debug)]
+struct Shared {
+    status: Mutex<(String, SearchPhase)>,
+    stop: AtomicBool,
+    /// A progress bar once the dashboard is closed and the search goes on.
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl SearchControl for Shared {
+    fn status(&self) -> (String, SearchPhase) {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl Shared {
+    fn set(&self, text: String, phase: SearchPhase) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = (text, phase);
+    }
+}
+
+fn with_dashboard(
+    cfg: ExperimentConfig,
+    device: burn::tensor::Device,
+    args: &SearchArgs<'_>,
+) -> Result<()> {
+    if !std::io::stdout().is_terminal() {
+        bail!(
+            "--dashboard needs a terminal on stdout; run without it and attach with `qdarts dashboard <run>`"
+        );
+    }
+    let run = match args.resume {
+        Some(dir) => RunDir::open(dir)?,
+        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
+    };
+    let dir: PathBuf = run.path().to_path_buf();
+    let log = Arc::new(DebugLog::open(&dir.join("debug.log"))?);
+    log.line(&format!(
+        "search `{}` on {} ({})",
+        cfg.name,
+        args.backend.name(),
+        if args.resume.is_some() { "resumed" } else { "new run" }
+    ));
+    let shared = Arc::new(Shared {
+        status: Mutex::new(("starting".into(), SearchPhase::Running)),
+        stop: AtomicBool::new(false),
+        bar: Mutex::new(None),
+    });
+    let resume = args.resume.is_some();
+    let worker = {
+        let (shared, log) = (Arc::clone(&shared), Arc::clone(&log));
+        std::thread::Builder::new()
+            .name("search".into())
+            .spawn(move || {
+                let mut on_progress = |p: &Progress| {
+                    shared.set("running".into(), SearchPhase::Running);
+                    if p.step == p.steps {
+                        log.line(&format!(
+                            "epoch {}/{} trained: loss {:.4}, top1 {:.2}%",
+                            p.epoch + 1,
+                            p.epochs,
+                            p.loss,
+                            100.0 * p.top1
+                        ));
+                    }
+                    if let Some(bar) = &*shared.bar.lock().unwrap_or_else(PoisonError::into_inner) {
+                        show(bar, p);
+                    }
+                    if shared.stop.load(Ordering::Relaxed) {
+                        log.line(&format!("stop requested: stopping after step {}", p.step));
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                };
+                let out = run_search_in(&cfg, &device, run, resume, &mut on_progress);
+                match &out {
+                    Ok(o) if o.finished => {
+                        log.line(&format!("finished: {}", o.genotype.to_darts_text()));
+                        shared.set("finished".into(), SearchPhase::Done);
+                    }
+                    Ok(_) => {
+                        log.line("stopped cleanly (checkpoint written)");
+                        shared.set("stopped".into(), SearchPhase::Done);
+                    }
+                    Err(e) => {
+                        log.line(&format!("failed: {e}"));
+                        shared.set(format!("failed: {e}"), SearchPhase::Failed);
+                    }
+                }
+                out
+            })
+            .context("starting the search thread")?
+    };
+    let exit = qdarts_tui::run(&dir, &args.dash, Some(&*shared as &dyn SearchControl));
+    match &exit {
+        Ok(Exit::StopSearch) => {
+            log.line("dashboard closed: stop the search");
+            shared.stop.store(true, Ordering::Relaxed);
+            eprintln!("stopping the search after its current step…");
+        }
+        Ok(Exit::KeepRunning) => {
+            log.line("dashboard closed: the search runs on");
+            eprintln!("dashboard closed; the search runs on ({})", dir.display());
+            *shared.bar.lock().unwrap_or_else(PoisonError::into_inner) = Some(progress_bar());
+        }
+        Ok(Exit::Closed) => log.line("dashboard closed"),
+        Err(e) => {
+            // Without its dashboard the search stops cleanly rather than run on unseen.
+            log.line(&format!("dashboard failed: {e}; stopping the search"));
+            shared.stop.store(true, Ordering::Relaxed);
+        }
+    }
+    let out = worker.join().map_err(|_| anyhow::anyhow!("the search thread panicked"))?;
+    if let Some(bar) = &*shared.bar.lock().unwrap_or_else(PoisonError::into_inner) {
+        bar.finish_and_clear();
+    }
+    exit.with_context(|| format!("dashboard on {}", dir.display()))?;
+    let out = out.with_context(|| format!("search `{}` failed", dir.display()))?;
+    report(&out);
     Ok(())
 }

@@ -87,6 +87,23 @@ fn bad_input_is_a_clear_error_and_a_nonzero_exit() {
     assert_ne!(out.status.code(), Some(0));
     let out = qdarts().args(["search", "--frobnicate"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    // The dashboard: a missing run folder, a folder that is not a run, no terminal.
+    let out = qdarts().args(["dashboard", "/nonexistent-run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent-run") && err.contains("no such run folder"), "{err}");
+    let out = qdarts().arg("dashboard").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a qdarts run folder"));
+    std::fs::write(dir.join("config.toml"), "").unwrap();
+    let out = qdarts().arg("dashboard").arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a terminal"));
+    let out =
+        qdarts().args(["search", "--dashboard", "--set", "search.epochs=0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = qdarts().args(["dashboard", "x", "--refresh-ms", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]

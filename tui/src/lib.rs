@@ -1,3 +1,19 @@
 //! qdarts-tui: the terminal dashboard over a run record (`results/<run>/`).
 //!
-//! Not implemented yet: `qdarts dashboard` reports that it is not available.
+//! The dashboard never talks to the search: it follows the run folder's files, so it works on
+//! a live run, a finished one, or a copied folder. `RunReader` tails the CSVs into a
+//! `DashboardState` (plain data); the panels in `panels/` draw from it; `term::run` is the
+//! terminal loop.
+
+pub mod app;
+pub mod csv;
+pub mod panels;
+pub mod reader;
+pub mod state;
+pub mod term;
+pub mod theme;
+
+pub use app::{Action, App, Tab};
+pub use reader::{DashboardError, RunReader};
+pub use state::DashboardState;
+pub use term::{Exit, Options, SearchControl, SearchPhase, run};

@@ -1,0 +1,193 @@
+//! The dashboard on a real run record: a short search writes it (with an injected NaN), the
+//! reader's state is checked against the files read independently here, and the panels are
+//! drawn on ratatui's `TestBackend` at full and tiny sizes.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use burn::tensor::Device;
+use qdarts_search::config::ExperimentConfig;
+use qdarts_search::search::run_search;
+use qdarts_tui::app::{App, Tab};
+use qdarts_tui::state::RunStatus;
+use qdarts_tui::{Action, RunReader};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
+
+/// One short search per test binary: 3 epochs of 3 steps, a NaN injected into the gradients at
+/// step 4, quantization errors every 2 steps.
+fn run() -> &'static Path {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("qdarts-dash-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = format!(
+            r#"
+            name = "dash"
+            seed = 3
+            [data]
+            dataset = "fashion-mnist"
+            limit = 96
+            [model]
+            init_channels = 2
+            layers = 3
+            nodes = 2
+            stem_multiplier = 1
+            [search]
+            epochs = 3
+            batch_size = 8
+            steps_per_epoch = 3
+            alpha_lr = 0.05
+            [record]
+            results_dir = "{}"
+            quant_error_every = 2
+            [nan_guard]
+            inject_step = 4
+            inject_site = "grad"
+            "#,
+            dir.display()
+        );
+        let cfg = ExperimentConfig::parse(&text, Path::new("dash.toml"), &[]).unwrap();
+        let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(()));
+        out.unwrap().run_dir
+    })
+}
+
+fn csv_rows(file: &str) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(run().join(file)).unwrap();
+    text.lines().skip(1).map(|l| l.split(',').map(String::from).collect()).collect()
+}
+
+fn screen(app: &App, w: u16, h: u16, reader: &RunReader) -> String {
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| app.render(reader.state(), None, f.area(), f.buffer_mut())).unwrap();
+    let buf = term.backend().buffer();
+    let mut out = String::new();
+    for y in 0..buf.area.height {
+        for x in 0..buf.area.width {
+            out.push_str(buf[(x, y)].symbol());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn the_reader_holds_what_the_files_hold() {
+    let mut reader = RunReader::open(run()).unwrap();
+    reader.poll().unwrap();
+    let s = reader.state();
+    let metrics = csv_rows("metrics.csv");
+    let train: Vec<&Vec<String>> = metrics.iter().filter(|r| r[2] == "train").collect();
+    assert_eq!(s.train.len(), train.len());
+    assert_eq!(s.val.len(), metrics.len() - train.len());
+    let last: f64 = train.last().unwrap()[3].parse().unwrap();
+    assert_eq!(s.last().unwrap().loss, last);
+    assert_eq!(s.status, RunStatus::Finished);
+    assert_eq!(s.total_steps(), Some(9));
+    assert_eq!(s.skipped_rows, 0);
+
+    let nan = csv_rows("nan_events.csv");
+    assert_eq!(s.nan.len(), nan.len());
+    assert_eq!((s.nan[0].step, s.nan[0].site.as_str()), (4, "grad"));
+
+    // Quantizers at the last recorded step, and the lowest SQNR among them.
+    let quant = csv_rows("quant_error.csv");
+    let last_step = quant.iter().map(|r| r[1].parse::<usize>().unwrap()).max().unwrap();
+    let at_last: Vec<&Vec<String>> =
+        quant.iter().filter(|r| r[1].parse::<usize>().unwrap() == last_step).collect();
+    assert_eq!(s.quant_step, last_step);
+    assert_eq!(s.current_quant().count(), at_last.len());
+    let worst = at_last
+        .iter()
+        .min_by(|a, b| a[8].parse::<f64>().unwrap().total_cmp(&b[8].parse::<f64>().unwrap()))
+        .unwrap();
+    assert_eq!(s.worst_quant().unwrap().layer, worst[2]);
+
+    // α: one row per (epoch, cell, edge, op).
+    let alphas = csv_rows("alphas.csv");
+    assert_eq!(s.alphas.len(), 3);
+    let cells: usize = s.alphas.iter().map(|a| a.normal.len() + a.reduce.len()).sum();
+    assert_eq!(cells * s.ops.len(), alphas.len());
+    let genotype = std::fs::read_to_string(run().join("genotype.txt")).unwrap();
+    assert_eq!(s.current_genotype(), Some(genotype.trim()));
+}
+
+#[test]
+fn the_overview_shows_loss_nan_count_quant_layers_and_genotype() {
+    let mut reader = RunReader::open(run()).unwrap();
+    reader.poll().unwrap();
+    let app = App::new(20.0);
+    let text = screen(&app, 160, 48, &reader);
+    assert!(text.contains("loss") && text.contains("train loss"), "{text}");
+    assert!(text.contains("NaN events  1 "), "{text}");
+    let worst = reader.state().worst_quant().unwrap().layer.clone();
+    assert!(text.contains(&worst), "worst layer {worst} not on screen:\n{text}");
+    // The genotype's first normal node, as pt.darts' text has it.
+    let g = qdarts_genotypes::Genotype::from_darts_text(
+        &std::fs::read_to_string(run().join("genotype.txt")).unwrap(),
+    )
+    .unwrap();
+    let e = &g.normal[0];
+    let node = format!("node 2: {} ← {}, {} ← {}", e[0].op, e[0].input, e[1].op, e[1].input);
+    assert!(text.contains(&node), "{node} not on screen:\n{text}");
+    assert!(text.contains("epoch 3/3") && text.contains("finished"), "{text}");
+}
+
+#[test]
+fn every_tab_draws_at_every_size_without_panicking() {
+    let mut reader = RunReader::open(run()).unwrap();
+    reader.poll().unwrap();
+    let mut app = App::new(20.0);
+    for tab in Tab::ALL {
+        app.tab = tab;
+        for (w, h) in [(1, 1), (20, 5), (2, 40), (40, 12), (80, 24), (250, 70)] {
+            let text = screen(&app, w, h, &reader);
+            assert_eq!(text.lines().count(), usize::from(h));
+        }
+    }
+    // The NaN tab lists the injected event with its layer.
+    app.tab = Tab::Nan;
+    let text = screen(&app, 120, 20, &reader);
+    let layer = &csv_rows("nan_events.csv")[0][3];
+    assert!(text.contains(layer.as_str()) && text.contains("skipped"), "{text}");
+    // The α tab shows the strongest op's weight of the first edge as written in alphas.csv.
+    app.tab = Tab::Alphas;
+    let text = screen(&app, 120, 30, &reader);
+    let first_edge: Vec<Vec<String>> = csv_rows("alphas.csv")
+        .into_iter()
+        .filter(|r| r[0] == "2" && r[1] == "normal" && r[2] == "0")
+        .collect();
+    for r in &first_edge {
+        let w: f64 = r[4].parse().unwrap();
+        assert!(text.contains(&format!("{w:.3}")), "{w:.3} missing:\n{text}");
+    }
+}
+
+#[test]
+fn keys_switch_tabs_sort_and_ask_before_quitting_a_running_search() {
+    let mut app = App::new(20.0);
+    let key = |c| KeyEvent::from(c);
+    assert_eq!(app.key(key(KeyCode::Tab), false), Action::None);
+    assert_eq!(app.tab, Tab::Quant);
+    app.key(key(KeyCode::Char('5')), false);
+    assert_eq!(app.tab, Tab::Nan);
+    app.key(key(KeyCode::BackTab), false);
+    assert_eq!(app.tab, Tab::Genotype);
+    assert_eq!(app.key(key(KeyCode::Char('q')), false), Action::Quit);
+    // With a search running, q asks; Esc goes back, k keeps it running, s stops it.
+    assert_eq!(app.key(key(KeyCode::Char('q')), true), Action::None);
+    assert!(app.confirm_quit);
+    assert_eq!(app.key(key(KeyCode::Esc), true), Action::None);
+    assert!(!app.confirm_quit);
+    app.key(key(KeyCode::Char('q')), true);
+    assert_eq!(app.key(key(KeyCode::Char('k')), true), Action::KeepRunning);
+    app.confirm_quit = false;
+    app.key(key(KeyCode::Char('q')), true);
+    assert_eq!(app.key(key(KeyCode::Char('s')), true), Action::StopSearch);
+}

@@ -1,0 +1,424 @@
+//! `DashboardState`: plain data built from run-record rows, and what the panels derive from it
+//! (rates, ETA, entropies, the worst quantizer). No I/O and no rendering here.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+/// Which file of the run record a row comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `metrics.csv`.
+    Metrics,
+    /// `nan_events.csv`.
+    Nan,
+    /// `quant_error.csv`.
+    Quant,
+    /// `alphas.csv`.
+    Alphas,
+    /// `genotypes.csv`.
+    Genotypes,
+}
+
+impl Source {
+    /// Every source with its file name.
+    pub const ALL: [(Source, &'static str); 5] = [
+        (Source::Metrics, "metrics.csv"),
+        (Source::Nan, "nan_events.csv"),
+        (Source::Quant, "quant_error.csv"),
+        (Source::Alphas, "alphas.csv"),
+        (Source::Genotypes, "genotypes.csv"),
+    ];
+}
+
+/// A row with its header, read by column name (so a reordered or extended file still reads).
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    header: &'a [String],
+    fields: &'a [String],
+}
+
+impl<'a> Row<'a> {
+    /// A row of `fields` under `header`.
+    pub fn new(header: &'a [String], fields: &'a [String]) -> Self {
+        Row { header, fields }
+    }
+
+    /// The text of a column.
+    pub fn text(&self, name: &str) -> Option<&'a str> {
+        let i = self.header.iter().position(|h| h == name)?;
+        self.fields.get(i).map(String::as_str)
+    }
+
+    /// A column parsed as a number (`NaN`, `inf` included for floats).
+    pub fn num<T: FromStr>(&self, name: &str) -> Option<T> {
+        self.text(name)?.trim().parse().ok()
+    }
+}
+
+/// A training step (`phase = train`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainPoint {
+    /// Epoch (0-based).
+    pub epoch: usize,
+    /// Global step (1-based).
+    pub step: usize,
+    /// Training loss.
+    pub loss: f64,
+    /// Running top-1 of the epoch.
+    pub top1: f64,
+    /// Weight learning rate.
+    pub lr: f64,
+    /// Architecture learning rate.
+    pub arch_lr: f64,
+    /// Seconds since the (re)start of the search process.
+    pub seconds: f64,
+}
+
+/// A validation pass at the end of an epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValPoint {
+    /// Epoch.
+    pub epoch: usize,
+    /// Global step at the end of the epoch.
+    pub step: usize,
+    /// Validation loss.
+    pub loss: f64,
+    /// Validation top-1.
+    pub top1: f64,
+}
+
+/// A row of `nan_events.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NanEvent {
+    /// Epoch.
+    pub epoch: usize,
+    /// Global step.
+    pub step: usize,
+    /// loss, grad, alpha, scale, lr, guard.
+    pub site: String,
+    /// Layer path.
+    pub layer: String,
+    /// The offending value, as written.
+    pub value: String,
+    /// skipped, rolled_back, lr_halved, aborted.
+    pub action: String,
+}
+
+/// One quantizer: its latest statistics and its SQNR over the recorded steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantLayer {
+    /// Layer path.
+    pub layer: String,
+    /// weight or act.
+    pub kind: String,
+    /// Bit width.
+    pub bits: u32,
+    /// Step size (first channel's for per-channel specs).
+    pub scale: f64,
+    /// Zero point.
+    pub zero_point: f64,
+    /// Mean squared error.
+    pub mse: f64,
+    /// Signal-to-quantization-noise ratio, dB.
+    pub sqnr_db: f64,
+    /// Fraction of values clipped.
+    pub clip_frac: f64,
+    /// Global step of these statistics.
+    pub step: usize,
+    /// (step, SQNR dB) of every recorded step.
+    pub history: Vec<(u32, f32)>,
+}
+
+/// The softmax weights of α at the end of one epoch: `[edge][op]` per cell type.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AlphaEpoch {
+    /// Epoch.
+    pub epoch: usize,
+    /// Normal cell.
+    pub normal: Vec<Vec<f64>>,
+    /// Reduction cell.
+    pub reduce: Vec<Vec<f64>>,
+}
+
+/// Which cell type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellType {
+    /// Normal cell.
+    Normal,
+    /// Reduction cell.
+    Reduce,
+}
+
+impl AlphaEpoch {
+    /// The weights of one cell type.
+    pub fn cell(&self, c: CellType) -> &[Vec<f64>] {
+        match c {
+            CellType::Normal => &self.normal,
+            CellType::Reduce => &self.reduce,
+        }
+    }
+
+    /// Mean entropy of an edge's op weights, divided by ln(ops) (1: uniform, 0: one op).
+    pub fn entropy(&self, c: CellType) -> Option<f64> {
+        let edges = self.cell(c);
+        let n = edges.first()?.len();
+        if n < 2 {
+            return None;
+        }
+        let h: f64 = edges
+            .iter()
+            .map(|w| w.iter().filter(|&&p| p > 0.0).map(|&p| -p * p.ln()).sum::<f64>())
+            .sum();
+        Some(h / edges.len() as f64 / (n as f64).ln())
+    }
+}
+
+/// How the search is planned (from the run's `config.toml` and `plan.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Epochs.
+    pub epochs: usize,
+    /// Steps per epoch.
+    pub steps_per_epoch: usize,
+}
+
+/// Whether a process is writing the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunStatus {
+    /// A live process holds the run's lock.
+    Running(u32),
+    /// `genotype.txt` is written: the search ran all its epochs.
+    Finished,
+    /// Neither: stopped or killed; `qdarts search --resume` continues it.
+    Stopped,
+}
+
+/// Everything the dashboard shows, built from the run record's rows.
+#[derive(Debug, Clone)]
+pub struct DashboardState {
+    /// The run folder's name.
+    pub run_name: String,
+    /// Epochs and steps, when known.
+    pub plan: Option<Plan>,
+    /// Live, finished or stopped.
+    pub status: RunStatus,
+    /// Training steps.
+    pub train: Vec<TrainPoint>,
+    /// Validation passes.
+    pub val: Vec<ValPoint>,
+    /// Non-finite events.
+    pub nan: Vec<NanEvent>,
+    /// Quantizers, in the order first seen.
+    pub quant: Vec<QuantLayer>,
+    quant_index: HashMap<String, usize>,
+    /// The latest step with quantization statistics.
+    pub quant_step: usize,
+    /// Op names of α's columns, in the order first seen.
+    pub ops: Vec<String>,
+    /// α per epoch, in epoch order.
+    pub alphas: Vec<AlphaEpoch>,
+    /// The derived genotype per epoch (DARTS text).
+    pub genotypes: Vec<(usize, String)>,
+    /// `genotype.txt` of a finished run.
+    pub final_genotype: Option<String>,
+    /// Rows that did not parse (skipped).
+    pub skipped_rows: usize,
+}
+
+impl DashboardState {
+    /// An empty state for the run folder `run_name`.
+    pub fn new(run_name: impl Into<String>) -> Self {
+        DashboardState {
+            run_name: run_name.into(),
+            plan: None,
+            status: RunStatus::Stopped,
+            train: Vec::new(),
+            val: Vec::new(),
+            nan: Vec::new(),
+            quant: Vec::new(),
+            quant_index: HashMap::new(),
+            quant_step: 0,
+            ops: Vec::new(),
+            alphas: Vec::new(),
+            genotypes: Vec::new(),
+            final_genotype: None,
+            skipped_rows: 0,
+        }
+    }
+
+    /// Applies one row; a row that does not parse is counted and skipped.
+    pub fn apply(&mut self, source: Source, row: Row<'_>) {
+        let ok = match source {
+            Source::Metrics => self.apply_metrics(row),
+            Source::Nan => self.apply_nan(row),
+            Source::Quant => self.apply_quant(row),
+            Source::Alphas => self.apply_alpha(row),
+            Source::Genotypes => self.apply_genotype(row),
+        };
+        if ok.is_none() {
+            self.skipped_rows += 1;
+        }
+    }
+
+    fn apply_metrics(&mut self, r: Row<'_>) -> Option<()> {
+        let (epoch, step) = (r.num("epoch")?, r.num("step")?);
+        let (loss, top1) = (r.num("loss")?, r.num("top1")?);
+        match r.text("phase")? {
+            "train" => self.train.push(TrainPoint {
+                epoch,
+                step,
+                loss,
+                top1,
+                lr: r.num("lr")?,
+                arch_lr: r.num("arch_lr")?,
+                seconds: r.num("seconds")?,
+            }),
+            "val" => self.val.push(ValPoint { epoch, step, loss, top1 }),
+            _ => return None,
+        }
+        Some(())
+    }
+
+    fn apply_nan(&mut self, r: Row<'_>) -> Option<()> {
+        self.nan.push(NanEvent {
+            epoch: r.num("epoch")?,
+            step: r.num("step")?,
+            site: r.text("site")?.to_string(),
+            layer: r.text("layer")?.to_string(),
+            value: r.text("value")?.to_string(),
+            action: r.text("action")?.to_string(),
+        });
+        Some(())
+    }
+
+    fn apply_quant(&mut self, r: Row<'_>) -> Option<()> {
+        let layer = r.text("layer")?;
+        let step: usize = r.num("step")?;
+        let sqnr_db: f64 = r.num("sqnr_db")?;
+        let row = QuantLayer {
+            layer: layer.to_string(),
+            kind: r.text("kind")?.to_string(),
+            bits: r.num("bits")?,
+            scale: r.num("scale")?,
+            zero_point: r.num("zero_point")?,
+            mse: r.num("mse")?,
+            sqnr_db,
+            clip_frac: r.num("clip_frac")?,
+            step,
+            history: Vec::new(),
+        };
+        let point = (u32::try_from(step).unwrap_or(u32::MAX), sqnr_db as f32);
+        match self.quant_index.get(layer) {
+            Some(&i) => {
+                let old = std::mem::take(&mut self.quant[i].history);
+                self.quant[i] = QuantLayer { history: old, ..row };
+                self.quant[i].history.push(point);
+            }
+            None => {
+                self.quant_index.insert(layer.to_string(), self.quant.len());
+                self.quant.push(QuantLayer { history: vec![point], ..row });
+            }
+        }
+        self.quant_step = self.quant_step.max(step);
+        Some(())
+    }
+
+    fn apply_alpha(&mut self, r: Row<'_>) -> Option<()> {
+        let epoch: usize = r.num("epoch")?;
+        let edge: usize = r.num("edge")?;
+        let weight: f64 = r.num("weight")?;
+        let cell = match r.text("cell_type")? {
+            "normal" => CellType::Normal,
+            "reduce" => CellType::Reduce,
+            _ => return None,
+        };
+        // A corrupt edge index must not make the dashboard allocate without bound.
+        if edge > 4096 {
+            return None;
+        }
+        let op = r.text("op")?;
+        let k = match self.ops.iter().position(|o| o == op) {
+            Some(k) => k,
+            None => {
+                self.ops.push(op.to_string());
+                self.ops.len() - 1
+            }
+        };
+        if self.alphas.last().is_none_or(|a| a.epoch != epoch) {
+            self.alphas.push(AlphaEpoch { epoch, ..AlphaEpoch::default() });
+        }
+        let a = self.alphas.last_mut()?;
+        let edges = match cell {
+            CellType::Normal => &mut a.normal,
+            CellType::Reduce => &mut a.reduce,
+        };
+        if edges.len() <= edge {
+            edges.resize(edge + 1, Vec::new());
+        }
+        if edges[edge].len() <= k {
+            edges[edge].resize(k + 1, f64::NAN);
+        }
+        edges[edge][k] = weight;
+        Some(())
+    }
+
+    fn apply_genotype(&mut self, r: Row<'_>) -> Option<()> {
+        let epoch: usize = r.num("epoch")?;
+        let text = r.text("genotype")?;
+        self.genotypes.retain(|(e, _)| *e != epoch);
+        self.genotypes.push((epoch, text.to_string()));
+        Some(())
+    }
+
+    /// The last training step.
+    pub fn last(&self) -> Option<&TrainPoint> {
+        self.train.last()
+    }
+
+    /// Steps per second over the last (up to) 20 steps of the current process (the time column
+    /// restarts on resume).
+    pub fn steps_per_sec(&self) -> Option<f64> {
+        let tail = &self.train[self.train.len().saturating_sub(20)..];
+        let start =
+            tail.windows(2).rposition(|w| w[1].seconds <= w[0].seconds).map_or(0, |i| i + 1);
+        let tail = &tail[start..];
+        let (first, last) = (tail.first()?, tail.last()?);
+        let dt = last.seconds - first.seconds;
+        (tail.len() > 1 && dt > 0.0).then(|| (last.step - first.step) as f64 / dt)
+    }
+
+    /// Steps in the whole search, when planned.
+    pub fn total_steps(&self) -> Option<usize> {
+        self.plan.map(|p| p.epochs * p.steps_per_epoch)
+    }
+
+    /// Seconds left at the current rate (validation passes not counted).
+    pub fn eta_seconds(&self) -> Option<f64> {
+        if self.status == RunStatus::Finished {
+            return Some(0.0);
+        }
+        let done = self.last().map_or(0, |t| t.step);
+        let left = self.total_steps()?.saturating_sub(done);
+        Some(left as f64 / self.steps_per_sec()?)
+    }
+
+    /// Quantizers recorded at the latest recorded step.
+    pub fn current_quant(&self) -> impl Iterator<Item = &QuantLayer> {
+        self.quant.iter().filter(move |q| q.step == self.quant_step)
+    }
+
+    /// The quantizer with the lowest SQNR at the latest recorded step.
+    pub fn worst_quant(&self) -> Option<&QuantLayer> {
+        self.current_quant().min_by(|a, b| a.sqnr_db.total_cmp(&b.sqnr_db))
+    }
+
+    /// The genotype to show: the final one, else the latest epoch's.
+    pub fn current_genotype(&self) -> Option<&str> {
+        self.final_genotype.as_deref().or_else(|| self.genotypes.last().map(|(_, g)| g.as_str()))
+    }
+
+    /// NaN events that are not bookkeeping (`lr_halved` rows follow a rollback).
+    pub fn nan_count(&self) -> usize {
+        self.nan.iter().filter(|e| e.action != "lr_halved").count()
+    }
+}
