@@ -1,0 +1,222 @@
+//! Fixed-point requantization as in integer-only inference (Jacob et al. 2018; gemmlowp,
+//! TFLite): a real multiplier `M` is stored as `M0` (int32 in [2^30, 2^31)) and a shift `n`
+//! with `M ≈ M0 · 2^-31 · 2^-n`, and applied with `SaturatingRoundingDoublingHighMul` followed
+//! by `RoundingDivideByPOT`.
+//!
+//! Rounding: gemmlowp's `RoundingDivideByPOT` rounds half away from zero; qdarts' default
+//! elsewhere is ties to even, so both final roundings are offered ([`Rounding`]).
+
+use serde::{Deserialize, Serialize};
+
+/// How the final right shift rounds a tie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rounding {
+    /// Half to even (ONNX QuantizeLinear, torch).
+    TiesToEven,
+    /// Half away from zero (gemmlowp `RoundingDivideByPOT`, Paddle round_type 1).
+    TiesAwayFromZero,
+}
+
+/// A real multiplier as `M0 · 2^-31 · 2^-n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FixedMultiplier {
+    /// In [2^30, 2^31), or 0 for a zero multiplier.
+    pub m0: i32,
+    /// Right shift `n` (negative: a left shift, for `M ≥ 1`).
+    pub n: i32,
+}
+
+/// Why a multiplier cannot be represented.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MultiplierError {
+    /// Negative, infinite or NaN.
+    #[error("rescale multiplier {0} is not a finite non-negative number")]
+    NotFinite(f64),
+    /// Too large for an int32 left shift.
+    #[error("rescale multiplier {0} is too large (at most 2^30)")]
+    TooLarge(f64),
+}
+
+impl FixedMultiplier {
+    /// TFLite's `QuantizeMultiplier`: `M = q·2^e` with `q ∈ [0.5, 1)`, `M0 = round(q·2^31)`
+    /// (half away from zero), `n = -e`; a multiplier under 2^-31 becomes 0.
+    pub fn new(m: f64) -> Result<Self, MultiplierError> {
+        if !(m.is_finite() && m >= 0.0) {
+            return Err(MultiplierError::NotFinite(m));
+        }
+        if m == 0.0 {
+            return Ok(FixedMultiplier { m0: 0, n: 0 });
+        }
+        if m > f64::from(1u32 << 30) {
+            return Err(MultiplierError::TooLarge(m));
+        }
+        let (q, mut e) = frexp(m);
+        let mut q_fixed = (q * 2f64.powi(31)).round() as i64;
+        if q_fixed == 1i64 << 31 {
+            q_fixed /= 2;
+            e += 1;
+        }
+        if e < -31 {
+            return Ok(FixedMultiplier { m0: 0, n: 0 });
+        }
+        Ok(FixedMultiplier { m0: q_fixed as i32, n: -e })
+    }
+
+    /// The real value `M0 · 2^-31 · 2^-n`.
+    pub fn value(self) -> f64 {
+        f64::from(self.m0) * 2f64.powi(-31 - self.n)
+    }
+
+    /// `x · M`. `TiesAwayFromZero` is bit-exact TFLite `MultiplyByQuantizedMultiplier`
+    /// (`SaturatingRoundingDoublingHighMul`, whose ties go up, then `RoundingDivideByPOT`);
+    /// `TiesToEven` rounds the exact product `x·M0·2^-(31+n)` once, half to even.
+    pub fn apply(self, x: i32, rounding: Rounding) -> i32 {
+        match rounding {
+            Rounding::TiesAwayFromZero => {
+                let left = (-self.n).clamp(0, 31);
+                let right = self.n.max(0);
+                let shifted = x.saturating_mul(1i32 << left);
+                rounding_divide_by_pot(
+                    saturating_rounding_doubling_high_mul(shifted, self.m0),
+                    right,
+                )
+            }
+            Rounding::TiesToEven => {
+                let shift = 31 + self.n;
+                let p = i128::from(x) * i128::from(self.m0);
+                let v = if shift <= 0 {
+                    p << (-shift).min(64)
+                } else if shift >= 100 {
+                    0
+                } else {
+                    let floor = p >> shift;
+                    let rem = p - (floor << shift);
+                    let half = 1i128 << (shift - 1);
+                    floor + i128::from(rem > half || (rem == half && floor & 1 == 1))
+                };
+                v.clamp(i128::from(i32::MIN), i128::from(i32::MAX)) as i32
+            }
+        }
+    }
+}
+
+/// `m = q · 2^e` with `q ∈ [0.5, 1)` for a positive finite `m` (C's `frexp`).
+fn frexp(m: f64) -> (f64, i32) {
+    let mut e = m.log2().floor() as i32 + 1;
+    let mut q = m / 2f64.powi(e);
+    // log2 can be off by one near powers of two.
+    while q >= 1.0 {
+        q /= 2.0;
+        e += 1;
+    }
+    while q < 0.5 {
+        q *= 2.0;
+        e -= 1;
+    }
+    (q, e)
+}
+
+/// gemmlowp `SaturatingRoundingDoublingHighMul`: the high 32 bits of `2·a·b`, rounded (the
+/// nudge `2^30`, or `1 - 2^30` for a negative product, then division truncating toward zero);
+/// `i32::MIN · i32::MIN` saturates to `i32::MAX`.
+pub fn saturating_rounding_doubling_high_mul(a: i32, b: i32) -> i32 {
+    if a == i32::MIN && b == i32::MIN {
+        return i32::MAX;
+    }
+    let ab = i64::from(a) * i64::from(b);
+    let nudge = if ab >= 0 { 1i64 << 30 } else { 1 - (1i64 << 30) };
+    ((ab + nudge) / (1i64 << 31)) as i32
+}
+
+/// gemmlowp `RoundingDivideByPOT`: `x / 2^exponent`, ties away from zero.
+pub fn rounding_divide_by_pot(x: i32, exponent: i32) -> i32 {
+    if exponent <= 0 {
+        return x;
+    }
+    if exponent >= 32 {
+        return 0;
+    }
+    let mask = ((1i64 << exponent) - 1) as i32;
+    let remainder = x & mask;
+    let threshold = (mask >> 1) + i32::from(x < 0);
+    (x >> exponent) + i32::from(remainder > threshold)
+}
+
+/// `x / 2^exponent`, ties to even.
+pub fn rounding_divide_by_pot_even(x: i32, exponent: i32) -> i32 {
+    if exponent <= 0 {
+        return x;
+    }
+    if exponent >= 32 {
+        return 0;
+    }
+    let floor = x >> exponent;
+    let remainder = i64::from(x) - (i64::from(floor) << exponent);
+    let half = 1i64 << (exponent - 1);
+    floor + i32::from(remainder > half || (remainder == half && floor & 1 == 1))
+}
+
+/// Requantizes an int32 accumulator to the output grid: `clamp(z_out + x·M, lo, hi)`.
+pub fn requantize(acc: i32, m: FixedMultiplier, z_out: i32, lo: i32, hi: i32, r: Rounding) -> i32 {
+    m.apply(acc, r).saturating_add(z_out).clamp(lo, hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multipliers_match_tflite_quantize_multiplier() {
+        // TFLite: QuantizeMultiplier(0.5) = (2^30, shift 0); (1.0) = (2^30, shift 1);
+        // (0.75) = (3·2^29, 0); (2^-10) = (2^30, shift -9).
+        assert_eq!(FixedMultiplier::new(0.5).unwrap(), FixedMultiplier { m0: 1 << 30, n: 0 });
+        assert_eq!(FixedMultiplier::new(1.0).unwrap(), FixedMultiplier { m0: 1 << 30, n: -1 });
+        assert_eq!(FixedMultiplier::new(0.75).unwrap(), FixedMultiplier { m0: 3 << 29, n: 0 });
+        assert_eq!(
+            FixedMultiplier::new(2f64.powi(-10)).unwrap(),
+            FixedMultiplier { m0: 1 << 30, n: 9 }
+        );
+        // A q that rounds up to 2^31 moves to the next exponent.
+        let m = FixedMultiplier::new(1.0 - 1e-12).unwrap();
+        assert_eq!(m, FixedMultiplier { m0: 1 << 30, n: -1 });
+        assert_eq!(FixedMultiplier::new(0.0).unwrap().m0, 0);
+        assert_eq!(FixedMultiplier::new(1e-12).unwrap().m0, 0);
+        assert!(FixedMultiplier::new(f64::NAN).is_err());
+        assert!(FixedMultiplier::new(-0.5).is_err());
+        assert!(FixedMultiplier::new(1e12).is_err());
+    }
+
+    #[test]
+    fn gemmlowp_rounding_by_hand() {
+        // 2·a·b / 2^32 with a = 2^30: b/2 → ties go up: 3/2 → 2, -3/2 → -1, -1/2 → 0.
+        assert_eq!(saturating_rounding_doubling_high_mul(1 << 30, 3), 2);
+        assert_eq!(saturating_rounding_doubling_high_mul(1 << 30, -3), -1);
+        assert_eq!(saturating_rounding_doubling_high_mul(1 << 30, -1), 0);
+        assert_eq!(saturating_rounding_doubling_high_mul(i32::MIN, i32::MIN), i32::MAX);
+        assert_eq!(saturating_rounding_doubling_high_mul(i32::MAX, i32::MAX), i32::MAX - 1);
+        // RoundingDivideByPOT: ±2.5 → ±3, ±1.5 → ±2, 2.25 → 2.
+        assert_eq!(rounding_divide_by_pot(5, 1), 3);
+        assert_eq!(rounding_divide_by_pot(-5, 1), -3);
+        assert_eq!(rounding_divide_by_pot(-3, 1), -2);
+        assert_eq!(rounding_divide_by_pot(9, 2), 2);
+        // Ties to even: 2.5 → 2, -2.5 → -2, 1.5 → 2, -0.5 → 0, 2.75 → 3.
+        assert_eq!(rounding_divide_by_pot_even(5, 1), 2);
+        assert_eq!(rounding_divide_by_pot_even(-5, 1), -2);
+        assert_eq!(rounding_divide_by_pot_even(3, 1), 2);
+        assert_eq!(rounding_divide_by_pot_even(-1, 1), 0);
+        assert_eq!(rounding_divide_by_pot_even(11, 2), 3);
+        // TFLite: MultiplyByQuantizedMultiplier(1000, QuantizeMultiplier(0.5)) = 500.
+        let half = FixedMultiplier::new(0.5).unwrap();
+        assert_eq!(half.apply(1000, Rounding::TiesAwayFromZero), 500);
+        assert_eq!(half.apply(1001, Rounding::TiesAwayFromZero), 501);
+        assert_eq!(half.apply(1001, Rounding::TiesToEven), 500);
+        assert_eq!(half.apply(1003, Rounding::TiesToEven), 502);
+        assert_eq!(half.apply(-1001, Rounding::TiesToEven), -500);
+        // M ≥ 1 shifts left first: 3 · 1.5 = 4.5.
+        let m = FixedMultiplier::new(1.5).unwrap();
+        assert_eq!(m.apply(3, Rounding::TiesAwayFromZero), 5);
+        assert_eq!(m.apply(3, Rounding::TiesToEven), 4);
+        assert_eq!(requantize(1001, half, -128, -128, 127, Rounding::TiesToEven), 127);
+    }
+}
