@@ -8,7 +8,7 @@ use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Axis, Chart, Dataset, GraphType, LegendPosition, Paragraph, Widget};
 
-use super::block;
+use super::{block, framed};
 use crate::state::{CellType, DashboardState};
 use crate::theme::{THEME, heat};
 
@@ -57,9 +57,7 @@ impl Widget for &AlphaPanel<'_> {
             CellType::Reduce => "reduce",
         };
         let Some(latest) = s.alphas.last() else {
-            let outer = block("architecture weights");
-            let inner = outer.inner(area);
-            outer.render(area, buf);
+            let inner = framed("architecture weights", area, buf);
             Paragraph::new(Line::styled("no alphas.csv rows yet (written per epoch)", THEME.dim))
                 .render(inner, buf);
             return;
@@ -68,12 +66,14 @@ impl Widget for &AlphaPanel<'_> {
         let heat_h = u16::try_from(edges.len() + 3).unwrap_or(u16::MAX);
         let [top, bottom] =
             area.layout(&Layout::vertical([Constraint::Length(heat_h), Constraint::Fill(1)]));
-        let outer = block(format!(
-            "softmax(α), {cell_name} cell, epoch {} (c: other cell) · bold: strongest non-none op",
-            latest.epoch
-        ));
-        let inner = outer.inner(top);
-        outer.render(top, buf);
+        let inner = framed(
+            format!(
+                "softmax(α), {cell_name} cell, epoch {} (c: other cell) · bold: strongest non-none op",
+                latest.epoch
+            ),
+            top,
+            buf,
+        );
         let col_w = 7;
         let mut lines = vec![Line::from(
             std::iter::once(Span::styled(format!("{:<6}", "edge"), THEME.title))

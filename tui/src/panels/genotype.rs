@@ -6,7 +6,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Widget, Wrap};
 
-use super::block;
+use super::framed;
 use crate::state::DashboardState;
 use crate::theme::THEME;
 
@@ -71,9 +71,7 @@ impl Widget for &GenotypePanel<'_> {
         let hist_h = if self.compact { 0 } else { 12 };
         let [top, bottom] =
             area.layout(&Layout::vertical([Constraint::Fill(1), Constraint::Length(hist_h)]));
-        let outer = block(title);
-        let inner = outer.inner(top);
-        outer.render(top, buf);
+        let inner = framed(title, top, buf);
         let lines = match s.current_genotype() {
             None => vec![Line::styled("no genotype yet (derived at each epoch end)", THEME.dim)],
             Some(text) => match Genotype::from_darts_text(text) {
@@ -101,9 +99,7 @@ impl Widget for &GenotypePanel<'_> {
                 _ => hist.push(Line::styled(format!("epoch {e}: unreadable genotype"), THEME.bad)),
             }
         }
-        let outer = block(format!("changes over {} epochs", s.genotypes.len()));
-        let inner = outer.inner(bottom);
-        outer.render(bottom, buf);
+        let inner = framed(format!("changes over {} epochs", s.genotypes.len()), bottom, buf);
         let start = self.offset.min(hist.len().saturating_sub(usize::from(inner.height)));
         Paragraph::new(hist.split_off(start.min(hist.len()))).render(inner, buf);
     }

@@ -15,14 +15,24 @@ pub use header::Header;
 pub use nan::NanTable;
 pub use quant::{QuantSort, QuantTable};
 
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
 use ratatui::text::Line;
-use ratatui::widgets::Block;
+use ratatui::widgets::{Block, Widget};
 
 use crate::theme::THEME;
 
 /// A bordered panel with a title.
 fn block(title: impl Into<String>) -> Block<'static> {
     Block::bordered().title(Line::styled(format!(" {} ", title.into()), THEME.title))
+}
+
+/// Draws a titled frame over `area` and returns the area inside it.
+fn framed(title: impl Into<String>, area: Rect, buf: &mut Buffer) -> Rect {
+    let outer = block(title);
+    let inner = outer.inner(area);
+    outer.render(area, buf);
+    inner
 }
 
 /// `3h05m`, `4m10s`, `12s`.

@@ -5,7 +5,7 @@ use ratatui::layout::{Constraint, Rect};
 use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Row, Table, Widget};
 
-use super::{block, tail_chars, window};
+use super::{framed, tail_chars, window};
 use crate::state::DashboardState;
 use crate::theme::THEME;
 
@@ -23,9 +23,7 @@ impl Widget for &NanTable<'_> {
         let events = &self.state.nan;
         let n = self.state.nan_count();
         let title = format!("NaN events: {n}");
-        let outer = block(title);
-        let inner = outer.inner(area);
-        outer.render(area, buf);
+        let inner = framed(title, area, buf);
         if events.is_empty() {
             Paragraph::new(Line::styled("no non-finite values so far", THEME.good))
                 .render(inner, buf);

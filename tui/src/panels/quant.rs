@@ -7,7 +7,7 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Sparkline, Table, Widget};
 
-use super::{block, num, tail_chars, window};
+use super::{framed, num, tail_chars, window};
 use crate::state::{DashboardState, QuantLayer};
 use crate::theme::THEME;
 
@@ -92,9 +92,7 @@ impl Widget for &QuantTable<'_> {
             self.sort.name(),
             self.threshold
         );
-        let outer = block(title);
-        let inner = outer.inner(area);
-        outer.render(area, buf);
+        let inner = framed(title, area, buf);
         if rows.is_empty() {
             Paragraph::new(Line::styled("no quant_error.csv rows yet", THEME.dim))
                 .render(inner, buf);
