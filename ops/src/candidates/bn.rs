@@ -16,7 +16,9 @@ use burn::module::{Flag, Module, Param, RunningState};
 use burn::tensor::Tensor;
 
 use super::common::{Ctx, QuantSites};
+use super::conv::Bias;
 use crate::quant::{FakeQuantizer, SpecError};
+use crate::quant::{RoundMode, round_with};
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;
@@ -99,8 +101,19 @@ impl QBatchNorm {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: the same.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+        self.forward_biased(x, None)
+    }
+
+    /// [`forward`](Self::forward) on an integer accumulator whose unit is `bias.unit`: the folded
+    /// bias is fake-quantized at the derived scale `unit·w` (int32, straight-through), as the
+    /// frozen model stores it, so that freeze changes no value.
+    pub fn forward_biased(&self, x: Tensor<4>, bias: Option<Bias>) -> Tensor<4> {
         let c = x.dims()[1];
         let (w, b) = self.folded(&x);
+        let b = match bias {
+            Some(Bias { unit, round }) => quantize_bias(b, unit.mul(w.clone().detach()), round),
+            None => b,
+        };
         x.mul(w.reshape([1, c, 1, 1])).add(b.reshape([1, c, 1, 1]))
     }
 }
@@ -109,4 +122,16 @@ impl QuantSites for QBatchNorm {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
         self.wq.iter().collect()
     }
+}
+
+/// Fake-quantizes a bias to int32 at the per-channel scale `unit` (any sign; a vanishing unit
+/// leaves the bias as it is), with a straight-through gradient.
+pub fn quantize_bias(b: Tensor<1>, unit: Tensor<1>, round: RoundMode) -> Tensor<1> {
+    let step = unit.abs().detach();
+    let tiny = step.clone().lower_elem(1e-30);
+    let safe = step.clone().mask_fill(tiny.clone(), 1.0);
+    let q =
+        round_with(b.clone().detach().div(safe.clone()), round).clamp(-2147483648.0, 2147483647.0);
+    let bq = q.mul(safe).mask_where(tiny, b.clone().detach());
+    b.clone().add(bq.sub(b.detach()))
 }

@@ -8,7 +8,7 @@ use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, QuantSites};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, SpecError};
+use crate::quant::{FakeQuantizer, Grid, RoundMode, SpecError};
 
 /// The geometry of a convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,16 @@ impl ConvShape {
             groups: 1,
         }
     }
+}
+
+/// The derived quantization of a bias added to an integer accumulator: one accumulator unit per
+/// channel (`s_in·s_w,c`, detached) and the rounding.
+#[derive(Debug, Clone)]
+pub struct Bias {
+    /// Value of one accumulator unit, `[C]`.
+    pub unit: Tensor<1>,
+    /// Rounding of `bias/unit`.
+    pub round: RoundMode,
 }
 
 /// Conv2d without bias whose weight is fake-quantized per output channel.
@@ -97,6 +107,24 @@ impl QConv {
     /// - output: `[N, c_out, H', W']`, `H' = (H + 2p − d(k − 1) − 1)/s + 1`
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         conv2d(x, self.effective_weight(), None, self.options())
+    }
+
+    /// [`forward`](Self::forward) of an input on the grid `input`, also returning the value of
+    /// one accumulator unit per output channel, `s_in·s_w,c` (detached), when both the input
+    /// and the weight are quantized: the derived scale of a bias added to this conv's output.
+    pub fn forward_unit(&self, x: Tensor<4>, input: Option<&Grid>) -> (Tensor<4>, Option<Bias>) {
+        match (&self.wq, input) {
+            (Some(q), Some(ig)) => {
+                let (w, g) = q.forward_with_grid(self.weight.val());
+                let c = w.dims()[0];
+                let unit = Tensor::<1>::ones([c], &w.device())
+                    .mul(g.step.detach())
+                    .mul(ig.step.clone().detach());
+                let y = conv2d(x, w, None, self.options());
+                (y, Some(Bias { unit, round: q.spec().round() }))
+            }
+            _ => (self.forward(x), None),
+        }
     }
 }
 

@@ -68,7 +68,8 @@ impl QDilConv {
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
         let y = quantize_opt(&self.dw_act, self.dw.forward(relu(x.value)));
-        let y = self.bn.forward(self.pw.forward(y.value));
+        let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref());
+        let y = self.bn.forward_biased(y, unit);
         quantize_opt(&self.act, y)
     }
 }

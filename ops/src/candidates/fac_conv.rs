@@ -71,7 +71,8 @@ impl QFacConv {
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
         let y = quantize_opt(&self.mid, self.conv1.forward(relu(x.value)));
-        let y = self.bn.forward(self.conv2.forward(y.value));
+        let (y, unit) = self.conv2.forward_unit(y.value, y.grid.as_ref());
+        let y = self.bn.forward_biased(y, unit);
         quantize_opt(&self.act, y)
     }
 }

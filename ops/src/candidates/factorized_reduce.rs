@@ -7,7 +7,7 @@ use burn::tensor::activation::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
-use super::conv::{ConvShape, QConv};
+use super::conv::{Bias, ConvShape, QConv};
 use crate::qconfig::Site;
 use crate::quant::{FakeQuantizer, SpecError};
 
@@ -40,11 +40,19 @@ impl QFactorizedReduce {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`, H and W even; output: `[N, c_out, H/2, W/2]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
+        let grid = x.grid.as_ref();
         let x = relu(x.value);
         let [_, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
-        let y = Tensor::cat(vec![self.conv1.forward(x), self.conv2.forward(shifted)], 1);
-        quantize_opt(&self.act, self.bn.forward(y))
+        let (y1, u1) = self.conv1.forward_unit(x, grid);
+        let (y2, u2) = self.conv2.forward_unit(shifted, grid);
+        let unit = match (u1, u2) {
+            (Some(a), Some(b)) => {
+                Some(Bias { unit: Tensor::cat(vec![a.unit, b.unit], 0), round: a.round })
+            }
+            _ => None,
+        };
+        quantize_opt(&self.act, self.bn.forward_biased(Tensor::cat(vec![y1, y2], 1), unit))
     }
 }
 

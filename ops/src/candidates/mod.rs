@@ -18,8 +18,9 @@ use burn::tensor::Device;
 use qdarts_genotypes::Primitive;
 
 pub use bn::QBatchNorm;
+pub use bn::quantize_bias;
 pub use common::{Ctx, QTensor, QuantSites, quantize_opt};
-pub use conv::{ConvShape, QConv};
+pub use conv::{Bias, ConvShape, QConv};
 pub use dil_conv::{DilShape, QDilConv};
 pub use fac_conv::QFacConv;
 pub use factorized_reduce::QFactorizedReduce;

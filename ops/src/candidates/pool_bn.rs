@@ -8,8 +8,11 @@ use burn::module::Module;
 use burn::tensor::module::{avg_pool2d, max_pool2d};
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 
+use burn::tensor::Tensor;
+
 use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::conv::Bias;
 use crate::qconfig::Site;
 use crate::quant::{FakeQuantizer, SpecError, fake_quant};
 
@@ -52,10 +55,21 @@ impl QPoolBN {
         })
     }
 
+    /// The stride.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
         let s = [self.stride; 2];
+        let c = x.dims()[1];
+        // The pooled values stay on the input's grid: one accumulator unit is its step.
+        let unit = x.grid.as_ref().map(|g| Bias {
+            unit: Tensor::<1>::ones([c], &g.step.device()).mul(g.step.clone().detach()),
+            round: g.round,
+        });
         let pooled = match self.kind {
             PoolKind::Max => {
                 max_pool2d(x.value, MaxPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]))
@@ -70,7 +84,7 @@ impl QPoolBN {
                 }
             }
         };
-        quantize_opt(&self.act, self.bn.forward(pooled))
+        quantize_opt(&self.act, self.bn.forward_biased(pooled, unit))
     }
 }
 

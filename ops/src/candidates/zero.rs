@@ -24,6 +24,11 @@ impl QZero {
         Ok(QZero { act: ctx.quantizer(Site::Act, "act", 1)?, stride })
     }
 
+    /// The stride.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: zeros `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
     pub fn forward(&self, x: QTensor) -> QTensor {

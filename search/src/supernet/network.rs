@@ -7,10 +7,10 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_genotypes::{Primitive, edge_count};
 use qdarts_ops::candidates::{
-    ConvShape, Ctx, QBatchNorm, QConv, QTensor, QuantSites, quantize_opt,
+    ConvShape, Ctx, QBatchNorm, QConv, QTensor, QuantSites, quantize_bias, quantize_opt,
 };
 use qdarts_ops::qconfig::{QuantConfig, Site};
-use qdarts_ops::quant::{FakeQuantizer, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
 
 use super::cell::{CellShape, SearchCell};
 
@@ -60,12 +60,25 @@ impl QLinear {
     /// # Shapes
     /// - x: `[N, in]`; output: `[N, out]`.
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let w = match &self.wq {
-            Some(q) => q.forward(self.weight.val()),
-            None => self.weight.val(),
-        };
+        self.forward_q(x, None)
+    }
+
+    /// [`forward`](Self::forward) of an input on the grid `input`: with a quantized weight the
+    /// bias is fake-quantized to int32 at the derived scale `s_in·s_w,c`.
+    pub fn forward_q(&self, x: Tensor<2>, input: Option<&Grid>) -> Tensor<2> {
         let c = self.bias.val().dims()[0];
-        x.matmul(w.transpose()).add(self.bias.val().reshape([1, c]))
+        let (w, bias) = match (&self.wq, input) {
+            (Some(q), Some(ig)) => {
+                let (w, g) = q.forward_with_grid(self.weight.val());
+                let unit = Tensor::<1>::ones([c], &w.device())
+                    .mul(g.step.detach())
+                    .mul(ig.step.clone().detach());
+                (w, quantize_bias(self.bias.val(), unit, q.spec().round()))
+            }
+            (Some(q), None) => (q.forward(self.weight.val()), self.bias.val()),
+            (None, _) => (self.weight.val(), self.bias.val()),
+        };
+        x.matmul(w.transpose()).add(bias.reshape([1, c]))
     }
 }
 
