@@ -1,0 +1,375 @@
+//! ONNX export in QDQ form: every integer value of the frozen model becomes a
+//! `QuantizeLinear → DequantizeLinear` pair on its grid, around float `Conv`, `Add`, `Concat`,
+//! `MaxPool`/`AveragePool`, `GlobalAveragePool` and `Gemm`; weights are int8 initializers with
+//! per-channel (axis 0) `DequantizeLinear`, biases int32 at scale `s_in·s_w`. Opset 13.
+//!
+//! ONNX `QuantizeLinear` rounds half to even, so a model frozen with ties-away-from-zero
+//! rounding is refused rather than exported with a different rounding. The integer add rounds
+//! each operand onto the output grid on its own (as the fake-quant model does), so each operand
+//! of a QDQ `Add` gets its own `QuantizeLinear → DequantizeLinear` onto the output grid first;
+//! they differ only where one operand alone leaves the output range.
+//!
+//! The protobuf is written by hand (field numbers of `onnx.proto`), so this crate needs no
+//! protobuf dependency.
+
+use crate::fixed::Rounding;
+use crate::model::{ActGrid, FrozenModel, ModelError, Node, PoolKind};
+
+/// The opset the export targets.
+pub const OPSET: i64 = 13;
+const IR_VERSION: i64 = 8;
+
+// TensorProto.DataType
+const FLOAT: i64 = 1;
+const UINT8: i64 = 2;
+const INT8: i64 = 3;
+const INT32: i64 = 6;
+const INT64: i64 = 7;
+
+/// A protobuf message being written.
+#[derive(Default)]
+struct Msg(Vec<u8>);
+
+impl Msg {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+    fn tag(&mut self, field: u32, wire: u32) {
+        self.varint(u64::from(field << 3 | wire));
+    }
+    fn int(&mut self, field: u32, v: i64) -> &mut Self {
+        self.tag(field, 0);
+        self.varint(v as u64);
+        self
+    }
+    fn bytes(&mut self, field: u32, b: &[u8]) -> &mut Self {
+        self.tag(field, 2);
+        self.varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn str(&mut self, field: u32, s: &str) -> &mut Self {
+        self.bytes(field, s.as_bytes())
+    }
+    fn msg(&mut self, field: u32, m: &Msg) -> &mut Self {
+        self.bytes(field, &m.0)
+    }
+}
+
+/// Attribute values.
+enum Attr {
+    Int(i64),
+    Ints(Vec<i64>),
+}
+
+fn attribute(name: &str, a: &Attr) -> Msg {
+    let mut m = Msg::default();
+    m.str(1, name);
+    match a {
+        Attr::Int(v) => {
+            m.int(3, *v).int(20, 2);
+        }
+        Attr::Ints(vs) => {
+            for v in vs {
+                m.int(8, *v);
+            }
+            m.int(20, 7);
+        }
+    }
+    m
+}
+
+fn tensor(name: &str, dtype: i64, dims: &[i64], raw: &[u8]) -> Msg {
+    let mut m = Msg::default();
+    for d in dims {
+        m.int(1, *d);
+    }
+    m.int(2, dtype).str(8, name).bytes(9, raw);
+    m
+}
+
+fn value_info(name: &str, dims: &[Option<i64>]) -> Msg {
+    let mut shape = Msg::default();
+    for d in dims {
+        let mut dim = Msg::default();
+        match d {
+            Some(v) => dim.int(1, *v),
+            None => dim.str(2, "N"),
+        };
+        shape.msg(1, &dim);
+    }
+    let mut tt = Msg::default();
+    tt.int(1, FLOAT).msg(2, &shape);
+    let mut ty = Msg::default();
+    ty.msg(1, &tt);
+    let mut m = Msg::default();
+    m.str(1, name).msg(2, &ty);
+    m
+}
+
+struct Builder {
+    nodes: Vec<Msg>,
+    inits: Vec<Msg>,
+    count: usize,
+}
+
+impl Builder {
+    fn node(&mut self, op: &str, inputs: &[&str], output: &str, attrs: &[(&str, Attr)]) {
+        let mut m = Msg::default();
+        for i in inputs {
+            m.str(1, i);
+        }
+        m.str(2, output);
+        self.count += 1;
+        m.str(3, &format!("{op}_{}", self.count)).str(4, op);
+        for (name, a) in attrs {
+            m.msg(5, &attribute(name, a));
+        }
+        self.nodes.push(m);
+    }
+
+    fn init(&mut self, name: &str, dtype: i64, dims: &[i64], raw: &[u8]) {
+        self.inits.push(tensor(name, dtype, dims, raw));
+    }
+
+    /// Scale and zero-point initializers of a grid, named after `v`.
+    fn grid(&mut self, v: &str, g: &ActGrid) -> (String, String) {
+        let (s, z) = (format!("{v}_scale"), format!("{v}_zp"));
+        self.init(&s, FLOAT, &[], &g.scale.to_le_bytes());
+        if g.unsigned() {
+            self.init(&z, UINT8, &[], &[g.zero_point as u8]);
+        } else {
+            self.init(&z, INT8, &[], &[g.zero_point as i8 as u8]);
+        }
+        (s, z)
+    }
+
+    /// `float → QuantizeLinear → DequantizeLinear` onto `g`, producing `out`.
+    fn qdq(&mut self, x: &str, out: &str, g: &ActGrid) {
+        let (s, z) = self.grid(out, g);
+        let q = format!("{out}_q");
+        self.node("QuantizeLinear", &[x, &s, &z], &q, &[]);
+        self.node("DequantizeLinear", &[&q, &s, &z], out, &[]);
+    }
+
+    /// A per-channel int8 weight or int32 bias, dequantized along axis 0 into `out`.
+    fn dq_param(
+        &mut self,
+        m: &FrozenModel,
+        tensor_name: &str,
+        out: &str,
+    ) -> Result<Vec<i64>, ModelError> {
+        let t = m
+            .tensors
+            .get(tensor_name)
+            .ok_or_else(|| ModelError::Invalid(format!("tensor `{tensor_name}` is missing")))?;
+        let dims: Vec<i64> = t.dims.iter().map(|&d| i64::from(d)).collect();
+        let (dtype, zsize) = match t.dtype {
+            crate::qdf::DType::I32 => (INT32, 4),
+            _ => (INT8, 1),
+        };
+        let q = format!("{out}_int");
+        self.init(&q, dtype, &dims, &t.data);
+        let c = dims[0];
+        let scale: Vec<u8> = t.scale.iter().flat_map(|s| s.to_le_bytes()).collect();
+        self.init(&format!("{out}_scale"), FLOAT, &[c], &scale);
+        self.init(&format!("{out}_zp"), dtype, &[c], &vec![0u8; c as usize * zsize]);
+        self.node(
+            "DequantizeLinear",
+            &[&q, &format!("{out}_scale"), &format!("{out}_zp")],
+            out,
+            &[("axis", Attr::Int(0))],
+        );
+        Ok(dims)
+    }
+
+    fn int64s(&mut self, name: &str, v: &[i64]) {
+        let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.init(name, INT64, &[v.len() as i64], &raw);
+    }
+}
+
+/// The model as an ONNX `ModelProto` (QDQ form), input `input` `[N, C, H, W]` (normalized
+/// floats), output `logits` `[N, classes]` (float, `int logits · logit_scale`).
+pub fn export(m: &FrozenModel) -> Result<Vec<u8>, ModelError> {
+    m.validate()?;
+    if m.graph.rounding != Rounding::TiesToEven {
+        return Err(ModelError::Invalid(
+            "the model rounds ties away from zero; ONNX QuantizeLinear rounds half to even, so it cannot express this model (freeze with round = ties_to_even)".into(),
+        ));
+    }
+    let mut b = Builder { nodes: Vec::new(), inits: Vec::new(), count: 0 };
+    let v = |i: usize| format!("v{i}");
+    for (i, node) in m.graph.nodes.iter().enumerate() {
+        let out = v(i);
+        match node {
+            Node::Input { grid } => b.qdq("input", &out, grid),
+            Node::Conv(c) => {
+                let mut x = v(c.input);
+                if c.offset > 0 {
+                    let (st, en, ax) =
+                        (format!("{out}_starts"), format!("{out}_ends"), format!("{out}_axes"));
+                    let o = c.offset as i64;
+                    b.int64s(&st, &[o, o]);
+                    b.int64s(&en, &[i64::MAX, i64::MAX]);
+                    b.int64s(&ax, &[2, 3]);
+                    let sliced = format!("{out}_crop");
+                    b.node("Slice", &[&x, &st, &en, &ax], &sliced, &[]);
+                    x = sliced;
+                }
+                if c.relu {
+                    let r = format!("{out}_relu");
+                    b.node("Relu", &[&x], &r, &[]);
+                    x = r;
+                }
+                let w = format!("{out}_w");
+                let bias = format!("{out}_b");
+                b.dq_param(m, &format!("{}.weight", c.name), &w)?;
+                b.dq_param(m, &format!("{}.bias", c.name), &bias)?;
+                let y = format!("{out}_f");
+                let [ph, pw] = c.padding;
+                b.node(
+                    "Conv",
+                    &[&x, &w, &bias],
+                    &y,
+                    &[
+                        ("kernel_shape", Attr::Ints(c.kernel.iter().map(|&k| k as i64).collect())),
+                        ("strides", Attr::Ints(c.stride.iter().map(|&k| k as i64).collect())),
+                        ("pads", Attr::Ints(vec![ph as i64, pw as i64, ph as i64, pw as i64])),
+                        ("dilations", Attr::Ints(vec![c.dilation as i64; 2])),
+                        ("group", Attr::Int(c.groups as i64)),
+                    ],
+                );
+                b.qdq(&y, &out, &c.out);
+            }
+            Node::Pool { input, kind, kernel, stride, padding } => {
+                let g = m
+                    .grid_of(*input)
+                    .ok_or_else(|| ModelError::Invalid(format!("node {i}: no grid")))?;
+                let (k, s, p) = (*kernel as i64, *stride as i64, *padding as i64);
+                let mut attrs = vec![
+                    ("kernel_shape", Attr::Ints(vec![k, k])),
+                    ("strides", Attr::Ints(vec![s, s])),
+                    ("pads", Attr::Ints(vec![p; 4])),
+                ];
+                let op = match kind {
+                    PoolKind::Max => "MaxPool",
+                    PoolKind::Avg => {
+                        attrs.push(("count_include_pad", Attr::Int(0)));
+                        "AveragePool"
+                    }
+                };
+                let y = format!("{out}_f");
+                b.node(op, &[&v(*input)], &y, &attrs);
+                b.qdq(&y, &out, &g);
+            }
+            Node::Add { inputs, out: g } => {
+                // Each operand is first rounded onto the output grid (QDQ), as the integer add
+                // rescales each operand on its own; the float sum of grid values is then exact.
+                let term = |b: &mut Builder, k: usize, x: usize| {
+                    let t = format!("{out}_term{k}");
+                    if inputs.len() > 1 {
+                        b.qdq(&v(x), &t, g);
+                        t
+                    } else {
+                        v(x)
+                    }
+                };
+                let mut acc = term(&mut b, 0, inputs[0].0);
+                for (k, (x, _)) in inputs.iter().enumerate().skip(1) {
+                    let t = term(&mut b, k, *x);
+                    let s = format!("{out}_sum{k}");
+                    b.node("Add", &[&acc, &t], &s, &[]);
+                    acc = s;
+                }
+                b.qdq(&acc, &out, g);
+            }
+            Node::Concat { inputs, out: g } => {
+                let names: Vec<String> = inputs.iter().map(|(x, _)| v(*x)).collect();
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                let y = format!("{out}_f");
+                b.node("Concat", &refs, &y, &[("axis", Attr::Int(1))]);
+                b.qdq(&y, &out, g);
+            }
+            Node::Zero { input, stride, out: g } => {
+                let mut x = v(*input);
+                if *stride > 1 {
+                    let (st, en, ax, sp) = (
+                        format!("{out}_starts"),
+                        format!("{out}_ends"),
+                        format!("{out}_axes"),
+                        format!("{out}_steps"),
+                    );
+                    b.int64s(&st, &[0, 0]);
+                    b.int64s(&en, &[i64::MAX, i64::MAX]);
+                    b.int64s(&ax, &[2, 3]);
+                    b.int64s(&sp, &[*stride as i64; 2]);
+                    let s = format!("{out}_strided");
+                    b.node("Slice", &[&x, &st, &en, &ax, &sp], &s, &[]);
+                    x = s;
+                }
+                let zero = format!("{out}_zero");
+                b.init(&zero, FLOAT, &[], &0f32.to_le_bytes());
+                let y = format!("{out}_f");
+                b.node("Mul", &[&x, &zero], &y, &[]);
+                b.qdq(&y, &out, g);
+            }
+            Node::GlobalAvgPool { input, out: g, .. } => {
+                let y = format!("{out}_f");
+                b.node("GlobalAveragePool", &[&v(*input)], &y, &[]);
+                let q = format!("{out}_4d");
+                b.qdq(&y, &q, g);
+                b.node("Flatten", &[&q], &out, &[("axis", Attr::Int(1))]);
+            }
+            Node::Linear { name, input, .. } => {
+                let w = format!("{out}_w");
+                let bias = format!("{out}_b");
+                b.dq_param(m, &format!("{name}.weight"), &w)?;
+                b.dq_param(m, &format!("{name}.bias"), &bias)?;
+                b.node("Gemm", &[&v(*input), &w, &bias], "logits", &[("transB", Attr::Int(1))]);
+            }
+        }
+    }
+    let [c, h, w] = m.graph.input_shape;
+    let mut graph = Msg::default();
+    for n in &b.nodes {
+        graph.msg(1, n);
+    }
+    graph.str(2, "qdarts");
+    for t in &b.inits {
+        graph.msg(5, t);
+    }
+    graph.msg(11, &value_info("input", &[None, Some(c as i64), Some(h as i64), Some(w as i64)]));
+    graph.msg(12, &value_info("logits", &[None, Some(m.graph.classes as i64)]));
+    let mut opset = Msg::default();
+    opset.str(1, "").int(2, OPSET);
+    let mut model = Msg::default();
+    model
+        .int(1, IR_VERSION)
+        .str(2, "qdarts")
+        .str(3, env!("CARGO_PKG_VERSION"))
+        .msg(7, &graph)
+        .msg(8, &opset);
+    let json = |v: &[f32]| serde_json::to_string(v).unwrap_or_default();
+    for (k, val) in [
+        ("genotype", m.genotype.to_darts_text()),
+        ("mean", json(&m.graph.mean)),
+        ("std", json(&m.graph.std)),
+        (
+            "logit_scale",
+            m.graph.nodes.last().map_or(String::new(), |n| match n {
+                Node::Linear { logit_scale, .. } => logit_scale.to_string(),
+                _ => String::new(),
+            }),
+        ),
+    ] {
+        let mut prop = Msg::default();
+        prop.str(1, k).str(2, &val);
+        model.msg(14, &prop);
+    }
+    Ok(model.0)
+}
