@@ -72,6 +72,18 @@ pub enum BenchCommand {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
+    /// Integer-runtime throughput (images/s) of a frozen model on the embedded test images,
+    /// single-threaded and on every core.
+    Runtime {
+        /// Training run folder with frozen/model.qdf.
+        run: PathBuf,
+        /// Timed passes over the test set per row (after one warm-up).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
 }
 
 /// Which supernet shapes `bench search` times.
@@ -123,6 +135,7 @@ fn parse_shape(s: &str) -> Result<[usize; 4], String> {
 /// Runs a benchmark command.
 pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
     match cmd {
+        BenchCommand::Runtime { run, reps, csv } => runtime_bench(&run, reps, csv.as_deref()),
         BenchCommand::Quant { shape, reps, csv } => {
             if reps == 0 {
                 bail!("--reps must be at least 1");
@@ -546,6 +559,68 @@ fn write_csv(path: &Path, header: &str, lines: impl IntoIterator<Item = String>)
         writeln!(f, "{line}")?;
     }
     f.sync_all()?;
+    Ok(())
+}
+
+/// `bench runtime`: images/s of the integer runtime over the run's test set.
+fn runtime_bench(run: &Path, reps: usize, csv: Option<&Path>) -> Result<()> {
+    if reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let qdf = run.join("frozen").join("model.qdf");
+    if !qdf.exists() {
+        bail!("{}: no frozen model; run `qdarts freeze {}` first", qdf.display(), run.display());
+    }
+    let model = qdarts_frozen::FrozenModel::load(&qdf)?;
+    let cfg = qdarts_search::train::TrainConfig::load(&run.join("config.toml"), &[])?;
+    let set = qdarts_search::train::test_set(&cfg)?;
+    let rt = qdarts_frozen::Runtime::new(&model)?;
+    let [c, h, w] = model.graph.input_shape;
+    let images: Vec<f32> = set
+        .images
+        .chunks_exact(c * h * w)
+        .flat_map(|img| {
+            img.iter().enumerate().map(|(i, &p)| {
+                let ch = i / (h * w);
+                (f32::from(p) / 255.0 - model.graph.mean[ch]) / model.graph.std[ch]
+            })
+        })
+        .collect();
+    let n = set.len();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut threads = vec![1];
+    if cores > 1 {
+        threads.push(cores);
+    }
+    println!(
+        "integer runtime on {} ({} test images, {:.1} M MACs/image), median of {reps} passes after 1 warm-up",
+        qdf.display(),
+        n,
+        model.macs()?.iter().map(|m| m.0).sum::<u64>() as f64 / 1e6
+    );
+    println!("{:>8} {:>12} {:>12} {:>22}", "threads", "images/s", "ms/image", "min..max images/s");
+    let mut lines = Vec::new();
+    for t in threads {
+        let _ = rt.run(&images, t);
+        let mut rates: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::hint::black_box(rt.run(&images, t));
+                n as f64 / t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        let med = rates[rates.len() / 2];
+        println!(
+            "{t:>8} {med:>12.1} {:>12.3} {:>22}",
+            1000.0 / med,
+            format!("{:.1}..{:.1}", rates[0], rates[rates.len() - 1])
+        );
+        lines.push(format!("{t},{med:.3},{:.3},{:.3}", rates[0], rates[rates.len() - 1]));
+    }
+    if let Some(p) = csv {
+        write_csv(p, "threads,images_per_s,min,max", lines)?;
+    }
     Ok(())
 }
 

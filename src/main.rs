@@ -1,12 +1,12 @@
 //! `qdarts`: quantization-aware differentiable architecture search.
 //!
-//! Exit codes: 0 success; 1 error (message on stderr); 2 invalid command line; 3 the command is
-//! not available in this version yet.
+//! Exit codes: 0 success; 1 error (message on stderr); 2 invalid command line.
 
 mod backend;
 mod bench;
 mod dashboard_cmd;
 mod debug_log;
+mod model_cmd;
 mod search_cmd;
 
 use std::path::PathBuf;
@@ -15,9 +15,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use backend::Backend;
-
-/// Exit code of a command that this version does not provide yet.
-const EXIT_NOT_AVAILABLE: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -61,23 +58,42 @@ enum Command {
     /// Train the discrete network of a genotype with quantization-aware training.
     Train {
         /// Training config (TOML).
-        #[arg(long)]
+        #[arg(long, default_value = "experiments/train-default.toml")]
         config: PathBuf,
+        /// The genotype: a JSON or DARTS-text file, a search run folder, or a shipped name
+        /// such as DARTS_V2 (sets `genotype`).
+        #[arg(long)]
+        genotype: Option<String>,
+        /// Override a config key, e.g. `--set train.epochs=5`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Continue an interrupted training run.
+        #[arg(long, value_name = "RUN_DIR")]
+        resume: Option<PathBuf>,
+        /// Folder of the dataset files (sets `data.path`).
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
+        /// Dataset (sets `data.dataset`).
+        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"])]
+        dataset: Option<String>,
     },
-    /// Freeze a trained run into an integer-only model.
+    /// Freeze a trained run into an integer-only model (<run>/frozen/model.qdf).
     Freeze {
-        /// Run folder.
+        /// Training run folder.
         run: PathBuf,
     },
-    /// Export a frozen model (.qdf, ONNX QDQ).
+    /// Export a frozen model as ONNX in QDQ form (<run>/frozen/model.onnx).
     Export {
-        /// Run folder.
+        /// Training run folder (frozen first).
         run: PathBuf,
     },
-    /// Evaluate the fake-quant and the integer model on the test set.
+    /// Compare the fake-quant and the integer model on the test set.
     Eval {
-        /// Run folder.
+        /// Training run folder (frozen first).
         run: PathBuf,
+        /// Threads of the integer runtime.
+        #[arg(long, default_value_t = default_threads())]
+        threads: usize,
     },
     /// Watch a run record in the terminal (live, finished or copied).
     Dashboard {
@@ -113,24 +129,29 @@ impl DashArgs {
     }
 }
 
-fn not_available(what: &str) -> ExitCode {
-    eprintln!(
-        "qdarts: `{what}` is not available in this version yet; available now: `qdarts search`, `qdarts dashboard`, `qdarts bench`"
-    );
-    ExitCode::from(EXIT_NOT_AVAILABLE)
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// `--data`/`--dataset` as config overrides.
+fn data_overrides(overrides: &mut Vec<String>, data: Option<PathBuf>, dataset: Option<String>) {
+    if let Some(d) = dataset {
+        overrides.push(format!("data.dataset=\"{d}\""));
+    }
+    if let Some(p) = data {
+        overrides.push(format!("data.path={}", toml_string(&p.display().to_string())));
+    }
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Search { config, mut overrides, resume, dashboard, dash, data, dataset } => {
-            if let Some(d) = dataset {
-                overrides.push(format!("data.dataset=\"{d}\""));
-            }
-            if let Some(p) = data {
-                let p = p.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
-                overrides.push(format!("data.path=\"{p}\""));
-            }
+            data_overrides(&mut overrides, data, dataset);
             search_cmd::run(&search_cmd::SearchArgs {
                 config: &config,
                 overrides: &overrides,
@@ -140,10 +161,21 @@ fn main() -> ExitCode {
                 dash: dash.options(),
             })
         }
-        Command::Train { .. } => return not_available("train"),
-        Command::Freeze { .. } => return not_available("freeze"),
-        Command::Export { .. } => return not_available("export"),
-        Command::Eval { .. } => return not_available("eval"),
+        Command::Train { config, genotype, mut overrides, resume, data, dataset } => {
+            data_overrides(&mut overrides, data, dataset);
+            if let Some(g) = genotype {
+                overrides.push(format!("genotype={}", toml_string(&g)));
+            }
+            model_cmd::train(&model_cmd::TrainArgs {
+                config: &config,
+                overrides: &overrides,
+                resume: resume.as_deref(),
+                backend: cli.backend,
+            })
+        }
+        Command::Freeze { run } => model_cmd::freeze_cmd(&run, cli.backend),
+        Command::Export { run } => model_cmd::export(&run),
+        Command::Eval { run, threads } => model_cmd::eval(&run, cli.backend, threads.max(1)),
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
         Command::Bench { what } => bench::run(what, cli.backend),
     };

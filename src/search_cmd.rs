@@ -35,7 +35,7 @@ pub struct SearchArgs<'a> {
     pub dash: qdarts_tui::Options,
 }
 
-fn progress_bar() -> ProgressBar {
+pub(crate) fn progress_bar() -> ProgressBar {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
@@ -47,7 +47,7 @@ fn progress_bar() -> ProgressBar {
     bar
 }
 
-fn show(bar: &ProgressBar, p: &Progress) {
+pub(crate) fn show(bar: &ProgressBar, p: &Progress) {
     bar.set_length(p.steps as u64);
     bar.set_prefix(format!("{}/{}", p.epoch + 1, p.epochs));
     bar.set_position(p.step as u64);

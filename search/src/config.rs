@@ -317,6 +317,15 @@ fn apply_override(doc: &mut toml::Table, item: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Parses TOML text and applies `key=value` overrides to it.
+pub fn apply_overrides(text: &str, overrides: &[String]) -> Result<toml::Table, String> {
+    let mut doc: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    for o in overrides {
+        apply_override(&mut doc, o).map_err(|m| format!("--set {o}: {m}"))?;
+    }
+    Ok(doc)
+}
+
 impl ExperimentConfig {
     /// Reads a config file, applies `key=value` overrides, and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
@@ -328,10 +337,7 @@ impl ExperimentConfig {
     /// Parses config text (`path` names it in errors).
     pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let parse_err = |message: String| ConfigError::Parse { path: path.into(), message };
-        let mut doc: toml::Table = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
-        for o in overrides {
-            apply_override(&mut doc, o).map_err(|m| parse_err(format!("--set {o}: {m}")))?;
-        }
+        let doc = apply_overrides(text, overrides).map_err(parse_err)?;
         let cfg: ExperimentConfig =
             doc.try_into().map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
         cfg.validate(path)?;

@@ -192,6 +192,22 @@ pub fn quote(s: &str) -> String {
     }
 }
 
+/// A `quant_error.csv` row: `epoch,step,layer,kind,bits,scale,zero_point,mse,sqnr_db,clip_frac`.
+pub fn quant_row(epoch: usize, step: usize, q: &qdarts_ops::quant::QuantStats) -> Vec<String> {
+    vec![
+        epoch.to_string(),
+        step.to_string(),
+        quote(&q.path),
+        q.role.to_string(),
+        q.bits.to_string(),
+        format!("{:e}", q.scale),
+        format!("{}", q.zero_point),
+        format!("{:e}", q.mse),
+        format!("{:.3}", q.sqnr_db),
+        format!("{:.6}", q.clip_frac),
+    ]
+}
+
 /// Keeps the header and the rows written before a checkpoint: those whose first field (the
 /// epoch) is below `epoch`, and, when `step` is given, those of `epoch` itself whose second
 /// field (the global step) is at most `step`. What a resumed run keeps of a CSV file written

@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::architect::{self, Batch, clip_grad_norm, correct, cross_entropy};
 use crate::config::{ConfigError, ExperimentConfig, NanPolicy, NanSite, Order, SearchConfig};
 use crate::data::{self, DataError, ImageSet};
-use crate::record::{Csv, RecordError, RunDir, quote, truncate_csv_to, write_atomic};
+use crate::record::{Csv, RecordError, RunDir, quant_row, quote, truncate_csv_to, write_atomic};
 use crate::rng::Rng;
 use crate::supernet::{Alphas, NetShape, SearchNetwork};
 
@@ -72,7 +72,7 @@ pub struct Progress {
 }
 
 /// Serializes seeding and random initialization of the backend's process-wide generator.
-static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// What the checkpoint carries besides the modules and optimizers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -550,18 +550,7 @@ pub fn run_search_in(
             ])?;
             if record_quant {
                 for q in &qstats {
-                    rec.quant.row(&[
-                        epoch.to_string(),
-                        step.to_string(),
-                        quote(&q.path),
-                        q.role.to_string(),
-                        q.bits.to_string(),
-                        format!("{:e}", q.scale),
-                        format!("{}", q.zero_point),
-                        format!("{:e}", q.mse),
-                        format!("{:.3}", q.sqnr_db),
-                        format!("{:.6}", q.clip_frac),
-                    ])?;
+                    rec.quant.row(&quant_row(epoch, step, q))?;
                 }
                 st.net.set_recording(false);
             }

@@ -210,7 +210,20 @@ pub fn batch(
     set: &ImageSet,
     kind: DatasetKind,
     indices: &[usize],
+    rng: Option<&mut Rng>,
+    device: &Device,
+) -> (Tensor<4>, Tensor<1, Int>) {
+    batch_cutout(set, kind, indices, rng, 0, device)
+}
+
+/// [`batch`], plus DARTS' cutout on augmented batches: a `cutout`×`cutout` square (clipped at
+/// the border) centred on a random pixel is set to 0 after normalization (0: off).
+pub fn batch_cutout(
+    set: &ImageSet,
+    kind: DatasetKind,
+    indices: &[usize],
     mut rng: Option<&mut Rng>,
+    cutout: usize,
     device: &Device,
 ) -> (Tensor<4>, Tensor<1, Int>) {
     let (c, h, w) = (set.channels, set.height, set.width);
@@ -240,6 +253,21 @@ pub fn batch(
                         img[(ch * h + sy as usize) * w + sx as usize] as f32 / 255.0
                     };
                     out[b * size + (ch * h + y) * w + x] = (v - m) / s;
+                }
+            }
+        }
+        if let Some(r) = rng.as_deref_mut()
+            && cutout > 0
+            && kind.augments()
+        {
+            let (cy, cx) = (r.below(h) as isize, r.below(w) as isize);
+            let half = (cutout / 2) as isize;
+            let (y0, y1) = ((cy - half).max(0) as usize, ((cy + half) as usize).min(h));
+            let (x0, x1) = ((cx - half).max(0) as usize, ((cx + half) as usize).min(w));
+            for ch in 0..c {
+                for y in y0..y1 {
+                    out[b * size + (ch * h + y) * w + x0..b * size + (ch * h + y) * w + x1]
+                        .fill(0.0);
                 }
             }
         }
