@@ -3,7 +3,7 @@
 predictions with those of qdarts' integer runtime (written by `qdarts eval` to
 <run>/frozen/predictions.csv).
 
-usage: onnx_check.py RUN_DIR [--images IDX_GZ] [--min-agreement 0.995] [--min-fused 0.99]
+usage: onnx_check.py RUN_DIR [--images IDX_GZ] [--min-agreement 0.99] [--min-fused 0.99]
 Exit status 0 when both agreements reach their minimum, 1 otherwise, 2 on bad input.
 Needs: onnxruntime, numpy (pip install onnxruntime numpy).
 """
@@ -38,7 +38,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
     ap.add_argument("--images", default=os.path.join(os.path.dirname(__file__), "..", "search", "data", "fashion-mnist", "t10k-images-idx3-ubyte.gz"))
-    ap.add_argument("--min-agreement", type=float, default=0.995, help="for the graph as written")
+    ap.add_argument("--min-agreement", type=float, default=0.99, help="for the graph as written")
     ap.add_argument("--min-fused", type=float, default=0.99, help="with onnxruntime's QLinear fusions")
     args = ap.parse_args()
     model = os.path.join(args.run, "frozen", "model.onnx")

