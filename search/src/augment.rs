@@ -15,8 +15,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_genotypes::Genotype;
 use qdarts_ops::arith::{QAdd, QConcat};
 use qdarts_ops::candidates::{
-    CandidateOp, ConvShape, Ctx, QBatchNorm, QConv, QFactorizedReduce, QStdConv, QTensor,
-    QuantSites, quantize_opt,
+    CandidateOp, ConvShape, Ctx, QBatchNorm, QConv, QStdConv, QTensor, QuantSites, quantize_opt,
 };
 use qdarts_ops::qconfig::{QuantConfig, Site};
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
@@ -101,25 +100,8 @@ impl EvalCell {
     ) -> Result<Self, SpecError> {
         let ctx =
             |name: &str, op: &'static str| Ctx { cfg, op, path: format!("{path}.{name}"), device };
-        let preproc0 = if d.reduction_prev {
-            Preprocess::Reduce(QFactorizedReduce::new(
-                d.c_pp,
-                d.c,
-                true,
-                &ctx("preproc0", "preprocess"),
-            )?)
-        } else {
-            Preprocess::Conv(QStdConv::new(
-                ConvShape::square(d.c_pp, d.c, 1, 1, 0),
-                true,
-                &ctx("preproc0", "preprocess"),
-            )?)
-        };
-        let preproc1 = QStdConv::new(
-            ConvShape::square(d.c_p, d.c, 1, 1, 0),
-            true,
-            &ctx("preproc1", "preprocess"),
-        )?;
+        let (preproc0, preproc1) =
+            Preprocess::pair(d.reduction_prev, [d.c_pp, d.c_p, d.c], true, cfg, path, device)?;
         let (nodes, concat_idx) = if d.reduction {
             (&genotype.reduce, &genotype.reduce_concat)
         } else {

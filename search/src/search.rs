@@ -200,7 +200,7 @@ fn truncate_record(run: &RunDir, ck: &CheckpointState, keep_nan: bool) -> Result
     Ok(())
 }
 
-fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> SearchError {
+pub(crate) fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> SearchError {
     SearchError::Checkpoint { path: path.into(), message: e.to_string() }
 }
 
@@ -213,21 +213,17 @@ struct State {
     ckpt: CheckpointState,
 }
 
-fn save_checkpoint(run: &RunDir, st: &State) -> Result<(), SearchError> {
+/// Writes a checkpoint folder with `fill` into `checkpoint.tmp`, then swaps it in for
+/// `checkpoint`: the old one stays until the new one is complete.
+pub(crate) fn replace_checkpoint(
+    run: &RunDir,
+    fill: impl FnOnce(&Path) -> Result<(), SearchError>,
+) -> Result<(), SearchError> {
     let tmp = run.file("checkpoint.tmp");
     let dest = run.file("checkpoint");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| ckpt_err(&tmp, e))?;
-    // A running state (BN statistics, observer ranges) records its last update per thread
-    // and folds it in only on a sync; saving reads the folded value. `valid()` syncs them all.
-    drop(st.net.valid());
-    st.net.clone().save_file(tmp.join("net.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
-    st.alphas.clone().save_file(tmp.join("alphas.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
-    st.w_optim.save(tmp.join("w_optim.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
-    st.a_optim.save(tmp.join("a_optim.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
-    let json = serde_json::to_vec_pretty(&st.ckpt).map_err(|e| ckpt_err(&tmp, e))?;
-    write_atomic(&tmp.join("state.json"), &json)?;
-    // Swap in the new folder: the old one stays until the new one is complete.
+    fill(&tmp)?;
     let old = run.file("checkpoint.old");
     let _ = std::fs::remove_dir_all(&old);
     if dest.exists() {
@@ -236,6 +232,20 @@ fn save_checkpoint(run: &RunDir, st: &State) -> Result<(), SearchError> {
     std::fs::rename(&tmp, &dest).map_err(|e| ckpt_err(&dest, e))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
+}
+
+fn save_checkpoint(run: &RunDir, st: &State) -> Result<(), SearchError> {
+    // A running state (BN statistics, observer ranges) records its last update per thread
+    // and folds it in only on a sync; saving reads the folded value. `valid()` syncs them all.
+    drop(st.net.valid());
+    replace_checkpoint(run, |tmp| {
+        st.net.clone().save_file(tmp.join("net.bpk")).map_err(|e| ckpt_err(tmp, e))?;
+        st.alphas.clone().save_file(tmp.join("alphas.bpk")).map_err(|e| ckpt_err(tmp, e))?;
+        st.w_optim.save(tmp.join("w_optim.bpk")).map_err(|e| ckpt_err(tmp, e))?;
+        st.a_optim.save(tmp.join("a_optim.bpk")).map_err(|e| ckpt_err(tmp, e))?;
+        let json = serde_json::to_vec_pretty(&st.ckpt).map_err(|e| ckpt_err(tmp, e))?;
+        Ok(write_atomic(&tmp.join("state.json"), &json)?)
+    })
 }
 
 fn load_checkpoint(run: &RunDir, st: State) -> Result<State, SearchError> {

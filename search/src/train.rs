@@ -26,7 +26,7 @@ use crate::config::{
 use crate::data::{self, DatasetKind, ImageSet};
 use crate::record::{Csv, RecordError, RunDir, quant_row, quote, truncate_csv_to, write_atomic};
 use crate::rng::Rng;
-use crate::search::{Progress, SearchError, cosine_lr};
+use crate::search::{Progress, SearchError, ckpt_err, cosine_lr, replace_checkpoint};
 
 /// Data of a training run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -242,10 +242,6 @@ pub fn resolve_genotype(spec: &str) -> Result<Genotype, SearchError> {
     g.map_err(|e| ckpt_err(&file, e))
 }
 
-fn ckpt_err(path: &Path, e: impl std::fmt::Display) -> SearchError {
-    SearchError::Checkpoint { path: path.into(), message: e.to_string() }
-}
-
 /// The evaluation network's shape for a config and data set.
 pub fn eval_shape(cfg: &TrainConfig, set: &ImageSet) -> EvalShape {
     EvalShape {
@@ -286,24 +282,14 @@ fn save(
     optim: &ModuleOptimizer,
     st: &TrainState,
 ) -> Result<(), SearchError> {
-    let tmp = run.file("checkpoint.tmp");
-    let dest = run.file("checkpoint");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| ckpt_err(&tmp, e))?;
     // Running states fold their per-thread updates on a sync; `valid()` syncs them.
     drop(net.valid());
-    net.clone().save_file(tmp.join("net.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
-    optim.save(tmp.join("optim.bpk")).map_err(|e| ckpt_err(&tmp, e))?;
-    let json = serde_json::to_vec_pretty(st).map_err(|e| ckpt_err(&tmp, e))?;
-    write_atomic(&tmp.join("state.json"), &json)?;
-    let old = run.file("checkpoint.old");
-    let _ = std::fs::remove_dir_all(&old);
-    if dest.exists() {
-        std::fs::rename(&dest, &old).map_err(|e| ckpt_err(&dest, e))?;
-    }
-    std::fs::rename(&tmp, &dest).map_err(|e| ckpt_err(&dest, e))?;
-    let _ = std::fs::remove_dir_all(&old);
-    Ok(())
+    replace_checkpoint(run, |tmp| {
+        net.clone().save_file(tmp.join("net.bpk")).map_err(|e| ckpt_err(tmp, e))?;
+        optim.save(tmp.join("optim.bpk")).map_err(|e| ckpt_err(tmp, e))?;
+        let json = serde_json::to_vec_pretty(st).map_err(|e| ckpt_err(tmp, e))?;
+        Ok(write_atomic(&tmp.join("state.json"), &json)?)
+    })
 }
 
 /// Loads the network weights of a run's checkpoint into `net`.

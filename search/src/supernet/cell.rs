@@ -26,6 +26,31 @@ pub enum Preprocess {
     Conv(QStdConv),
 }
 
+impl Preprocess {
+    /// The two input preprocessings of a cell at `path` (pt.darts): the first input through a
+    /// FactorizedReduce after a reduction cell, else ReLU-conv1×1-BN; the second through
+    /// ReLU-conv1×1-BN. `[c_pp, c_p, c]`: the inputs' channels and the cell's.
+    pub fn pair(
+        reduction_prev: bool,
+        [c_pp, c_p, c]: [usize; 3],
+        affine: bool,
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+    ) -> Result<(Preprocess, QStdConv), SpecError> {
+        let ctx =
+            |name: &str| Ctx { cfg, op: "preprocess", path: format!("{path}.{name}"), device };
+        let p0 = if reduction_prev {
+            Preprocess::Reduce(QFactorizedReduce::new(c_pp, c, affine, &ctx("preproc0"))?)
+        } else {
+            let shape = ConvShape::square(c_pp, c, 1, 1, 0);
+            Preprocess::Conv(QStdConv::new(shape, affine, &ctx("preproc0"))?)
+        };
+        let p1 = QStdConv::new(ConvShape::square(c_p, c, 1, 1, 0), affine, &ctx("preproc1"))?;
+        Ok((p0, p1))
+    }
+}
+
 /// One search cell.
 #[derive(Module, Debug)]
 pub struct SearchCell {
@@ -73,25 +98,8 @@ impl SearchCell {
     ) -> Result<Self, SpecError> {
         let ctx =
             |name: &str, op: &'static str| Ctx { cfg, op, path: format!("{path}.{name}"), device };
-        let preproc0 = if s.reduction_prev {
-            Preprocess::Reduce(QFactorizedReduce::new(
-                s.c_pp,
-                s.c,
-                false,
-                &ctx("preproc0", "preprocess"),
-            )?)
-        } else {
-            Preprocess::Conv(QStdConv::new(
-                ConvShape::square(s.c_pp, s.c, 1, 1, 0),
-                false,
-                &ctx("preproc0", "preprocess"),
-            )?)
-        };
-        let preproc1 = QStdConv::new(
-            ConvShape::square(s.c_p, s.c, 1, 1, 0),
-            false,
-            &ctx("preproc1", "preprocess"),
-        )?;
+        let (preproc0, preproc1) =
+            Preprocess::pair(s.reduction_prev, [s.c_pp, s.c_p, s.c], false, cfg, path, device)?;
         let mut edges = Vec::new();
         let mut adds = Vec::new();
         for i in 0..s.nodes {
