@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, Grid, LearnableGrid, ObserverKind, QuantSpec, RawQuantSpec,
-    RoundMode, TensorRole, fake_quant, fake_quant_learnable, quantize,
+    FakeQuantImpl, FakeQuantizer, Granularity, Grid, LearnableGrid, ObserverKind, QuantSpec,
+    RawQuantSpec, RoundMode, TensorRole, fake_quant_learnable, fake_quant_with, quantize,
 };
 use serde_json::Value;
 
@@ -128,7 +128,7 @@ fn backward_with<const D: usize>(out: Tensor<D>, upstream: Tensor<D>) -> burn::t
     out.mul(upstream).sum().backward()
 }
 
-fn torch_fixed(v: &Value, per_channel: bool) -> Check {
+fn torch_fixed(v: &Value, per_channel: bool, imp: FakeQuantImpl) -> Check {
     let p = &v["params"];
     let shp = shape(v)?;
     let dev = device().autodiff();
@@ -148,7 +148,7 @@ fn torch_fixed(v: &Value, per_channel: bool) -> Check {
         axis4,
     );
     let x = x.require_grad();
-    let (out, _) = fake_quant(x.clone(), &grid);
+    let out = fake_quant_with(x.clone(), &grid, imp);
     close("output", &to_vec(out.clone()), &floats(v, "output")?)?;
     let grads = backward_with(out, up);
     let gx = x.grad(&grads).ok_or("no gradient for input")?;
@@ -282,15 +282,15 @@ fn paddle_moving_average(v: &Value) -> Check {
 }
 
 /// Which reference produced a file: by its name as SCHEMA.md lists them, else by its `op`.
-fn run_case(name: &str, v: &Value) -> Check {
+fn run_case(name: &str, v: &Value, imp: FakeQuantImpl) -> Check {
     let op = v.get("op").and_then(Value::as_str).unwrap_or("");
     let is = |prefix: &str, op_name: &str| name.starts_with(prefix) || op.contains(op_name);
     if is("torch_learnable_per_tensor", "learnable_per_tensor") {
         torch_learnable(v)
     } else if is("torch_per_channel_affine", "fake_quantize_per_channel_affine") {
-        torch_fixed(v, true)
+        torch_fixed(v, true, imp)
     } else if is("torch_per_tensor_affine", "fake_quantize_per_tensor_affine") {
-        torch_fixed(v, false)
+        torch_fixed(v, false, imp)
     } else if is("paddle_moving_average_abs_max", "moving_average_abs_max") {
         paddle_moving_average(v)
     } else if is("paddle_channel_wise", "channel_wise") {
@@ -302,8 +302,15 @@ fn run_case(name: &str, v: &Value) -> Check {
     }
 }
 
+/// Every file runs twice: with the composite fake-quant expression and with the fused kernel
+/// (the quantizers' Paddle cases go through the process-wide default, set here; this is the
+/// only test of this binary, so nothing else sees the switch).
 #[test]
 fn every_golden_vector_matches_its_reference() {
+    assert!(
+        qdarts_ops::quant::fused::fused_available(&device(), burn::tensor::DType::F32),
+        "the fused kernel must be compiled in for flex, or half of this test proves nothing"
+    );
     let dir = golden_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot read golden folder {}: {e}", dir.display()))
@@ -313,13 +320,18 @@ fn every_golden_vector_matches_its_reference() {
     files.sort();
     assert!(!files.is_empty(), "no *.json golden vectors in {}", dir.display());
     let mut failures = Vec::new();
-    for path in &files {
+    for (imp, path) in [FakeQuantImpl::Composite, FakeQuantImpl::Fused]
+        .into_iter()
+        .flat_map(|imp| files.iter().map(move |p| (imp, p)))
+    {
+        qdarts_ops::quant::kernel::set_default_impl(imp);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         WORST.with(|c| c.set(0.0));
         let result = std::fs::read_to_string(path)
             .map_err(|e| e.to_string())
             .and_then(|text| serde_json::from_str::<Value>(&text).map_err(|e| e.to_string()))
-            .and_then(|v| run_case(&name, &v));
+            .and_then(|v| run_case(&name, &v, imp));
+        let name = format!("{name} [{imp:?}]");
         match result {
             Ok(()) => {
                 let worst = WORST.with(|c| c.get());
@@ -333,6 +345,11 @@ fn every_golden_vector_matches_its_reference() {
             }
         }
     }
-    eprintln!("{} golden files in {}, {} failed", files.len(), dir.display(), failures.len());
+    eprintln!(
+        "{} golden files in {}, each composite and fused, {} runs failed",
+        files.len(),
+        dir.display(),
+        failures.len()
+    );
     assert!(failures.is_empty(), "golden mismatches:\n{}", failures.join("\n"));
 }

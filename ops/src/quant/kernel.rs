@@ -16,6 +16,8 @@
 //!   `qmin − z` / `qmax − z` outside; `∂out/∂z = 0` inside, `−s` outside; both times the
 //!   gradient factor `g = 1/sqrt(N·Qp)`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::tensor::{Bool, Tensor};
 
 use super::spec::RoundMode;
@@ -179,7 +181,47 @@ pub fn fake_quant_sum<const D: usize>(xs: &[Tensor<D>], grid: &Grid) -> (Tensor<
     (out, Quantized { q, in_range, below })
 }
 
-/// Fake-quantizes with the straight-through estimator (no learnable scale).
+/// How [`fake_quant_ste`] computes: the composite tensor expression, or the fused kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeQuantImpl {
+    /// Composite tensor operations (every backend).
+    Composite,
+    /// One fused pass forward and one backward where the backend has it
+    /// ([`fused_available`](super::fused::fused_available)), else composite.
+    Fused,
+}
+
+static USE_FUSED: AtomicBool = AtomicBool::new(true);
+
+/// Sets the process-wide implementation of [`fake_quant_ste`] (fused by default). Both give
+/// bit-identical values and gradients; the switch exists to benchmark and test one against the
+/// other.
+pub fn set_default_impl(imp: FakeQuantImpl) {
+    USE_FUSED.store(imp == FakeQuantImpl::Fused, Ordering::Relaxed);
+}
+
+/// The process-wide implementation of [`fake_quant_ste`].
+pub fn default_impl() -> FakeQuantImpl {
+    if USE_FUSED.load(Ordering::Relaxed) { FakeQuantImpl::Fused } else { FakeQuantImpl::Composite }
+}
+
+/// Fake-quantizes with the straight-through estimator, as [`fake_quant`], returning only the
+/// dequantized tensor, computed by `imp`.
+pub fn fake_quant_with<const D: usize>(x: Tensor<D>, grid: &Grid, imp: FakeQuantImpl) -> Tensor<D> {
+    if imp == FakeQuantImpl::Fused && super::fused::fused_available(&x.device(), x.dtype()) {
+        super::fused::fake_quant_fused(x, grid)
+    } else {
+        fake_quant(x, grid).0
+    }
+}
+
+/// [`fake_quant_with`] the process-wide implementation ([`set_default_impl`]).
+pub fn fake_quant_ste<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> {
+    fake_quant_with(x, grid, default_impl())
+}
+
+/// Fake-quantizes with the straight-through estimator (no learnable scale), as composite
+/// tensor operations.
 ///
 /// Returns the dequantized tensor and the quantization result it came from.
 pub fn fake_quant<const D: usize>(x: Tensor<D>, grid: &Grid) -> (Tensor<D>, Quantized<D>) {

@@ -2,6 +2,7 @@
 //! LSQ, and error statistics.
 
 pub mod error;
+pub mod fused;
 pub mod kernel;
 pub mod observer;
 pub mod quantizer;
@@ -10,7 +11,8 @@ pub mod stats;
 
 pub use error::SpecError;
 pub use kernel::{
-    Grid, LearnableGrid, Quantized, fake_quant, fake_quant_learnable, quantize, round_with,
+    FakeQuantImpl, Grid, LearnableGrid, Quantized, fake_quant, fake_quant_learnable,
+    fake_quant_ste, fake_quant_with, quantize, round_with,
 };
 pub use quantizer::{FakeQuantizer, IntTensor};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};

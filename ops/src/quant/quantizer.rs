@@ -153,15 +153,14 @@ impl FakeQuantizer {
             Some(lsq) => {
                 let lg = lsq.grid(&self.spec, &x, self.channels);
                 let (out, qz) = kernel::fake_quant_learnable(x.clone(), &lg);
-                (out, qz, lg.forward_grid())
+                (out, Some(qz), lg.forward_grid())
             }
             None => {
                 let grid = self.observe(&x, update);
-                let (out, qz) = kernel::fake_quant(x.clone(), &grid);
-                (out, qz, grid)
+                (kernel::fake_quant_ste(x.clone(), &grid), None, grid)
             }
         };
-        self.monitor.record(&x, &out, &qz, &grid);
+        self.monitor.record(&x, &out, qz.as_ref(), &grid);
         Ok((out, grid))
     }
 
@@ -183,7 +182,7 @@ impl FakeQuantizer {
         }
         let grid = self.observe(&sum, self.training.is_enabled());
         let (out, qz) = kernel::fake_quant_sum(&xs, &grid);
-        self.monitor.record(&sum, &out, &qz, &grid);
+        self.monitor.record(&sum, &out, Some(&qz), &grid);
         (out, grid)
     }
 

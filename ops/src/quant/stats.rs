@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
-use super::kernel::{Grid, Quantized};
+use super::kernel::{Grid, Quantized, quantize};
 use super::spec::QuantSpec;
 
 /// SQNR reported when the quantization is exact (zero noise), and its negative when there is
@@ -108,12 +108,13 @@ impl Monitor {
         self.state.lock().map(|s| s.recording).unwrap_or(false)
     }
 
-    /// Keeps the error of `out` against `x` (device tensors only) when recording.
+    /// Keeps the error of `out` against `x` (device tensors only) when recording. Without `qz`
+    /// (the fused kernel keeps no mask), the clip fraction is recomputed from `x` and `grid`.
     pub fn record<const D: usize>(
         &self,
         x: &Tensor<D>,
         out: &Tensor<D>,
-        qz: &Quantized<D>,
+        qz: Option<&Quantized<D>>,
         grid: &Grid,
     ) {
         let Ok(mut s) = self.state.lock() else { return };
@@ -125,7 +126,10 @@ impl Monitor {
         s.last = Some(Recorded {
             signal: x.clone().square().sum(),
             noise: noise.square().sum(),
-            clipped: qz.in_range.clone().bool_not().float().sum(),
+            clipped: match qz {
+                Some(qz) => qz.in_range.clone().bool_not().float().sum(),
+                None => quantize(x.clone(), grid).in_range.bool_not().float().sum(),
+            },
             numel: x.dims().iter().product(),
             step: grid.step.clone().detach(),
             zero_point: grid.zero_point.clone().detach(),
