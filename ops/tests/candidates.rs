@@ -269,3 +269,78 @@ fn batch_norm_updates_running_statistics_in_training_mode_only() {
     let (m, v) = (before[0], nd(frozen.running_var.value_sync())[0]);
     assert!((y[0] - (1.0 - m) / (v + 1e-5).sqrt()).abs() < 1e-5);
 }
+
+/// PyTorch's `channel_shuffle` (PC-DARTS): output channel `i·g + k` is input channel
+/// `k·(C/g) + i`.
+#[test]
+fn channel_shuffle_is_the_pc_darts_permutation() {
+    let (n, c, g, hw) = (2, 12, 4, 3);
+    let vals: Vec<f32> = (0..n * c * hw * hw).map(|v| v as f32).collect();
+    let x = Tensor::<1>::from_floats(vals.as_slice(), &dev()).reshape([n, c, hw, hw]);
+    let out = nd(qdarts_ops::candidates::channel_shuffle(x, g));
+    let per = c / g;
+    for b in 0..n {
+        for i in 0..per {
+            for k in 0..g {
+                let (o, src) = (i * g + k, k * per + i);
+                for p in 0..hw * hw {
+                    let got = out[(b * c + o) * hw * hw + p];
+                    assert_eq!(got, vals[(b * c + src) * hw * hw + p] as f64, "channel {o}");
+                }
+            }
+        }
+    }
+}
+
+/// PC-DARTS' mixed op on the float config: the candidates see the first C/K channels, the
+/// others bypass the edge (max-pooled 2×2 when it reduces), and the result is shuffled.
+#[test]
+fn partial_channel_mixed_op_matches_its_definition() {
+    let float = QuantConfig::float();
+    let (c, k) = (8, 4);
+    for stride in [1, 2] {
+        let m = QMixedOp::partial(&Primitive::DARTS, c, stride, k, &float, "e", &dev()).unwrap();
+        let x = input([2, c, 8, 8], &dev());
+        let w: Vec<f32> = (0..8).map(|i| 0.05 + 0.02 * i as f32).collect();
+        let wt = Tensor::<1>::from_floats(w.as_slice(), &dev());
+        let out = m.forward(QTensor::float(x.clone()), wt.clone()).value;
+        let ho = 8 / stride;
+        assert_eq!(out.dims(), [2, c, ho, ho]);
+
+        // The same thing written out: Σ w_i op_i(x[:, :C/K]) ++ bypass, then shuffled.
+        let head = QTensor::float(x.clone().slice([0..2, 0..c / k]));
+        let mut sum = Tensor::<4>::zeros([2, c / k, ho, ho], &dev());
+        for (i, op) in m.ops.iter().enumerate() {
+            sum = sum.add(op.forward(head.clone()).value.mul_scalar(w[i]));
+        }
+        let mut rest = x.slice([0..2, c / k..c]);
+        if stride == 2 {
+            rest = burn::tensor::module::max_pool2d(
+                rest,
+                burn::tensor::ops::MaxPoolOptions::new([2, 2]).with_stride([2, 2]),
+            );
+        }
+        let want = qdarts_ops::candidates::channel_shuffle(Tensor::cat(vec![sum, rest], 1), k);
+        let diff = nd(out).iter().zip(nd(want)).fold(0f64, |d, (a, b)| d.max((a - b).abs()));
+        assert!(diff < 1e-5, "stride {stride}: {diff}");
+    }
+    assert!(QMixedOp::partial(&Primitive::DARTS, 6, 1, 4, &float, "e", &dev()).is_err());
+    assert!(QMixedOp::partial(&Primitive::DARTS, 6, 1, 0, &float, "e", &dev()).is_err());
+}
+
+#[test]
+fn partial_channel_mixed_op_quantizes_its_output_and_trains() {
+    let ad = dev().autodiff();
+    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    let m = QMixedOp::partial(&Primitive::DARTS, 8, 2, 4, &cfg, "e", &ad).unwrap();
+    let x = input([2, 8, 8, 8], &ad).require_grad();
+    let w = Tensor::<1>::full([8], 0.125, &ad).require_grad();
+    let out = m.forward(QTensor::float(x.clone()), w.clone());
+    assert!(out.grid.is_some(), "the concatenation is requantized onto one grid");
+    let grads = out.value.sum().backward();
+    check_grads(&m, &grads, "partial");
+    let gw = nd(w.grad(&grads).unwrap());
+    assert!(gw.iter().all(|v| v.is_finite()), "{gw:?}");
+    // Only `none` (index 0) contributes nothing.
+    assert!(gw[1..].iter().all(|v| *v != 0.0), "{gw:?}");
+}

@@ -79,6 +79,14 @@ pub struct ModelConfig {
     /// Candidate ops (default: the eight of DARTS).
     #[serde(default = "darts_primitives")]
     pub primitives: Vec<Primitive>,
+    /// PC-DARTS partial channels `K`: each mixed op runs its candidates on `C/K` channels and
+    /// passes the rest through (1: plain DARTS; PC-DARTS uses 4).
+    #[serde(default = "one")]
+    pub partial_channels: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn four() -> usize {
@@ -361,6 +369,12 @@ impl ExperimentConfig {
         }
         if m.layers < 3 {
             return bad("model.layers", "must be at least 3 (two reduction cells)");
+        }
+        if m.partial_channels == 0 || !m.init_channels.is_multiple_of(m.partial_channels) {
+            return bad(
+                "model.partial_channels",
+                "must be at least 1 and divide model.init_channels (PC-DARTS uses 4)",
+            );
         }
         if m.nodes == 0 || m.stem_multiplier == 0 {
             return bad("model.nodes", "and model.stem_multiplier must be at least 1");

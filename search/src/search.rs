@@ -133,6 +133,7 @@ fn shape(cfg: &ExperimentConfig, set: &ImageSet) -> NetShape {
         nodes: cfg.model.nodes,
         stem_multiplier: cfg.model.stem_multiplier,
         primitives: cfg.model.primitives.clone(),
+        partial_channels: cfg.model.partial_channels,
     }
 }
 

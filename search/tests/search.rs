@@ -94,6 +94,7 @@ fn a_tiny_search_writes_the_whole_run_record() {
             nodes: 2,
             stem_multiplier: 1,
             primitives: Primitive::DARTS.to_vec(),
+            partial_channels: 1,
         },
         &QuantConfig::default(),
         &Device::flex(),
@@ -277,6 +278,21 @@ fn bad_configs_name_the_key() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("sep_conv_9x9"), "{err}");
+    // experiments/default.toml has init_channels = 4: K = 3 does not divide it.
+    let err = ExperimentConfig::parse(&base, p, &["model.partial_channels=3".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.partial_channels"), "{err}");
+    let pc = ExperimentConfig::parse(&base, p, &["model.partial_channels=2".into()]).unwrap();
+    assert_eq!(pc.model.partial_channels, 2);
+    // Every shipped experiment parses.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    for name in ["default.toml", "cifar10-darts.toml", "cifar10-pcdarts.toml"] {
+        let cfg = ExperimentConfig::load(&dir.join(name), &[]).unwrap();
+        if name.contains("pcdarts") {
+            assert_eq!(cfg.model.partial_channels, 4);
+        }
+    }
     let ok = ExperimentConfig::parse(&base, p, &["search.epochs=3".into(), "name=other".into()])
         .unwrap();
     assert_eq!((ok.search.epochs, ok.name.as_str()), (3, "other"));

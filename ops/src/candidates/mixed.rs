@@ -4,8 +4,16 @@
 //! The mixing weights are fake-quantized on the fixed `[0, 1]` grid (8-bit by default) and the
 //! sum is requantized to the mixed op's output grid, which is what the integer form computes:
 //! `q3 = Z3 + Σ_i (Sw·S_i/S3)(qw_i − Zw)(q_i − Z_i)`.
+//!
+//! Partial channels (PC-DARTS, Xu et al. 2020): with `K > 1` the candidates see only the first
+//! `C/K` channels; the other channels bypass the edge (max-pooled 2×2 on a reduction edge), are
+//! concatenated after the weighted sum, and the result is channel-shuffled with `K` groups so
+//! that the next edge samples other channels. Activation memory and compute of the edge fall by
+//! about `K`. The output quantizer requantizes the whole concatenation onto one grid.
 
 use burn::module::Module;
+use burn::tensor::module::max_pool2d;
+use burn::tensor::ops::MaxPoolOptions;
 use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 
@@ -23,6 +31,10 @@ pub struct QMixedOp {
     pub mix: Option<FakeQuantizer>,
     /// Output quantizer (`<path>.act`).
     pub act: Option<FakeQuantizer>,
+    /// PC-DARTS `K`: the candidates see `C/K` channels (1: all, plain DARTS).
+    pub partial: usize,
+    /// Stride of the edge.
+    pub stride: usize,
 }
 
 impl QMixedOp {
@@ -35,15 +47,38 @@ impl QMixedOp {
         path: &str,
         device: &Device,
     ) -> Result<Self, SpecError> {
+        Self::partial(primitives, c, stride, 1, cfg, path, device)
+    }
+
+    /// A PC-DARTS mixed op whose candidates see `c / k` of the `c` channels.
+    ///
+    /// # Errors
+    /// If `k` is 0 or does not divide `c`.
+    pub fn partial(
+        primitives: &[Primitive],
+        c: usize,
+        stride: usize,
+        k: usize,
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+    ) -> Result<Self, SpecError> {
+        if k == 0 || !c.is_multiple_of(k) {
+            return Err(SpecError::PartialChannels { k, channels: c });
+        }
         let ops = primitives
             .iter()
-            .map(|p| CandidateOp::new(*p, c, stride, false, cfg, &format!("{path}.{p}"), device))
+            .map(|p| {
+                CandidateOp::new(*p, c / k, stride, false, cfg, &format!("{path}.{p}"), device)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let ctx = Ctx { cfg, op: "mixed", path: path.to_string(), device };
         Ok(QMixedOp {
             ops,
             mix: ctx.quantizer(Site::Mix, "mix", 1)?,
             act: ctx.quantizer(Site::Act, "act", 1)?,
+            partial: k,
+            stride,
         })
     }
 
@@ -51,6 +86,29 @@ impl QMixedOp {
     /// - x: `[N, C, H, W]`; weights: `[K]` (one per candidate, e.g. softmax(α));
     ///   output: `[N, C, H/s, W/s]`.
     pub fn forward(&self, x: QTensor, weights: Tensor<1>) -> QTensor {
+        if self.partial <= 1 {
+            return match self.weighted_sum(x.clone(), weights) {
+                Some(s) => quantize_opt(&self.act, s),
+                None => x,
+            };
+        }
+        let [n, c, _, _] = x.dims();
+        let part = c / self.partial;
+        let head = QTensor { value: x.value.clone().slice([0..n, 0..part]), grid: x.grid };
+        let mut rest = x.value.slice([0..n, part..c]);
+        if self.stride > 1 {
+            // Max pooling picks input values: the bypass stays on the input grid.
+            rest = max_pool2d(rest, MaxPoolOptions::new([2, 2]).with_stride([2, 2]));
+        }
+        let cat = match self.weighted_sum(head, weights) {
+            Some(y) => Tensor::cat(vec![y, rest], 1),
+            None => return QTensor::float(rest),
+        };
+        quantize_opt(&self.act, channel_shuffle(cat, self.partial))
+    }
+
+    /// `Σ_i w_i · op_i(x)` with the mixing weights fake-quantized (`None` without candidates).
+    fn weighted_sum(&self, x: QTensor, weights: Tensor<1>) -> Option<Tensor<4>> {
         let w = match &self.mix {
             Some(q) => q.forward(weights),
             None => weights,
@@ -64,11 +122,15 @@ impl QMixedOp {
                 None => term,
             });
         }
-        match sum {
-            Some(s) => quantize_opt(&self.act, s),
-            None => x,
-        }
+        sum
     }
+}
+
+/// PC-DARTS' channel shuffle: `[N, C, H, W]` viewed as `[N, g, C/g, H, W]`, the two channel
+/// axes swapped, and flattened back.
+pub fn channel_shuffle(x: Tensor<4>, groups: usize) -> Tensor<4> {
+    let [n, c, h, w] = x.dims();
+    x.reshape([n, groups, c / groups, h * w]).swap_dims(1, 2).reshape([n, c, h, w])
 }
 
 impl QuantSites for QMixedOp {

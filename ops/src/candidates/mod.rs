@@ -25,7 +25,7 @@ pub use dil_conv::{DilShape, QDilConv};
 pub use fac_conv::QFacConv;
 pub use factorized_reduce::QFactorizedReduce;
 pub use identity::QIdentity;
-pub use mixed::QMixedOp;
+pub use mixed::{QMixedOp, channel_shuffle};
 pub use pool_bn::{PoolKind, QPoolBN};
 pub use sep_conv::QSepConv;
 pub use std_conv::QStdConv;

@@ -83,4 +83,14 @@ pub enum SpecError {
         /// The allowed interval.
         range: &'static str,
     },
+    /// A partial-channel factor that does not divide the channels of an edge.
+    #[error(
+        "partial_channels = {k} must be at least 1 and divide the {channels} channels of every edge"
+    )]
+    PartialChannels {
+        /// The factor `K`.
+        k: usize,
+        /// Channels of the edge.
+        channels: usize,
+    },
 }

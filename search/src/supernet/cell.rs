@@ -85,6 +85,8 @@ pub struct CellShape {
     pub reduction_prev: bool,
     /// Intermediate nodes.
     pub nodes: usize,
+    /// PC-DARTS partial channels `K` of the mixed ops.
+    pub partial: usize,
 }
 
 impl SearchCell {
@@ -106,10 +108,11 @@ impl SearchCell {
             for j in 0..i + 2 {
                 let stride = if s.reduction && j < 2 { 2 } else { 1 };
                 let k = edges.len();
-                edges.push(QMixedOp::new(
+                edges.push(QMixedOp::partial(
                     primitives,
                     s.c,
                     stride,
+                    s.partial,
                     cfg,
                     &format!("{path}.edges.{k}"),
                     device,

@@ -31,6 +31,8 @@ pub struct NetShape {
     pub stem_multiplier: usize,
     /// Candidate ops on every edge.
     pub primitives: Vec<Primitive>,
+    /// PC-DARTS partial channels `K` of every mixed op (1: plain DARTS).
+    pub partial_channels: usize,
 }
 
 /// A linear layer with a fake-quantized weight (per output row) and a float bias.
@@ -121,7 +123,15 @@ impl SearchNetwork {
             if reduction {
                 c *= 2;
             }
-            let shape = CellShape { c_pp, c_p, c, reduction, reduction_prev, nodes: s.nodes };
+            let shape = CellShape {
+                c_pp,
+                c_p,
+                c,
+                reduction,
+                reduction_prev,
+                nodes: s.nodes,
+                partial: s.partial_channels,
+            };
             cells.push(SearchCell::new(shape, &s.primitives, cfg, &format!("cells.{i}"), device)?);
             reduction_prev = reduction;
             (c_pp, c_p) = (c_p, c * s.nodes);
