@@ -69,3 +69,65 @@ fn the_global_norm_clip_scales_all_gradients_together() {
     let after = vals(g.get::<1>(m.w.id).unwrap());
     assert!((after[0] - 0.6).abs() < 1e-5 && (after[1] - 0.8).abs() < 1e-5, "{after:?}");
 }
+
+/// The first-order architect takes the weights untracked to skip their gradients: its α
+/// gradient must equal the one of a plain backward with tracked weights, and the network it
+/// was given must still train (its weights keep their gradients).
+#[test]
+fn first_order_alpha_gradient_skips_weights_without_changing_alpha_or_the_network() {
+    use burn::tensor::{Distribution, Int};
+    use qdarts_genotypes::Primitive;
+    use qdarts_ops::qconfig::QuantConfig;
+    use qdarts_search::architect::first_order;
+    use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
+
+    let d = dev();
+    d.seed(7);
+    let shape = NetShape {
+        c_in: 1,
+        classes: 10,
+        channels: 4,
+        layers: 3,
+        nodes: 2,
+        stem_multiplier: 1,
+        primitives: Primitive::DARTS.to_vec(),
+        partial_channels: 2,
+    };
+    // Float: stateful observers would see two different batches histories between the calls.
+    let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
+    let alphas = Alphas::new(2, 8, &d);
+    let x = Tensor::<4>::random([4, 1, 12, 12], Distribution::Normal(0.0, 1.0), &d);
+    let y = Tensor::<1, Int>::from_ints([1, 3, 5, 7], &d);
+    let loss = |n: &SearchNetwork| {
+        let (wn, wr) = alphas.weights();
+        burn::nn::loss::CrossEntropyLossConfig::new()
+            .init(&d)
+            .forward(n.forward(x.clone(), wn, wr), y.clone())
+    };
+    let mut plain = loss(&net).backward();
+    let want = GradientsParams::from_module(&mut plain, &alphas);
+    let got = first_order(&net, &alphas, &(x.clone(), y.clone()));
+    let normal: Tensor<2> = want.get(alphas.normal.id).unwrap();
+    let a = vals(normal.reshape([-1]));
+    let b = vals(got.normal.reshape([-1]));
+    let diff = a.iter().zip(&b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+    let scale = a.iter().fold(0f32, |m, p| m.max(p.abs()));
+    assert!(scale > 0.0 && diff <= 1e-5 * scale, "α gradient moved by {diff} (scale {scale})");
+
+    let mut g = loss(&net).backward();
+    let gw = GradientsParams::from_module(&mut g, &net);
+    let mut n_params = 0;
+    net.visit(&mut CountParams(&mut n_params));
+    assert!(n_params > 0 && gw.len() >= n_params, "{} gradients for {n_params} weights", gw.len());
+}
+
+/// Counts float parameters that require gradients.
+struct CountParams<'a>(&'a mut usize);
+
+impl burn::module::ModuleVisitor for CountParams<'_> {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+        if p.val().is_require_grad() {
+            *self.0 += 1;
+        }
+    }
+}
