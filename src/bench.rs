@@ -11,7 +11,10 @@ use clap::Subcommand;
 use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, QTensor};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
-use qdarts_ops::quant::{FakeQuantizer, Granularity, ObserverKind, QuantSpec, TensorRole};
+use qdarts_ops::quant::{
+    FakeQuantImpl, FakeQuantizer, Granularity, Grid, ObserverKind, QuantSpec, RoundMode,
+    TensorRole, fake_quant_with,
+};
 use qdarts_search::architect::Batch;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::search::{arch_step, build_optimizers, weight_step};
@@ -91,7 +94,7 @@ pub enum BenchCommand {
 pub enum SearchShapeArg {
     /// experiments/default.toml: C=4, 4 cells, 3 nodes, batch 32, 1×28×28.
     Default,
-    /// The DARTS shape: C=16, 8 cells, 4 nodes, batch 32, 3×32×32.
+    /// The DARTS shape: C=16, 8 cells, 4 nodes, batch 64, 3×32×32.
     Darts,
     /// Both.
     Both,
@@ -195,6 +198,12 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                             t.0,
                             format!("{:.2}..{:.2}", t.1, t.2)
                         );
+                        if let Some(p) = t.3 {
+                            println!(
+                                "{:>72}",
+                                format!("peak memory {:.1} MiB", p as f64 / 1048576.0)
+                            );
+                        }
                         rows.push(format!(
                             "{},{},{},{},{},{:.4},{:.4},{:.4}",
                             backend.name(),
@@ -239,29 +248,78 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
 
 /// A supernet shape for `bench search`.
 #[derive(Debug, Clone, Copy)]
-struct SearchShape {
-    name: &'static str,
-    c_in: usize,
-    hw: usize,
-    c: usize,
-    layers: usize,
-    nodes: usize,
-    batch: usize,
+pub(crate) struct SearchShape {
+    pub(crate) name: &'static str,
+    pub(crate) c_in: usize,
+    pub(crate) hw: usize,
+    pub(crate) c: usize,
+    pub(crate) layers: usize,
+    pub(crate) nodes: usize,
+    pub(crate) batch: usize,
+    /// PC-DARTS partial channels (1: plain DARTS).
+    pub(crate) partial: usize,
 }
 
-const SEARCH_SHAPES: [SearchShape; 2] = [
-    SearchShape { name: "default", c_in: 1, hw: 28, c: 4, layers: 4, nodes: 3, batch: 32 },
-    SearchShape { name: "darts", c_in: 3, hw: 32, c: 16, layers: 8, nodes: 4, batch: 32 },
+pub(crate) const SEARCH_SHAPES: [SearchShape; 2] = [
+    SearchShape {
+        name: "default",
+        c_in: 1,
+        hw: 28,
+        c: 4,
+        layers: 4,
+        nodes: 3,
+        batch: 32,
+        partial: 1,
+    },
+    SearchShape {
+        name: "darts",
+        c_in: 3,
+        hw: 32,
+        c: 16,
+        layers: 8,
+        nodes: 4,
+        batch: 64,
+        partial: 1,
+    },
 ];
 
-fn time_search_step(
+/// Median, min and max seconds per search step, and the peak memory seen during the timed
+/// steps (see [`MemProbe`]).
+pub(crate) fn time_search_step(
     sh: &SearchShape,
     order: &str,
     preset: &str,
     reps: usize,
     warmup: usize,
     device: &Device,
-) -> Result<(f64, f64, f64)> {
+) -> Result<(f64, f64, f64, Option<u64>)> {
+    let t = time_search_step_until(sh, order, preset, reps, warmup, None, device)?;
+    Ok((t.median, t.min, t.max, t.peak))
+}
+
+/// Timings of one search row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepTimes {
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) peak: Option<u64>,
+    /// Warm-up and timed steps actually run.
+    pub(crate) runs: (usize, usize),
+}
+
+/// [`time_search_step`] that stops early when the next step would end after `deadline`
+/// (judged by the last step's time): the remaining warm-up is dropped first, then timed steps,
+/// keeping at least one timed step.
+pub(crate) fn time_search_step_until(
+    sh: &SearchShape,
+    order: &str,
+    preset: &str,
+    reps: usize,
+    warmup: usize,
+    deadline: Option<Instant>,
+    device: &Device,
+) -> Result<StepTimes> {
     let text = format!(
         "name = \"bench\"\n[data]\ndataset = \"fashion-mnist\"\n[model]\ninit_channels = {}\nlayers = {}\nnodes = {}\n\
          [search]\nepochs = 1\nbatch_size = {}\norder = \"{order}\"\n[quant]\npreset = \"{preset}\"\n",
@@ -278,6 +336,7 @@ fn time_search_step(
         nodes: sh.nodes,
         stem_multiplier: 3,
         primitives: Primitive::DARTS.to_vec(),
+        partial_channels: sh.partial,
     };
     let mut net = SearchNetwork::new(&shape, &cfg.quant, &ad)?;
     let mut alphas = Alphas::new(sh.nodes, 8, &ad);
@@ -290,26 +349,82 @@ fn time_search_step(
     };
     let (tb, vb) = (batch(), batch());
     let mut times = Vec::with_capacity(reps);
+    let mut peak: Option<u64> = None;
+    let (mut warmed, mut last) = (0, None::<f64>);
     for i in 0..warmup + reps {
+        let over = match (deadline, last) {
+            (Some(d), Some(l)) => Instant::now() + std::time::Duration::from_secs_f64(l) > d,
+            _ => false,
+        };
+        if over && !times.is_empty() {
+            break;
+        }
+        // Out of time during warm-up: time this step, so the row keeps one measurement.
+        let timed = i >= warmup || over;
+        let probe = MemProbe::start(device);
         let start = Instant::now();
         alphas = arch_step(&net, alphas, &mut a_optim, (&tb, &vb), 0.025, &cfg.search);
         let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, 0.025, &cfg.search);
         net = n;
-        if i >= warmup {
-            times.push(start.elapsed().as_secs_f64());
+        settle_net(&alphas);
+        let took = start.elapsed().as_secs_f64();
+        last = Some(took);
+        if timed {
+            times.push(took);
+            peak = peak.max(probe.finish(device));
+        } else {
+            warmed += 1;
         }
     }
     times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2], times[0], times[times.len() - 1]))
+    Ok(StepTimes {
+        median: times[times.len() / 2],
+        min: times[0],
+        max: times[times.len() - 1],
+        peak,
+        runs: (warmed, times.len()),
+    })
+}
+
+/// Waits for the step's lazy work (GPU backends) by reading one α value back.
+pub(crate) fn settle_net(alphas: &Alphas) {
+    let v = alphas.normal.val();
+    let _ = v.slice([0..1, 0..1]).into_scalar::<f32>();
+}
+
+/// Peak memory of a step: on flex, the largest live host heap during the step (all tensors
+/// live there); elsewhere, the bytes the device's memory pool holds after the step (the pool
+/// grows to the peak and keeps its pages), when the backend reports it.
+#[derive(Debug)]
+pub(crate) struct MemProbe {
+    host: bool,
+}
+
+impl MemProbe {
+    pub(crate) fn start(device: &Device) -> Self {
+        let host = device.memory_pool_usage().is_none();
+        if host {
+            crate::alloc::reset_peak();
+        }
+        MemProbe { host }
+    }
+
+    pub(crate) fn finish(self, device: &Device) -> Option<u64> {
+        if self.host {
+            Some(crate::alloc::peak_bytes() as u64)
+        } else {
+            device.memory_pool_usage().map(|u| u.bytes_reserved)
+        }
+    }
 }
 
 /// Float and fake-quant timings of one op.
 #[derive(Debug, Clone)]
-struct OpRow {
-    op: String,
-    stride: usize,
-    float: (f64, f64, f64),
-    quant: (f64, f64, f64),
+pub(crate) struct OpRow {
+    pub(crate) op: String,
+    pub(crate) stride: usize,
+    pub(crate) float: (f64, f64, f64),
+    pub(crate) quant: (f64, f64, f64),
 }
 
 fn time_op(op: &CandidateOp, x: &Tensor<4>, reps: usize) -> Result<(f64, f64, f64)> {
@@ -328,7 +443,12 @@ fn time_op(op: &CandidateOp, x: &Tensor<4>, reps: usize) -> Result<(f64, f64, f6
     })
 }
 
-fn op_rows(shape: [usize; 4], preset: Preset, reps: usize, device: &Device) -> Result<Vec<OpRow>> {
+pub(crate) fn op_rows(
+    shape: [usize; 4],
+    preset: Preset,
+    reps: usize,
+    device: &Device,
+) -> Result<Vec<OpRow>> {
     let ad = device.clone().autodiff();
     let x = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), &ad);
     let float = QuantConfig::float();
@@ -350,7 +470,7 @@ fn op_rows(shape: [usize; 4], preset: Preset, reps: usize, device: &Device) -> R
     Ok(rows)
 }
 
-fn render_ops(rows: &[OpRow]) -> String {
+pub(crate) fn render_ops(rows: &[OpRow]) -> String {
     let mut out = format!(
         "{:<14} {:>6} {:>10} {:>17} {:>12} {:>17} {:>7}\n",
         "op", "stride", "float", "min..max", "fake-quant", "min..max", "ratio"
@@ -395,28 +515,28 @@ fn write_ops_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[OpRow
 
 /// One timed configuration.
 #[derive(Debug, Clone)]
-struct Row {
-    what: String,
-    granularity: &'static str,
-    pass: &'static str,
-    median_s: f64,
-    min_s: f64,
-    max_s: f64,
-    numel: usize,
+pub(crate) struct Row {
+    pub(crate) what: String,
+    pub(crate) granularity: &'static str,
+    pub(crate) pass: &'static str,
+    pub(crate) median_s: f64,
+    pub(crate) min_s: f64,
+    pub(crate) max_s: f64,
+    pub(crate) numel: usize,
 }
 
 impl Row {
-    fn elems_per_s(&self) -> f64 {
+    pub(crate) fn elems_per_s(&self) -> f64 {
         self.numel as f64 / self.median_s
     }
     /// Nominal traffic: one f32 read and one f32 write per element (per pass direction).
-    fn gb_per_s(&self) -> f64 {
+    pub(crate) fn gb_per_s(&self) -> f64 {
         let dirs = if self.pass == "fwd" { 1.0 } else { 2.0 };
         dirs * 8.0 * self.numel as f64 / self.median_s / 1e9
     }
 }
 
-fn time_reps(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64)> {
+pub(crate) fn time_reps(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64, f64)> {
     f()?; // warm-up
     let mut t = Vec::with_capacity(reps);
     for _ in 0..reps {
@@ -429,11 +549,11 @@ fn time_reps(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<(f64, f64
 }
 
 /// Forces the lazy work of a result to finish (a one-element read back).
-fn settle(t: Tensor<4>) -> f32 {
+pub(crate) fn settle(t: Tensor<4>) -> f32 {
     t.slice([0..1, 0..1, 0..1, 0..1]).into_scalar::<f32>()
 }
 
-fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row>> {
+pub(crate) fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row>> {
     let numel: usize = shape.iter().product();
     let per_channel = Granularity::PerChannel { axis: 1 };
     let configs: Vec<(ObserverKind, Granularity)> = vec![
@@ -479,6 +599,43 @@ fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row
     })?;
     rows.push(row("copy (x + 0)".into(), "-", "fwd+bwd", t));
 
+    // The fake-quant op alone on a fixed grid: composite expression against the fused kernel.
+    for granularity in [Granularity::PerTensor, per_channel] {
+        let c = granularity.axis().map_or(1, |a| shape[a]);
+        let steps: Vec<f32> = (0..c).map(|k| 0.02 + 0.001 * k as f32).collect();
+        let grid_on = |dev: &Device| {
+            Grid::from_step(
+                Tensor::from_floats(steps.as_slice(), dev),
+                Tensor::<1>::zeros([c], dev),
+                (-128, 127),
+                RoundMode::TiesToEven,
+                granularity.axis(),
+            )
+        };
+        let (grid, grid_ad) = (grid_on(device), grid_on(&ad));
+        for imp in [FakeQuantImpl::Composite, FakeQuantImpl::Fused] {
+            let name = match imp {
+                FakeQuantImpl::Composite => "kernel: composite",
+                FakeQuantImpl::Fused => "kernel: fused",
+            };
+            let t = time_reps(reps, || {
+                settle(fake_quant_with(x.clone(), &grid, imp));
+                Ok(())
+            })?;
+            rows.push(row(name.into(), gran_name(granularity), "fwd", t));
+            let t = time_reps(reps, || {
+                let xg = xa.clone().require_grad();
+                let grads = fake_quant_with(xg.clone(), &grid_ad, imp).sum().backward();
+                if let Some(g) = xg.grad(&grads) {
+                    settle(g);
+                }
+                Ok(())
+            })?;
+            rows.push(row(name.into(), gran_name(granularity), "fwd+bwd", t));
+        }
+    }
+
+    // Whole quantizers: observer update + the process-wide kernel.
     for (observer, granularity) in configs {
         let s = QuantSpec::with(8, true, true, granularity, observer)?;
         let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], device)?;
@@ -503,7 +660,7 @@ fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<Row
     Ok(rows)
 }
 
-fn render(rows: &[Row]) -> String {
+pub(crate) fn render(rows: &[Row]) -> String {
     let copy = |pass: &str| {
         rows.iter().find(|r| r.what.starts_with("copy") && r.pass == pass).map(|r| r.median_s)
     };
@@ -552,7 +709,11 @@ fn write_quant_csv(path: &Path, backend: Backend, shape: [usize; 4], rows: &[Row
 }
 
 /// Writes a header and one line per row, synced to disk.
-fn write_csv(path: &Path, header: &str, lines: impl IntoIterator<Item = String>) -> Result<()> {
+pub(crate) fn write_csv(
+    path: &Path,
+    header: &str,
+    lines: impl IntoIterator<Item = String>,
+) -> Result<()> {
     let mut f = File::create(path)?;
     writeln!(f, "{header}")?;
     for line in lines {
@@ -639,8 +800,10 @@ mod tests {
     #[test]
     fn a_tiny_bench_produces_every_row() {
         let rows = quant_rows([2, 3, 4, 4], 1, &Device::flex()).unwrap();
-        // copy + 7 observer configs, each forward and forward+backward.
-        assert_eq!(rows.len(), 16);
+        // copy, the bare kernel (composite and fused, per tensor and per channel) and 7
+        // observer configs, each forward and forward+backward.
+        assert_eq!(rows.len(), 2 * (1 + 4 + 7));
+        assert!(rows.iter().any(|r| r.what == "kernel: fused" && r.pass == "fwd+bwd"));
         assert!(rows.iter().all(|r| r.median_s > 0.0 && r.min_s <= r.max_s));
         let table = render(&rows);
         assert!(table.contains("channel_wise_abs_max") && table.contains("per-channel"));

@@ -2,8 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 error (message on stderr); 2 invalid command line.
 
+mod alloc;
 mod backend;
 mod bench;
+mod bench_suite;
 mod dashboard_cmd;
 mod debug_log;
 mod model_cmd;
@@ -102,10 +104,13 @@ enum Command {
         #[command(flatten)]
         dash: DashArgs,
     },
-    /// Benchmarks; prints a table.
+    /// Benchmarks. Without a subcommand: the whole suite as one table (and a CSV file):
+    /// fake-quant throughput per observer, each candidate op, and search steps.
     Bench {
         #[command(subcommand)]
-        what: bench::BenchCommand,
+        what: Option<bench::BenchCommand>,
+        #[command(flatten)]
+        suite: bench_suite::SuiteArgs,
     },
 }
 
@@ -177,7 +182,8 @@ fn main() -> ExitCode {
         Command::Export { run } => model_cmd::export(&run),
         Command::Eval { run, threads } => model_cmd::eval(&run, cli.backend, threads.max(1)),
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
-        Command::Bench { what } => bench::run(what, cli.backend),
+        Command::Bench { what: Some(what), .. } => bench::run(what, cli.backend),
+        Command::Bench { what: None, suite } => bench_suite::run(&suite, cli.backend),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

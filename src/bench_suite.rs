@@ -1,0 +1,401 @@
+//! `qdarts bench` without a subcommand: the whole suite as one table, also written as CSV.
+//!
+//! Sections, in order: fake-quant throughput per observer (and the bare kernel, composite
+//! against fused) against a copy of the same tensor; forward+backward of each candidate op,
+//! float against fake-quant; seconds per search step (architecture step + weight step), first
+//! and second order, float and fake-quant, on the default experiment's shape and on the DARTS
+//! shape, with the peak memory of a step. Rows report the median and the min..max of the
+//! timed runs after warm-up. A time budget keeps the whole suite bounded on slow machines:
+//! search rows that do not fit get fewer runs (the `runs` column says how many), and a row that
+//! cannot fit even one step is listed as skipped, never left out silently.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
+use qdarts_ops::qconfig::Preset;
+
+use crate::backend::Backend;
+use crate::bench::{self, SEARCH_SHAPES, SearchShape};
+
+/// Options of the suite.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuiteArgs {
+    /// Timed runs per fake-quant and op row (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Timed steps per search row.
+    #[arg(long, default_value_t = 3)]
+    search_reps: usize,
+    /// Untimed steps before each search row's timed steps.
+    #[arg(long, default_value_t = 1)]
+    search_warmup: usize,
+    /// Wall-clock budget of the whole suite in seconds (0: none). Search rows that would
+    /// overrun it drop their warm-up, then timed steps (down to one); a row whose estimated
+    /// step does not fit at all is skipped (and listed).
+    #[arg(long, default_value_t = 540)]
+    budget_s: u64,
+    /// Where to write the CSV (default: results/bench-<backend>.csv).
+    #[arg(long)]
+    csv: Option<PathBuf>,
+}
+
+/// One line of the table.
+#[derive(Debug, Clone)]
+struct Line {
+    section: &'static str,
+    case: String,
+    variant: String,
+    /// Warm-up and timed runs.
+    runs: (usize, usize),
+    /// Median, min, max seconds (`None`: skipped).
+    time: Option<(f64, f64, f64)>,
+    /// Elements/s and GB/s.
+    rate: Option<(f64, f64)>,
+    /// Median over a baseline's median, and the baseline's name.
+    ratio: Option<(f64, &'static str)>,
+    peak_bytes: Option<u64>,
+    note: String,
+}
+
+fn fmt_time(s: f64) -> String {
+    if s >= 1.0 { format!("{s:.2} s") } else { format!("{:.2} ms", s * 1e3) }
+}
+
+fn fmt_span(lo: f64, hi: f64) -> String {
+    if hi >= 1.0 {
+        format!("{lo:.2}..{hi:.2} s")
+    } else {
+        format!("{:.2}..{:.2} ms", lo * 1e3, hi * 1e3)
+    }
+}
+
+fn render(lines: &[Line]) -> String {
+    let mut out = format!(
+        "{:<7} {:<34} {:<22} {:>5} {:>10} {:>20} {:>17} {:>16} {:>9}\n",
+        "section",
+        "case",
+        "variant",
+        "runs",
+        "median",
+        "min..max",
+        "throughput",
+        "ratio",
+        "peak MiB"
+    );
+    for l in lines {
+        let (median, span) = match l.time {
+            Some((m, lo, hi)) => (fmt_time(m), fmt_span(lo, hi)),
+            None => ("-".into(), "-".into()),
+        };
+        let rate = l.rate.map_or(String::new(), |(e, gb)| format!("{:.0}M/s {gb:.1}GB/s", e / 1e6));
+        let ratio = l.ratio.map_or(String::new(), |(r, of)| format!("{r:.2}x {of}"));
+        let peak = l.peak_bytes.map_or(String::new(), |b| format!("{:.1}", b as f64 / 1048576.0));
+        out.push_str(&format!(
+            "{:<7} {:<34} {:<22} {:>5} {:>10} {:>20} {:>17} {:>16} {:>9}{}\n",
+            l.section,
+            l.case,
+            l.variant,
+            format!("{}+{}", l.runs.0, l.runs.1),
+            median,
+            span,
+            rate,
+            ratio,
+            peak,
+            if l.note.is_empty() { String::new() } else { format!("  {}", l.note) }
+        ));
+    }
+    out
+}
+
+fn csv_lines(backend: Backend, lines: &[Line]) -> Vec<String> {
+    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    lines
+        .iter()
+        .map(|l| {
+            let (m, lo, hi) = l.time.map_or((String::new(), String::new(), String::new()), |t| {
+                (format!("{:.6}", t.0), format!("{:.6}", t.1), format!("{:.6}", t.2))
+            });
+            let (e, gb) = l.rate.map_or((String::new(), String::new()), |(e, gb)| {
+                (format!("{e:.0}"), format!("{gb:.3}"))
+            });
+            let (r, of) = l.ratio.map_or((String::new(), ""), |(r, of)| (format!("{r:.4}"), of));
+            format!(
+                "{},{},{},{},{},{},{m},{lo},{hi},{e},{gb},{r},{},{},{}",
+                backend.name(),
+                l.section,
+                q(&l.case),
+                q(&l.variant),
+                l.runs.0,
+                l.runs.1,
+                q(of),
+                l.peak_bytes.map_or(String::new(), |b| b.to_string()),
+                q(&l.note)
+            )
+        })
+        .collect()
+}
+
+const CSV_HEADER: &str = "backend,section,case,variant,warmup,reps,median_s,min_s,max_s,\
+elems_per_s,gb_per_s,ratio,ratio_of,peak_bytes,note";
+
+/// The fake-quant tensor: the shape of a ResNet-50 stage-1 activation at batch 64.
+const QUANT_SHAPE: [usize; 4] = [64, 64, 56, 56];
+/// Candidate ops at the DARTS shape's first cell: batch 64, C = 16, 32×32.
+const OP_SHAPE: [usize; 4] = [64, 16, 32, 32];
+
+fn quant_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()> {
+    let rows = bench::quant_rows(QUANT_SHAPE, reps, device)?;
+    let copy = |pass: &str| {
+        rows.iter().find(|r| r.what.starts_with("copy") && r.pass == pass).map(|r| r.median_s)
+    };
+    let [n, c, h, w] = QUANT_SHAPE;
+    for r in &rows {
+        let what = if r.what.starts_with("copy") || r.what.starts_with("kernel") {
+            r.what.clone()
+        } else {
+            format!("quantizer: {}", r.what)
+        };
+        out.push(Line {
+            section: "quant",
+            case: format!("{what} {n}x{c}x{h}x{w}"),
+            variant: format!("{} {}", r.granularity, r.pass),
+            runs: (1, reps),
+            time: Some((r.median_s, r.min_s, r.max_s)),
+            rate: Some((r.elems_per_s(), r.gb_per_s())),
+            ratio: copy(r.pass).map(|c| (r.median_s / c, "copy")),
+            peak_bytes: None,
+            note: String::new(),
+        });
+    }
+    Ok(())
+}
+
+fn ops_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()> {
+    let rows = bench::op_rows(OP_SHAPE, Preset::Tensorrt, reps, device)?;
+    let [n, c, h, w] = OP_SHAPE;
+    for r in &rows {
+        let case = format!("{} s{} {n}x{c}x{h}x{w}", r.op, r.stride);
+        for (variant, t, ratio) in [
+            ("float fwd+bwd", r.float, None),
+            ("tensorrt fwd+bwd", r.quant, Some((r.quant.0 / r.float.0, "float"))),
+        ] {
+            out.push(Line {
+                section: "op",
+                case: case.clone(),
+                variant: variant.into(),
+                runs: (1, reps),
+                time: Some(t),
+                rate: None,
+                ratio,
+                peak_bytes: None,
+                note: String::new(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One search row to run.
+#[derive(Debug, Clone, Copy)]
+struct SearchRow {
+    shape: SearchShape,
+    order: &'static str,
+    preset: &'static str,
+}
+
+fn search_rows() -> Vec<SearchRow> {
+    let mut rows = Vec::new();
+    let pc = SearchShape { name: "darts-pc4", partial: 4, ..SEARCH_SHAPES[1] };
+    for shape in [SEARCH_SHAPES[0], SEARCH_SHAPES[1]] {
+        for order in ["first", "second"] {
+            for preset in ["float", "tensorrt"] {
+                rows.push(SearchRow { shape, order, preset });
+            }
+        }
+        if shape.name == "darts" {
+            rows.insert(
+                rows.len() - 2,
+                SearchRow { shape: pc, order: "first", preset: "tensorrt" },
+            );
+        }
+    }
+    rows
+}
+
+/// A step's cost relative to the first-order float step of the same shape (for the budget).
+fn relative_cost(row: &SearchRow) -> f64 {
+    let order = if row.order == "second" { 2.6 } else { 1.0 };
+    let quant = if row.preset == "float" { 1.0 } else { 1.3 };
+    let pc = if row.shape.partial > 1 { 0.5 } else { 1.0 };
+    order * quant * pc
+}
+
+fn search_section(
+    args: &SuiteArgs,
+    device: &Device,
+    started: Instant,
+    out: &mut Vec<Line>,
+) -> Result<()> {
+    let budget = (args.budget_s > 0).then_some(args.budget_s as f64);
+    // Seconds of one first-order float step, per shape name, once measured.
+    let mut unit: Vec<(&str, f64)> = Vec::new();
+    for row in search_rows() {
+        let sh = row.shape;
+        let base = sh.name.trim_end_matches("-pc4");
+        let est = unit.iter().find(|(n, _)| *n == base).map(|(_, u)| u * relative_cost(&row));
+        let left = budget.map(|b| b - started.elapsed().as_secs_f64());
+        let (warmup, reps) = (args.search_warmup, args.search_reps);
+        let fits = match (left, est) {
+            (Some(left), Some(est)) => est <= left,
+            (Some(left), None) => left > 0.0,
+            _ => true,
+        };
+        let case = format!(
+            "{} C={} {} cells b{}{}",
+            sh.name,
+            sh.c,
+            sh.layers,
+            sh.batch,
+            if sh.partial > 1 { format!(" K={}", sh.partial) } else { String::new() }
+        );
+        let variant = format!("{} order, {}", row.order, row.preset);
+        if !fits {
+            out.push(Line {
+                section: "search",
+                case,
+                variant,
+                runs: (0, 0),
+                time: None,
+                rate: None,
+                ratio: None,
+                peak_bytes: None,
+                note: format!(
+                    "skipped: ~{:.0} s/step does not fit the {} s budget (--budget-s 0 runs it)",
+                    est.unwrap_or(0.0),
+                    args.budget_s
+                ),
+            });
+            eprintln!("bench: {}", render(&out[out.len() - 1..]).lines().nth(1).unwrap_or(""));
+            continue;
+        }
+        let deadline = budget.map(|b| started + std::time::Duration::from_secs_f64(b));
+        let t = bench::time_search_step_until(
+            &sh, row.order, row.preset, reps, warmup, deadline, device,
+        )?;
+        let (m, lo, hi, peak) = (t.median, t.min, t.max, t.peak);
+        if est.is_none() || (row.order == "first" && row.preset == "float" && sh.partial == 1) {
+            unit.retain(|(n, _)| *n != base);
+            unit.push((base, m / relative_cost(&row)));
+        }
+        let float = out
+            .iter()
+            .rev()
+            .find(|l| l.case == case && l.variant == format!("{} order, float", row.order))
+            .and_then(|l| l.time.map(|t| t.0));
+        out.push(Line {
+            section: "search",
+            case,
+            variant,
+            runs: t.runs,
+            time: Some((m, lo, hi)),
+            rate: None,
+            ratio: float.filter(|_| row.preset != "float").map(|f| (m / f, "float")),
+            peak_bytes: peak,
+            note: String::new(),
+        });
+        eprintln!("bench: {}", render(&out[out.len() - 1..]).lines().nth(1).unwrap_or(""));
+    }
+    Ok(())
+}
+
+/// Runs the suite.
+pub fn run(args: &SuiteArgs, backend: Backend) -> Result<()> {
+    if args.reps == 0 || args.search_reps == 0 {
+        bail!("--reps and --search-reps must be at least 1");
+    }
+    let device = backend.device()?;
+    let csv = args
+        .csv
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("results/bench-{}.csv", backend.name())));
+    if let Some(dir) = csv.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let started = Instant::now();
+    let mut lines = Vec::new();
+    eprintln!("bench: fake-quant throughput ({} timed runs per row)", args.reps);
+    quant_section(args.reps, &device, &mut lines)?;
+    eprintln!("bench: candidate ops");
+    ops_section(args.reps.min(3), &device, &mut lines)?;
+    eprintln!("bench: search steps");
+    search_section(args, &device, started, &mut lines)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    println!(
+        "qdarts bench on {} ({cores} cores): median and min..max of the timed runs after warm-up; \
+         runs = warm-up+timed; peak MiB = largest live heap during a search step{}",
+        backend.name(),
+        if backend == Backend::Flex { "" } else { " (device pool bytes reserved)" }
+    );
+    print!("{}", render(&lines));
+    bench::write_csv(&csv, CSV_HEADER, csv_lines(backend, &lines))
+        .with_context(|| format!("writing {}", csv.display()))?;
+    println!(
+        "{} rows in {:.0} s; CSV: {}",
+        lines.len(),
+        started.elapsed().as_secs_f64(),
+        csv.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suite_times_both_shapes_both_orders_float_and_fake_quant_and_pc_darts() {
+        let rows = search_rows();
+        for shape in ["default", "darts"] {
+            for order in ["first", "second"] {
+                for preset in ["float", "tensorrt"] {
+                    assert!(
+                        rows.iter().any(|r| r.shape.name == shape
+                            && r.order == order
+                            && r.preset == preset),
+                        "missing {shape} {order} {preset}"
+                    );
+                }
+            }
+        }
+        let darts = rows.iter().find(|r| r.shape.name == "darts").map(|r| r.shape);
+        let darts = darts.expect("darts shape");
+        assert_eq!((darts.c, darts.layers, darts.batch, darts.hw), (16, 8, 64, 32));
+        assert!(rows.iter().any(|r| r.shape.partial == 4));
+        // Cheapest first within a shape, so the budget drops the dearest rows.
+        let costs: Vec<f64> =
+            rows.iter().filter(|r| r.shape.name.starts_with("darts")).map(relative_cost).collect();
+        assert!(costs.windows(2).all(|w| w[0] <= w[1] + 1.0), "{costs:?}");
+    }
+
+    #[test]
+    fn skipped_rows_are_listed_with_their_reason_and_csv_quotes_text() {
+        let line = Line {
+            section: "search",
+            case: "darts C=16 8 cells b64".into(),
+            variant: "second order, float".into(),
+            runs: (0, 0),
+            time: None,
+            rate: None,
+            ratio: None,
+            peak_bytes: None,
+            note: "skipped: ~80 s/step does not fit".into(),
+        };
+        let table = render(std::slice::from_ref(&line));
+        assert!(table.contains("skipped: ~80 s/step") && table.contains("0+0"), "{table}");
+        let csv = csv_lines(Backend::Flex, &[line]);
+        assert_eq!(csv[0].split(',').count(), CSV_HEADER.split(',').count() + 1, "{}", csv[0]);
+        assert!(csv[0].starts_with("flex,search,\"darts C=16 8 cells b64\",\"second order"));
+    }
+}
