@@ -271,7 +271,7 @@ fn backward<const AWAY: bool>(c: &Chan, xs: &[f32], g: &mut [f32], qmin: f32, qm
 #[cfg(feature = "flex")]
 mod flex_impl {
     use burn::backend::flex::{Flex, FlexTensor};
-    use burn::tensor::{Shape, TensorData};
+    use burn::tensor::{DType, Shape, TensorData};
 
     use super::{Chan, FakeQuantBackend, FusedLayout, backward, for_each_run, forward};
 
@@ -290,6 +290,15 @@ mod flex_impl {
         let s = step.map(host).unwrap_or_else(|| vec![0.0; m.len()]);
         let pick = |v: &[f32], c: usize| if v.len() == 1 { v[0] } else { v[c] };
         (0..l.channels).map(|c| Chan::new(pick(&m, c), pick(&s, c), pick(&z, c), l)).collect()
+    }
+
+    /// The shape of `x` and a contiguous view of it.
+    ///
+    /// # Panics
+    /// If `x` is not f32 (the dispatching wrapper only calls the kernel for f32).
+    fn contiguous_f32(x: FlexTensor) -> (Shape, FlexTensor) {
+        assert_eq!(x.dtype(), DType::F32, "fused fake quant: expected f32");
+        (x.layout().shape().clone(), x.to_contiguous())
     }
 
     fn finish(out: Vec<f32>, shape: Shape) -> FlexTensor {
@@ -323,7 +332,7 @@ mod flex_impl {
         let n = t.layout().num_elements();
         let whole = t.layout().contiguous_offsets() == Some((0, n))
             && t.bytes().len() == n * size_of::<f32>();
-        if whole && t.is_unique() && t.dtype() == burn::tensor::DType::F32 {
+        if whole && t.is_unique() && t.dtype() == DType::F32 {
             Owned::InPlace(t)
         } else {
             let c = t.to_contiguous();
@@ -341,11 +350,8 @@ mod flex_impl {
             zero_point: FlexTensor,
             layout: FusedLayout,
         ) -> FlexTensor {
-            let shape = x.layout().shape().clone();
-            let x = x.to_contiguous();
-            let Some(xs) = x.as_slice::<f32>() else {
-                panic!("fused fake quant: expected f32, got {:?}", x.dtype());
-            };
+            let (shape, x) = contiguous_f32(x);
+            let xs = x.as_slice::<f32>().expect("a contiguous f32 tensor has a slice");
             let chans = chans(&mult, Some(&step), &zero_point, &layout);
             let mut out = vec![0.0f32; xs.len()];
             let run = if layout.ties_away { forward::<true> } else { forward::<false> };
@@ -363,11 +369,8 @@ mod flex_impl {
             zero_point: FlexTensor,
             layout: FusedLayout,
         ) -> FlexTensor {
-            let shape = x.layout().shape().clone();
-            let x = x.to_contiguous();
-            let Some(xs) = x.as_slice::<f32>() else {
-                panic!("fused fake quant backward: expected f32, got {:?}", x.dtype());
-            };
+            let (shape, x) = contiguous_f32(x);
+            let xs = x.as_slice::<f32>().expect("a contiguous f32 tensor has a slice");
             let chans = chans(&mult, None, &zero_point, &layout);
             // The upstream gradient is usually owned here: mask it in place.
             let mut out = owned_f32(grad);
