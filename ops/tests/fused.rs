@@ -6,9 +6,8 @@ use burn::tensor::{DType, Device, Tensor};
 use qdarts_ops::quant::fused::{fake_quant_fused, fused_available};
 use qdarts_ops::quant::{Grid, RoundMode, fake_quant};
 
-fn dev() -> Device {
-    Device::flex().autodiff()
-}
+mod common;
+use common::devices;
 
 /// Values that hit every case: exact ties (k + 0.5 steps), near-ties, zero, both signs, far
 /// out of range.
@@ -45,8 +44,14 @@ fn bits(t: Tensor<4>) -> Vec<u32> {
     floats(t).iter().map(|v| v.to_bits()).collect()
 }
 
-fn check(shape: [usize; 4], axis: Option<usize>, round: RoundMode, (qmin, qmax): (i32, i32)) {
-    let d = dev();
+fn check(
+    d: &Device,
+    shape: [usize; 4],
+    axis: Option<usize>,
+    round: RoundMode,
+    (qmin, qmax): (i32, i32),
+) {
+    let d = d.clone().autodiff();
     let c = axis.map_or(1, |a| shape[a]);
     let steps: Vec<f32> = (0..c).map(|k| 0.013 * (1.0 + k as f32 * 0.37)).collect();
     let zps: Vec<f32> =
@@ -70,7 +75,7 @@ fn check(shape: [usize; 4], axis: Option<usize>, round: RoundMode, (qmin, qmax):
     let b = fake_quant_fused(xb.clone(), &grid);
     let gb = xb.grad(&b.clone().mul(up).sum().backward()).expect("grad");
 
-    let what = format!("{shape:?} axis {axis:?} {round:?} [{qmin}, {qmax}]");
+    let what = format!("{d:?} {shape:?} axis {axis:?} {round:?} [{qmin}, {qmax}]");
     assert_eq!(bits(a), bits(b), "values differ: {what}");
     // The composite gradient is g·0 outside (−0 for negative g); compare as numbers.
     let (ga, gb) = (floats(ga), floats(gb));
@@ -79,28 +84,39 @@ fn check(shape: [usize; 4], axis: Option<usize>, round: RoundMode, (qmin, qmax):
 }
 
 #[test]
-fn fused_is_compiled_in_for_flex() {
-    assert!(fused_available(&Device::flex(), DType::F32));
-    assert!(fused_available(&dev(), DType::F32));
+fn fused_is_compiled_in_for_every_backend() {
+    for (name, d) in devices() {
+        assert!(fused_available(&d, DType::F32), "{name}");
+        assert!(fused_available(&d.autodiff(), DType::F32), "{name} autodiff");
+    }
+    assert!(!fused_available(&Device::flex(), DType::F16));
 }
 
 #[test]
 fn fused_matches_composite_bit_for_bit() {
-    for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
-        for range in [(-128, 127), (0, 255), (-8, 7)] {
-            check([2, 3, 5, 7], None, round, range);
-            for axis in 0..4 {
-                check([3, 4, 5, 6], Some(axis), round, range);
+    for (_, d) in devices() {
+        for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
+            for range in [(-128, 127), (0, 255), (-8, 7)] {
+                check(&d, [2, 3, 5, 7], None, round, range);
+                for axis in 0..4 {
+                    check(&d, [3, 4, 5, 6], Some(axis), round, range);
+                }
             }
         }
+        // Large enough to span several parallel chunks, with runs crossing chunk borders.
+        check(&d, [2, 48, 33, 33], Some(1), RoundMode::TiesToEven, (-128, 127));
     }
-    // Large enough to span several parallel chunks, with runs crossing chunk borders.
-    check([2, 48, 33, 33], Some(1), RoundMode::TiesToEven, (-128, 127));
 }
 
 #[test]
 fn fused_reads_non_contiguous_inputs() {
-    let d = dev();
+    for (_, d) in devices() {
+        non_contiguous(&d.autodiff());
+    }
+}
+
+fn non_contiguous(d: &Device) {
+    let d = d.clone();
     let grid = Grid::from_step(
         Tensor::from_floats([0.05, 0.1, 0.2], &d),
         Tensor::from_floats([0.0, 0.0, 0.0], &d),

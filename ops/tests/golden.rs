@@ -16,6 +16,9 @@ use qdarts_ops::quant::{
 };
 use serde_json::Value;
 
+mod common;
+use common::devices;
+
 type Check = Result<(), String>;
 
 fn golden_dir() -> PathBuf {
@@ -25,8 +28,13 @@ fn golden_dir() -> PathBuf {
     }
 }
 
+thread_local! {
+    /// The device of the file being run.
+    static DEVICE: std::cell::RefCell<Device> = std::cell::RefCell::new(Device::flex());
+}
+
 fn device() -> Device {
-    Device::flex()
+    DEVICE.with(|d| d.borrow().clone())
 }
 
 fn floats(v: &Value, key: &str) -> Result<Vec<f32>, String> {
@@ -302,15 +310,17 @@ fn run_case(name: &str, v: &Value, imp: FakeQuantImpl) -> Check {
     }
 }
 
-/// Every file runs twice: with the composite fake-quant expression and with the fused kernel
-/// (the quantizers' Paddle cases go through the process-wide default, set here; this is the
-/// only test of this binary, so nothing else sees the switch).
+/// Every file runs twice on each device: with the composite fake-quant expression and with the
+/// fused kernel (the quantizers' Paddle cases go through the process-wide default, set here; this
+/// is the only test of this binary, so nothing else sees the switch).
 #[test]
 fn every_golden_vector_matches_its_reference() {
-    assert!(
-        qdarts_ops::quant::fused::fused_available(&device(), burn::tensor::DType::F32),
-        "the fused kernel must be compiled in for flex, or half of this test proves nothing"
-    );
+    for (name, dev) in devices() {
+        assert!(
+            qdarts_ops::quant::fused::fused_available(&dev, burn::tensor::DType::F32),
+            "the fused kernel must be compiled in for {name}, or half of this test proves nothing"
+        );
+    }
     let dir = golden_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot read golden folder {}: {e}", dir.display()))
@@ -320,10 +330,15 @@ fn every_golden_vector_matches_its_reference() {
     files.sort();
     assert!(!files.is_empty(), "no *.json golden vectors in {}", dir.display());
     let mut failures = Vec::new();
-    for (imp, path) in [FakeQuantImpl::Composite, FakeQuantImpl::Fused]
-        .into_iter()
-        .flat_map(|imp| files.iter().map(move |p| (imp, p)))
-    {
+    let devices = devices();
+    let mut runs = Vec::new();
+    for (dev_name, dev) in &devices {
+        for imp in [FakeQuantImpl::Composite, FakeQuantImpl::Fused] {
+            runs.extend(files.iter().map(|p| (*dev_name, dev, imp, p)));
+        }
+    }
+    for (dev_name, dev, imp, path) in runs {
+        DEVICE.with(|d| *d.borrow_mut() = dev.clone());
         qdarts_ops::quant::kernel::set_default_impl(imp);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         WORST.with(|c| c.set(0.0));
@@ -331,7 +346,7 @@ fn every_golden_vector_matches_its_reference() {
             .map_err(|e| e.to_string())
             .and_then(|text| serde_json::from_str::<Value>(&text).map_err(|e| e.to_string()))
             .and_then(|v| run_case(&name, &v, imp));
-        let name = format!("{name} [{imp:?}]");
+        let name = format!("{name} [{dev_name} {imp:?}]");
         match result {
             Ok(()) => {
                 let worst = WORST.with(|c| c.get());
@@ -346,9 +361,10 @@ fn every_golden_vector_matches_its_reference() {
         }
     }
     eprintln!(
-        "{} golden files in {}, each composite and fused, {} runs failed",
+        "{} golden files in {}, each composite and fused on {}, {} runs failed",
         files.len(),
         dir.display(),
+        devices.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" and "),
         failures.len()
     );
     assert!(failures.is_empty(), "golden mismatches:\n{}", failures.join("\n"));

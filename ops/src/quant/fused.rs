@@ -11,8 +11,9 @@
 //! - forward: `r = round(x · mult) + z`, `out = (clamp(r, qmin, qmax) − z) · step`;
 //! - backward: `∂x = ∂out` where `qmin ≤ r ≤ qmax`, else 0 (recomputed from `x`).
 //!
-//! Backends: `flex` runs a tight loop split across the rayon pool. Other backends use the
-//! composite version ([`fused_available`] says which applies to a tensor).
+//! Backends: `flex` runs a tight loop split across the rayon pool; the CubeCL backends (`wgpu`,
+//! `cuda`) run one kernel thread per element (`fused_cube.rs`). Other backends use the composite
+//! version ([`fused_available`] says which applies to a tensor).
 
 use burn::backend::AutodiffBackend;
 use burn::backend::autodiff::Autodiff;
@@ -60,7 +61,7 @@ impl FusedLayout {
 }
 
 /// The fused fake-quant primitive. `mult`, `step` and `zero_point` are `[channels]`.
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+#[backend_extension(Flex: cfg(feature = "flex"), Cube: cfg(feature = "cube"), Autodiff)]
 pub trait FakeQuantBackend: Backend {
     /// Fake-quantizes `x` (see the module docs).
     fn fake_quant_fused(
@@ -83,15 +84,21 @@ pub trait FakeQuantBackend: Backend {
 
 /// Whether [`fake_quant_fused`] runs natively for tensors on `device` with this dtype.
 pub fn fused_available(device: &Device, dtype: DType) -> bool {
+    if dtype != DType::F32 {
+        return false;
+    }
+    #[allow(unused_mut)]
+    let mut native = false;
     #[cfg(feature = "flex")]
     {
-        dtype == DType::F32 && *device == Device::flex()
+        native |= *device == Device::flex();
     }
-    #[cfg(not(feature = "flex"))]
+    #[cfg(feature = "cube")]
     {
-        let _ = (device, dtype);
-        false
+        native |=
+            matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::Cube(_));
     }
+    native
 }
 
 /// Fused fake quantization of `x` on `grid` with the straight-through gradient. The grid
@@ -267,6 +274,10 @@ fn backward<const AWAY: bool>(c: &Chan, xs: &[f32], g: &mut [f32], qmin: f32, qm
         *o = if r < qmin || r > qmax { 0.0 } else { *o };
     }
 }
+
+#[cfg(feature = "cube")]
+#[path = "fused_cube.rs"]
+mod cube_impl;
 
 #[cfg(feature = "flex")]
 mod flex_impl {

@@ -1,0 +1,229 @@
+//! The fused fake-quant kernels for the CubeCL backends (`wgpu`, `cuda`): one thread per
+//! element, one read of `x` and one write of the output forward; one read of `x` and of the
+//! upstream gradient backward, masked in place when the gradient buffer is free to reuse.
+//!
+//! Rounding is spelled out with exact operations (`|v|`, `floor`, an exact fraction, a parity
+//! test) rather than the runtime's `round`: WGSL and CUDA round ties to even, but SPIR-V's
+//! `Round` leaves ties to the driver. No multiply feeds an add directly, so a compiler that
+//! contracts `a·b + c` into one fused multiply-add (CUDA does by default) cannot skip the rounding
+//! of `x · mult` that the composite version performs: both give the same bits.
+
+use burn::tensor::DType;
+use burn_cubecl::CubeBackend;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::{calculate_cube_count_elemwise, prelude::*};
+
+use super::{FakeQuantBackend, FusedLayout};
+
+/// `round(v)` with ties away from zero or to even, exactly; NaN and ±∞ pass through.
+#[cube]
+fn round_ties(v: f32, #[comptime] ties_away: bool) -> f32 {
+    let a = f32::abs(v);
+    let fl = f32::floor(a);
+    // Exact: `a` and `floor(a)` are non-negative and share an exponent range.
+    let frac = a - fl;
+    let up = if ties_away {
+        frac >= 0.5
+    } else {
+        let half = fl * 0.5;
+        let odd = half != f32::floor(half);
+        frac > 0.5 || (frac == 0.5 && odd)
+    };
+    let r = select(up, fl + 1.0, fl);
+    select(v < 0.0, -r, r)
+}
+
+/// The grid parameter of element `i` (`[1]` parameters broadcast).
+#[cube]
+fn param(p: &[f32], i: usize, inner: u32, channels: u32) -> f32 {
+    let c = (i / inner as usize) % channels as usize;
+    p[c % p.len()]
+}
+
+/// `round(x · mult) + z`, unclamped.
+#[cube]
+fn rounded(
+    x: &[f32],
+    mult: &[f32],
+    zp: &[f32],
+    i: usize,
+    inner: u32,
+    channels: u32,
+    #[comptime] ties_away: bool,
+) -> f32 {
+    let v = x[i] * param(mult, i, inner, channels);
+    round_ties(v, ties_away) + param(zp, i, inner, channels)
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn fake_quant_forward_kernel(
+    x: &[f32],
+    mult: &[f32],
+    step: &[f32],
+    zp: &[f32],
+    out: &mut [f32],
+    qmin: f32,
+    qmax: f32,
+    inner: u32,
+    channels: u32,
+    #[comptime] ties_away: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let r = rounded(x, mult, zp, i, inner, channels, ties_away);
+        let q = select(r < qmin, qmin, r);
+        let q = select(q > qmax, qmax, q);
+        out[i] = (q - param(zp, i, inner, channels)) * param(step, i, inner, channels);
+    }
+}
+
+/// Zeroes `grad` where `x` quantizes outside `[qmin, qmax]`, in place.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn fake_quant_backward_kernel(
+    x: &[f32],
+    mult: &[f32],
+    zp: &[f32],
+    grad: &mut [f32],
+    qmin: f32,
+    qmax: f32,
+    inner: u32,
+    channels: u32,
+    #[comptime] ties_away: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < grad.len() {
+        let r = rounded(x, mult, zp, i, inner, channels, ties_away);
+        if r < qmin || r > qmax {
+            grad[i] = 0.0;
+        }
+    }
+}
+
+/// A contiguous f32 tensor.
+///
+/// # Panics
+/// If `t` is not f32 (the dispatching wrapper only calls the kernels for f32).
+fn contiguous_f32(t: CubeTensor) -> CubeTensor {
+    assert_eq!(t.dtype, DType::F32, "fused fake quant: expected f32");
+    into_contiguous(t)
+}
+
+/// The kernel's `inner` and `channels` arguments (`u32` indices; a tensor with 2³² elements
+/// or more is refused).
+fn index_args(layout: &FusedLayout, n: usize) -> (u32, u32) {
+    let fits = |v: usize| {
+        u32::try_from(v).unwrap_or_else(|_| {
+            panic!("fused fake quant: {n} elements do not fit the kernel's 32-bit indices")
+        })
+    };
+    fits(n);
+    (fits(layout.inner), fits(layout.channels))
+}
+
+impl FakeQuantBackend for CubeBackend {
+    fn fake_quant_fused(
+        x: CubeTensor,
+        mult: CubeTensor,
+        step: CubeTensor,
+        zero_point: CubeTensor,
+        layout: FusedLayout,
+    ) -> CubeTensor {
+        let x = contiguous_f32(x);
+        let (mult, step, zp) =
+            (contiguous_f32(mult), contiguous_f32(step), contiguous_f32(zero_point));
+        let n = x.meta.num_elements();
+        let (inner, channels) = index_args(&layout, n);
+        let client = x.client.clone();
+        let out = empty_device_contiguous_dtype(
+            client.clone(),
+            x.device.clone(),
+            x.meta.shape().clone(),
+            x.dtype,
+        );
+        let cube_dim = CubeDim::new(&client, n);
+        let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+        fake_quant_forward_kernel::launch(
+            &client,
+            cube_count,
+            cube_dim,
+            x.into_buffer_arg(),
+            mult.into_buffer_arg(),
+            step.into_buffer_arg(),
+            zp.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            layout.qmin as f32,
+            layout.qmax as f32,
+            inner,
+            channels,
+            layout.ties_away,
+        );
+        out
+    }
+
+    fn fake_quant_fused_backward(
+        x: CubeTensor,
+        grad: CubeTensor,
+        mult: CubeTensor,
+        zero_point: CubeTensor,
+        layout: FusedLayout,
+    ) -> CubeTensor {
+        let x = contiguous_f32(x);
+        let (mult, zp) = (contiguous_f32(mult), contiguous_f32(zero_point));
+        // The upstream gradient is usually owned here: mask it in place, else mask a copy.
+        let grad = contiguous_f32(grad);
+        let grad = if grad.can_mut() { grad } else { copy(grad) };
+        let n = x.meta.num_elements();
+        let (inner, channels) = index_args(&layout, n);
+        let client = x.client.clone();
+        let cube_dim = CubeDim::new(&client, n);
+        let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+        fake_quant_backward_kernel::launch(
+            &client,
+            cube_count,
+            cube_dim,
+            x.into_buffer_arg(),
+            mult.into_buffer_arg(),
+            zp.into_buffer_arg(),
+            grad.clone().into_buffer_arg(),
+            layout.qmin as f32,
+            layout.qmax as f32,
+            inner,
+            channels,
+            layout.ties_away,
+        );
+        grad
+    }
+}
+
+/// A fresh contiguous copy of `t` (whose buffer is shared, so not ours to write).
+fn copy(t: CubeTensor) -> CubeTensor {
+    #[cube(launch)]
+    fn copy_kernel(src: &[f32], dst: &mut [f32]) {
+        let i = ABSOLUTE_POS;
+        if i < dst.len() {
+            dst[i] = src[i];
+        }
+    }
+    let n = t.meta.num_elements();
+    let client = t.client.clone();
+    let out = empty_device_contiguous_dtype(
+        client.clone(),
+        t.device.clone(),
+        t.meta.shape().clone(),
+        t.dtype,
+    );
+    let cube_dim = CubeDim::new(&client, n);
+    let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+    copy_kernel::launch(
+        &client,
+        cube_count,
+        cube_dim,
+        t.into_buffer_arg(),
+        out.clone().into_buffer_arg(),
+    );
+    out
+}
