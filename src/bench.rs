@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Device, Distribution, Tensor};
+use burn::tensor::{DType, Device, Distribution, Tensor};
 use clap::Subcommand;
 use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, QTensor};
@@ -613,7 +613,13 @@ pub(crate) fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Res
             )
         };
         let (grid, grid_ad) = (grid_on(device), grid_on(&ad));
-        for imp in [FakeQuantImpl::Composite, FakeQuantImpl::Fused] {
+        // A backend without the fused kernel would time the composite twice: leave it out.
+        let imps = if qdarts_ops::quant::fused::fused_available(device, DType::F32) {
+            vec![FakeQuantImpl::Composite, FakeQuantImpl::Fused]
+        } else {
+            vec![FakeQuantImpl::Composite]
+        };
+        for imp in imps {
             let name = match imp {
                 FakeQuantImpl::Composite => "kernel: composite",
                 FakeQuantImpl::Fused => "kernel: fused",

@@ -232,6 +232,12 @@ fn relative_cost(row: &SearchRow) -> f64 {
     order * quant * pc
 }
 
+/// Activation elements of one supernet pass, up to a constant (for scaling step times; partial
+/// channels are [`relative_cost`]'s).
+fn activation_size(sh: &SearchShape) -> f64 {
+    (sh.batch * sh.c * sh.hw * sh.hw * sh.layers) as f64
+}
+
 fn search_section(
     args: &SuiteArgs,
     device: &Device,
@@ -244,7 +250,19 @@ fn search_section(
     for row in search_rows() {
         let sh = row.shape;
         let base = sh.name.trim_end_matches("-pc4");
-        let est = unit.iter().find(|(n, _)| *n == base).map(|(_, u)| u * relative_cost(&row));
+        // Measured on this shape, else scaled from a smaller shape by activation size (a low
+        // estimate: the DARTS shape costs 51× the default on flex for 21× the activations), so
+        // that a shape far beyond the budget is skipped without paying for one step of it.
+        let est = unit
+            .iter()
+            .find(|(n, _)| *n == base)
+            .map(|(_, u)| *u)
+            .or_else(|| {
+                let (other, u) = unit.first()?;
+                let other = SEARCH_SHAPES.iter().find(|s| s.name == *other)?;
+                Some(u * activation_size(&sh) / activation_size(other))
+            })
+            .map(|u| u * relative_cost(&row));
         let left = budget.map(|b| b - started.elapsed().as_secs_f64());
         let (warmup, reps) = (args.search_warmup, args.search_reps);
         let fits = match (left, est) {

@@ -132,3 +132,20 @@ fn non_contiguous(d: &Device) {
     let grid4 = Grid { axis: Some(1), ..grid };
     assert_eq!(bits(fake_quant(x.clone(), &grid4).0), bits(fake_quant_fused(x, &grid4)));
 }
+
+/// A per-channel grid whose parameters hold one value for every channel.
+#[test]
+fn fused_broadcasts_one_value_parameters() {
+    for (_, d) in devices() {
+        let grid = Grid::from_step(
+            Tensor::from_floats([0.05], &d),
+            Tensor::from_floats([3.0], &d),
+            (0, 255),
+            RoundMode::TiesAwayFromZero,
+            Some(1),
+        );
+        let x = Tensor::<1>::from_floats(values(2 * 3 * 4 * 5, 0.05).as_slice(), &d)
+            .reshape([2, 3, 4, 5]);
+        assert_eq!(bits(fake_quant(x.clone(), &grid).0), bits(fake_quant_fused(x, &grid)));
+    }
+}

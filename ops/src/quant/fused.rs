@@ -114,11 +114,17 @@ pub fn fake_quant_fused<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> 
         x.dtype()
     );
     let layout = FusedLayout::new(grid, &x.dims());
+    // One value per channel (a `[1]` parameter of a per-channel grid is broadcast).
+    let param = |p: &Tensor<1>| {
+        let p = p.clone().detach();
+        let p = if p.dims()[0] == layout.channels { p } else { p.expand([layout.channels]) };
+        p.into_dispatch()
+    };
     let out = <burn::backend::Dispatch as FakeQuantBackend>::fake_quant_fused(
         x.into_dispatch(),
-        grid.mult.clone().detach().into_dispatch(),
-        grid.step.clone().detach().into_dispatch(),
-        grid.zero_point.clone().detach().into_dispatch(),
+        param(&grid.mult),
+        param(&grid.step),
+        param(&grid.zero_point),
         layout,
     );
     Tensor::from_dispatch(out)

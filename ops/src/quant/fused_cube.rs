@@ -35,26 +35,22 @@ fn round_ties(v: f32, #[comptime] ties_away: bool) -> f32 {
     select(v < 0.0, -r, r)
 }
 
-/// The grid parameter of element `i` (`[1]` parameters broadcast).
+/// The channel of element `i`: `(i / inner) % channels`, or 0 per tensor. In 32 bits: a
+/// 64-bit integer division is emulated on GPUs (and on Mesa's CPU driver) and costs more than
+/// the rest of the kernel.
 #[cube]
-fn param(p: &[f32], i: usize, inner: u32, channels: u32) -> f32 {
-    let c = (i / inner as usize) % channels as usize;
-    p[c % p.len()]
+fn channel(i: usize, inner: u32, channels: u32, #[comptime] per_tensor: bool) -> usize {
+    let mut c = 0u32;
+    if !per_tensor {
+        c = (i as u32 / inner) % channels;
+    }
+    c as usize
 }
 
 /// `round(x · mult) + z`, unclamped.
 #[cube]
-fn rounded(
-    x: &[f32],
-    mult: &[f32],
-    zp: &[f32],
-    i: usize,
-    inner: u32,
-    channels: u32,
-    #[comptime] ties_away: bool,
-) -> f32 {
-    let v = x[i] * param(mult, i, inner, channels);
-    round_ties(v, ties_away) + param(zp, i, inner, channels)
+fn rounded(x: f32, mult: f32, zp: f32, #[comptime] ties_away: bool) -> f32 {
+    round_ties(x * mult, ties_away) + zp
 }
 
 #[cube(launch)]
@@ -69,14 +65,17 @@ fn fake_quant_forward_kernel(
     qmax: f32,
     inner: u32,
     channels: u32,
+    #[comptime] per_tensor: bool,
     #[comptime] ties_away: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
-        let r = rounded(x, mult, zp, i, inner, channels, ties_away);
+        let c = channel(i, inner, channels, per_tensor);
+        let z = zp[c];
+        let r = rounded(x[i], mult[c], z, ties_away);
         let q = select(r < qmin, qmin, r);
         let q = select(q > qmax, qmax, q);
-        out[i] = (q - param(zp, i, inner, channels)) * param(step, i, inner, channels);
+        out[i] = (q - z) * step[c];
     }
 }
 
@@ -92,11 +91,13 @@ fn fake_quant_backward_kernel(
     qmax: f32,
     inner: u32,
     channels: u32,
+    #[comptime] per_tensor: bool,
     #[comptime] ties_away: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < grad.len() {
-        let r = rounded(x, mult, zp, i, inner, channels, ties_away);
+        let c = channel(i, inner, channels, per_tensor);
+        let r = rounded(x[i], mult[c], zp[c], ties_away);
         if r < qmin || r > qmax {
             grad[i] = 0.0;
         }
@@ -112,16 +113,26 @@ fn contiguous_f32(t: CubeTensor) -> CubeTensor {
     into_contiguous(t)
 }
 
-/// The kernel's `inner` and `channels` arguments (`u32` indices; a tensor with 2³² elements
-/// or more is refused).
-fn index_args(layout: &FusedLayout, n: usize) -> (u32, u32) {
+/// The kernel's `inner` and `channels` arguments. The grid parameters must hold one value per
+/// channel (the dispatching wrapper expands `[1]` ones).
+///
+/// # Panics
+/// If a parameter's length is not `layout.channels`, or a run length exceeds `u32`.
+fn index_args(layout: &FusedLayout, params: &[&CubeTensor]) -> (u32, u32) {
+    for p in params {
+        assert_eq!(
+            p.meta.num_elements(),
+            layout.channels,
+            "fused fake quant: a grid parameter has the wrong length"
+        );
+    }
     let fits = |v: usize| {
-        u32::try_from(v).unwrap_or_else(|_| {
-            panic!("fused fake quant: {n} elements do not fit the kernel's 32-bit indices")
-        })
+        u32::try_from(v)
+            .unwrap_or_else(|_| panic!("fused fake quant: {v} exceeds the kernel's u32 indices"))
     };
-    fits(n);
-    (fits(layout.inner), fits(layout.channels))
+    // Per tensor the kernel ignores `inner` (which is then the element count).
+    let inner = if layout.channels == 1 { 1 } else { fits(layout.inner) };
+    (inner, fits(layout.channels))
 }
 
 impl FakeQuantBackend for CubeBackend {
@@ -136,7 +147,7 @@ impl FakeQuantBackend for CubeBackend {
         let (mult, step, zp) =
             (contiguous_f32(mult), contiguous_f32(step), contiguous_f32(zero_point));
         let n = x.meta.num_elements();
-        let (inner, channels) = index_args(&layout, n);
+        let (inner, channels) = index_args(&layout, &[&mult, &step, &zp]);
         let client = x.client.clone();
         let out = empty_device_contiguous_dtype(
             client.clone(),
@@ -159,6 +170,7 @@ impl FakeQuantBackend for CubeBackend {
             layout.qmax as f32,
             inner,
             channels,
+            channels == 1,
             layout.ties_away,
         );
         out
@@ -177,7 +189,7 @@ impl FakeQuantBackend for CubeBackend {
         let grad = contiguous_f32(grad);
         let grad = if grad.can_mut() { grad } else { copy(grad) };
         let n = x.meta.num_elements();
-        let (inner, channels) = index_args(&layout, n);
+        let (inner, channels) = index_args(&layout, &[&mult, &zp]);
         let client = x.client.clone();
         let cube_dim = CubeDim::new(&client, n);
         let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
@@ -193,6 +205,7 @@ impl FakeQuantBackend for CubeBackend {
             layout.qmax as f32,
             inner,
             channels,
+            channels == 1,
             layout.ties_away,
         );
         grad
