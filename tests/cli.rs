@@ -106,19 +106,25 @@ fn bad_input_is_a_clear_error_and_a_nonzero_exit() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-#[test]
-fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
+/// Runs `qdarts <sub> --config <cfg>` twice, each in a fresh folder: once to the end, and once
+/// killed with SIGKILL after its first epoch's checkpoint, then continued with `--resume`.
+/// Returns the two run folders.
+fn uninterrupted_and_resumed(
+    sub: &str,
+    name: &str,
+    write_config: fn(&Path) -> PathBuf,
+) -> [PathBuf; 2] {
     // Uninterrupted.
-    let a = scratch("uninterrupted");
-    let out = qdarts().args(["search", "--config"]).arg(config(&a)).output().unwrap();
+    let a = scratch(&format!("{name}-uninterrupted"));
+    let out = qdarts().args([sub, "--config"]).arg(write_config(&a)).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run_a = only_run(&a);
 
     // Killed with SIGKILL once the first epoch's checkpoint is there, then resumed.
-    let b = scratch("killed");
+    let b = scratch(&format!("{name}-killed"));
     let mut child = qdarts()
-        .args(["search", "--config"])
-        .arg(config(&b))
+        .args([sub, "--config"])
+        .arg(write_config(&b))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -137,15 +143,34 @@ fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
     };
     // Let it run into the next epoch a little, then kill it mid-write.
     std::thread::sleep(Duration::from_millis(300));
-    let finished_before_kill = run_b.join("genotype.txt").exists();
+    let finished_before_kill = child.try_wait().unwrap().is_some();
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(!finished_before_kill, "the search finished before it could be killed");
+    assert!(!finished_before_kill, "the {sub} run finished before it could be killed");
     assert!(run_b.join("lock").exists(), "a killed run leaves its lock");
 
-    let out = qdarts().args(["search", "--resume"]).arg(&run_b).output().unwrap();
+    let out = qdarts().args([sub, "--resume"]).arg(&run_b).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    [run_a, run_b]
+}
 
+/// Every row of the run's CSV files is whole (as many fields as the header).
+fn assert_no_torn_rows(run: &Path, files: &[&str]) {
+    for f in files {
+        let text = std::fs::read_to_string(run.join(f)).unwrap();
+        let fields = text.lines().next().unwrap().split(',').count();
+        assert!(text.ends_with('\n'));
+        for line in text.lines() {
+            if !line.contains('"') {
+                assert_eq!(line.split(',').count(), fields, "torn row in {f}: {line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
+    let [run_a, run_b] = uninterrupted_and_resumed("search", "search", config);
     for f in [
         "genotype.txt",
         "genotype.json",
@@ -165,14 +190,51 @@ fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
         std::fs::read_to_string(run_b.join("metrics.csv")).unwrap(),
     );
     assert_eq!(without_time(&ma), without_time(&mb), "metrics differ after resume");
-    for f in ["metrics.csv", "quant_error.csv", "alphas.csv"] {
-        let text = std::fs::read_to_string(run_b.join(f)).unwrap();
-        let fields = text.lines().next().unwrap().split(',').count();
-        assert!(text.ends_with('\n'));
-        for line in text.lines() {
-            if !line.contains('"') {
-                assert_eq!(line.split(',').count(), fields, "torn row in {f}: {line}");
-            }
-        }
+    assert_no_torn_rows(&run_b, &["metrics.csv", "quant_error.csv", "alphas.csv"]);
+}
+
+const TINY_TRAIN: &str = r#"
+name = "tiny-train"
+seed = 5
+genotype = "DARTS_V2"
+[data]
+dataset = "fashion-mnist"
+limit = 64
+test_limit = 32
+[model]
+init_channels = 2
+layers = 3
+[train]
+epochs = 4
+batch_size = 8
+steps_per_epoch = 2
+[record]
+quant_error_every = 1
+checkpoint_every = 1
+"#;
+
+fn train_config(dir: &Path) -> PathBuf {
+    let p = dir.join("tiny-train.toml");
+    let results = dir.join("results");
+    std::fs::write(&p, format!("{TINY_TRAIN}results_dir = \"{}\"\n", results.display())).unwrap();
+    p
+}
+
+#[test]
+fn a_killed_training_resumes_to_the_same_metrics() {
+    let [run_a, run_b] = uninterrupted_and_resumed("train", "train", train_config);
+    for f in ["nan_events.csv", "quant_error.csv"] {
+        let (x, y) = (
+            std::fs::read_to_string(run_a.join(f)).unwrap(),
+            std::fs::read_to_string(run_b.join(f)).unwrap(),
+        );
+        assert_eq!(x, y, "{f} differs after resume");
     }
+    let (ma, mb) = (
+        std::fs::read_to_string(run_a.join("metrics.csv")).unwrap(),
+        std::fs::read_to_string(run_b.join("metrics.csv")).unwrap(),
+    );
+    assert_eq!(without_time(&ma), without_time(&mb), "metrics differ after resume");
+    assert_eq!(ma.lines().filter(|l| l.contains(",val,")).count(), 4, "{ma}");
+    assert_no_torn_rows(&run_b, &["metrics.csv", "quant_error.csv"]);
 }

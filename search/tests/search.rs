@@ -293,6 +293,13 @@ fn bad_configs_name_the_key() {
             assert_eq!(cfg.model.partial_channels, 4);
         }
     }
+    for name in ["train-default.toml", "train-cifar10.toml"] {
+        let cfg = qdarts_search::train::TrainConfig::load(&dir.join(name), &[]).unwrap();
+        if name.contains("cifar10") {
+            let m = &cfg.model;
+            assert_eq!((m.init_channels, m.layers, cfg.train.epochs), (36, 20, 600));
+        }
+    }
     let ok = ExperimentConfig::parse(&base, p, &["search.epochs=3".into(), "name=other".into()])
         .unwrap();
     assert_eq!((ok.search.epochs, ok.name.as_str()), (3, "other"));
