@@ -154,6 +154,16 @@ fn uninterrupted_and_resumed(
     [run_a, run_b]
 }
 
+/// `files` are identical in both runs, and so is `metrics.csv` but for its time column.
+fn assert_same_record(run_a: &Path, run_b: &Path, files: &[&str]) {
+    let read = |run: &Path, f: &str| std::fs::read_to_string(run.join(f)).unwrap();
+    for f in files {
+        assert_eq!(read(run_a, f), read(run_b, f), "{f} differs after resume");
+    }
+    let (ma, mb) = (read(run_a, "metrics.csv"), read(run_b, "metrics.csv"));
+    assert_eq!(without_time(&ma), without_time(&mb), "metrics differ after resume");
+}
+
 /// Every row of the run's CSV files is whole (as many fields as the header).
 fn assert_no_torn_rows(run: &Path, files: &[&str]) {
     for f in files {
@@ -171,25 +181,15 @@ fn assert_no_torn_rows(run: &Path, files: &[&str]) {
 #[test]
 fn a_killed_search_resumes_to_the_same_genotype_and_metrics() {
     let [run_a, run_b] = uninterrupted_and_resumed("search", "search", config);
-    for f in [
+    let files = [
         "genotype.txt",
         "genotype.json",
         "alphas.csv",
         "genotypes.csv",
         "nan_events.csv",
         "quant_error.csv",
-    ] {
-        let (x, y) = (
-            std::fs::read_to_string(run_a.join(f)).unwrap(),
-            std::fs::read_to_string(run_b.join(f)).unwrap(),
-        );
-        assert_eq!(x, y, "{f} differs after resume");
-    }
-    let (ma, mb) = (
-        std::fs::read_to_string(run_a.join("metrics.csv")).unwrap(),
-        std::fs::read_to_string(run_b.join("metrics.csv")).unwrap(),
-    );
-    assert_eq!(without_time(&ma), without_time(&mb), "metrics differ after resume");
+    ];
+    assert_same_record(&run_a, &run_b, &files);
     assert_no_torn_rows(&run_b, &["metrics.csv", "quant_error.csv", "alphas.csv"]);
 }
 
@@ -223,18 +223,8 @@ fn train_config(dir: &Path) -> PathBuf {
 #[test]
 fn a_killed_training_resumes_to_the_same_metrics() {
     let [run_a, run_b] = uninterrupted_and_resumed("train", "train", train_config);
-    for f in ["nan_events.csv", "quant_error.csv"] {
-        let (x, y) = (
-            std::fs::read_to_string(run_a.join(f)).unwrap(),
-            std::fs::read_to_string(run_b.join(f)).unwrap(),
-        );
-        assert_eq!(x, y, "{f} differs after resume");
-    }
-    let (ma, mb) = (
-        std::fs::read_to_string(run_a.join("metrics.csv")).unwrap(),
-        std::fs::read_to_string(run_b.join("metrics.csv")).unwrap(),
-    );
-    assert_eq!(without_time(&ma), without_time(&mb), "metrics differ after resume");
+    assert_same_record(&run_a, &run_b, &["nan_events.csv", "quant_error.csv"]);
+    let ma = std::fs::read_to_string(run_a.join("metrics.csv")).unwrap();
     assert_eq!(ma.lines().filter(|l| l.contains(",val,")).count(), 4, "{ma}");
     assert_no_torn_rows(&run_b, &["metrics.csv", "quant_error.csv"]);
 }

@@ -149,14 +149,8 @@ impl FakeQuantBackend for CubeBackend {
         let n = x.meta.num_elements();
         let (inner, channels) = index_args(&layout, &[&mult, &step, &zp]);
         let client = x.client.clone();
-        let out = empty_device_contiguous_dtype(
-            client.clone(),
-            x.device.clone(),
-            x.meta.shape().clone(),
-            x.dtype,
-        );
-        let cube_dim = CubeDim::new(&client, n);
-        let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+        let out = empty_like(&x);
+        let (cube_count, cube_dim) = elementwise(&client, n);
         fake_quant_forward_kernel::launch(
             &client,
             cube_count,
@@ -191,8 +185,7 @@ impl FakeQuantBackend for CubeBackend {
         let n = x.meta.num_elements();
         let (inner, channels) = index_args(&layout, &[&mult, &zp]);
         let client = x.client.clone();
-        let cube_dim = CubeDim::new(&client, n);
-        let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+        let (cube_count, cube_dim) = elementwise(&client, n);
         fake_quant_backward_kernel::launch(
             &client,
             cube_count,
@@ -212,6 +205,18 @@ impl FakeQuantBackend for CubeBackend {
     }
 }
 
+/// A contiguous uninitialised tensor of `t`'s shape and dtype on its device.
+fn empty_like(t: &CubeTensor) -> CubeTensor {
+    let shape = t.meta.shape().clone();
+    empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape, t.dtype)
+}
+
+/// The launch grid of a one-thread-per-element kernel over `n` elements.
+fn elementwise(client: &cubecl::client::Client, n: usize) -> (CubeCount, CubeDim) {
+    let cube_dim = CubeDim::new(client, n);
+    (calculate_cube_count_elemwise(client, n, cube_dim), cube_dim)
+}
+
 /// A fresh contiguous copy of `t` (whose buffer is shared, so not ours to write).
 fn copy(t: CubeTensor) -> CubeTensor {
     #[cube(launch)]
@@ -221,16 +226,9 @@ fn copy(t: CubeTensor) -> CubeTensor {
             dst[i] = src[i];
         }
     }
-    let n = t.meta.num_elements();
     let client = t.client.clone();
-    let out = empty_device_contiguous_dtype(
-        client.clone(),
-        t.device.clone(),
-        t.meta.shape().clone(),
-        t.dtype,
-    );
-    let cube_dim = CubeDim::new(&client, n);
-    let cube_count = calculate_cube_count_elemwise(&client, n, cube_dim);
+    let out = empty_like(&t);
+    let (cube_count, cube_dim) = elementwise(&client, t.meta.num_elements());
     copy_kernel::launch(
         &client,
         cube_count,
