@@ -40,11 +40,16 @@ quant_error_every = 1
 checkpoint_every = 1
 "#;
 
-fn config(dir: &Path) -> PathBuf {
-    let p = dir.join("tiny.toml");
-    std::fs::write(&p, format!("{TINY}results_dir = \"{}\"\n", dir.join("results").display()))
-        .unwrap();
+/// Writes `text` as `dir/file`, with the run record going to `dir/results`.
+fn write_config(dir: &Path, file: &str, text: &str) -> PathBuf {
+    let p = dir.join(file);
+    let results = dir.join("results");
+    std::fs::write(&p, format!("{text}results_dir = \"{}\"\n", results.display())).unwrap();
     p
+}
+
+fn config(dir: &Path) -> PathBuf {
+    write_config(dir, "tiny.toml", TINY)
 }
 
 fn only_run(dir: &Path) -> PathBuf {
@@ -214,10 +219,7 @@ checkpoint_every = 1
 "#;
 
 fn train_config(dir: &Path) -> PathBuf {
-    let p = dir.join("tiny-train.toml");
-    let results = dir.join("results");
-    std::fs::write(&p, format!("{TINY_TRAIN}results_dir = \"{}\"\n", results.display())).unwrap();
-    p
+    write_config(dir, "tiny-train.toml", TINY_TRAIN)
 }
 
 #[test]
