@@ -37,7 +37,7 @@ def read_idx_images(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
-    ap.add_argument("--images", default=os.path.join(os.path.dirname(__file__), "..", "search", "data", "fashion-mnist", "t10k-images-idx3-ubyte.gz"))
+    ap.add_argument("--images", default=os.path.join(os.path.dirname(__file__), "..", "data", "fashion-mnist", "t10k-images-idx3-ubyte.gz"))
     ap.add_argument("--min-agreement", type=float, default=0.99, help="for the graph as written")
     ap.add_argument("--min-fused", type=float, default=0.99, help="with onnxruntime's QLinear fusions")
     args = ap.parse_args()

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context, Result};
-use qdarts_search::record::utc_stamp;
+use qdarts_record::utc_stamp;
 
 /// An append-only log file.
 #[derive(Debug)]

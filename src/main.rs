@@ -5,11 +5,10 @@
 mod alloc;
 mod backend;
 mod bench;
-mod bench_suite;
 mod dashboard_cmd;
 mod debug_log;
-mod model_cmd;
 mod search_cmd;
+mod train_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -110,7 +109,7 @@ enum Command {
         #[command(subcommand)]
         what: Option<bench::BenchCommand>,
         #[command(flatten)]
-        suite: bench_suite::SuiteArgs,
+        suite: bench::suite::SuiteArgs,
     },
 }
 
@@ -171,19 +170,19 @@ fn main() -> ExitCode {
             if let Some(g) = genotype {
                 overrides.push(format!("genotype={}", toml_string(&g)));
             }
-            model_cmd::train(&model_cmd::TrainArgs {
+            train_cmd::train(&train_cmd::TrainArgs {
                 config: &config,
                 overrides: &overrides,
                 resume: resume.as_deref(),
                 backend: cli.backend,
             })
         }
-        Command::Freeze { run } => model_cmd::freeze_cmd(&run, cli.backend),
-        Command::Export { run } => model_cmd::export(&run),
-        Command::Eval { run, threads } => model_cmd::eval(&run, cli.backend, threads.max(1)),
+        Command::Freeze { run } => train_cmd::freeze_cmd(&run, cli.backend),
+        Command::Export { run } => train_cmd::export(&run),
+        Command::Eval { run, threads } => train_cmd::eval(&run, cli.backend, threads.max(1)),
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
         Command::Bench { what: Some(what), .. } => bench::run(what, cli.backend),
-        Command::Bench { what: None, suite } => bench_suite::run(&suite, cli.backend),
+        Command::Bench { what: None, suite } => bench::suite::run(&suite, cli.backend),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

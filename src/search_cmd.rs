@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use qdarts_engine::Progress;
+use qdarts_record::{RunDir, RunLayout};
 use qdarts_search::config::ExperimentConfig;
-use qdarts_search::record::RunDir;
-use qdarts_search::search::{Progress, SearchOutcome, run_search, run_search_in};
+use qdarts_search::{SearchOutcome, run_search, run_search_in};
 use qdarts_tui::{Exit, SearchControl, SearchPhase};
 
 use crate::backend::Backend;
@@ -74,7 +75,7 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
             if !dir.is_dir() {
                 bail!("{}: no such run folder", dir.display());
             }
-            ExperimentConfig::load(&dir.join("config.toml"), args.overrides)?
+            ExperimentConfig::load(&RunLayout::new(dir).config(), args.overrides)?
         }
         None => ExperimentConfig::load(args.config, args.overrides)?,
     };
@@ -129,8 +130,8 @@ fn with_dashboard(
         Some(dir) => RunDir::open(dir)?,
         None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
     };
-    let dir: PathBuf = run.path().to_path_buf();
-    let log = Arc::new(DebugLog::open(&dir.join("debug.log"))?);
+    let dir: PathBuf = run.root().to_path_buf();
+    let log = Arc::new(DebugLog::open(&run.debug_log())?);
     log.line(&format!(
         "search `{}` on {} ({})",
         cfg.name,

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use burn::tensor::Device;
 use qdarts_search::config::ExperimentConfig;
-use qdarts_search::search::run_search;
+use qdarts_search::run_search;
 use qdarts_tui::app::{App, Tab};
 use qdarts_tui::state::RunStatus;
 use qdarts_tui::{Action, RunReader};
@@ -94,7 +94,7 @@ fn the_reader_holds_what_the_files_hold() {
 
     let nan = csv_rows("nan_events.csv");
     assert_eq!(s.nan.len(), nan.len());
-    assert_eq!((s.nan[0].step, s.nan[0].site.as_str()), (4, "grad"));
+    assert_eq!((s.nan[0].step, s.nan[0].site.name()), (4, "grad"));
 
     // Quantizers at the last recorded step, and the lowest SQNR among them.
     let quant = csv_rows("quant_error.csv");

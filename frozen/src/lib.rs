@@ -14,6 +14,7 @@ pub mod model;
 pub mod onnx;
 pub mod qdf;
 pub mod runtime;
+pub(crate) mod validate;
 
 pub use model::{ActGrid, ConvNode, FrozenModel, Graph, ModelError, Node, PoolKind};
 pub use runtime::Runtime;

@@ -4,8 +4,9 @@
 //! on parallel threads.
 
 use crate::fixed::{Rounding, requantize};
-use crate::model::{ActGrid, ConvNode, FrozenModel, ModelError, Node, PoolKind, Shape, conv_out};
+use crate::model::{ActGrid, ConvNode, FrozenModel, ModelError, Node, PoolKind, Shape};
 use crate::qdf::QTensor;
+use crate::validate::conv_out;
 
 /// Weights widened once for the kernels.
 #[derive(Debug)]

@@ -14,11 +14,12 @@ pub fn edge_count(nodes: usize) -> usize {
     nodes * (nodes + 3) / 2
 }
 
-fn softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-    let e: Vec<f64> = row.iter().map(|&v| (v as f64 - max).exp()).collect();
-    let s: f64 = e.iter().sum();
-    e.into_iter().map(|v| v / s).collect()
+/// The softmax of one edge's α over its ops: the weights `alphas.csv` records and the
+/// derivation ranks.
+pub fn softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let z: f32 = row.iter().map(|v| (v - max).exp()).sum();
+    row.iter().map(|v| (v - max).exp() / z).collect()
 }
 
 /// The nodes of one cell from its raw α (`[edges][ops]`, edges ordered node by node, inputs in
@@ -56,7 +57,7 @@ pub fn derive_cell(
     for i in 0..nodes {
         let inputs = i + 2;
         // (input, best op index, its weight)
-        let mut best: Vec<(usize, usize, f64)> = (0..inputs)
+        let mut best: Vec<(usize, usize, f32)> = (0..inputs)
             .map(|j| {
                 let w = softmax(&alpha[start + j]);
                 let mut kb = candidates[0];

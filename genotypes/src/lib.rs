@@ -9,7 +9,7 @@ mod known;
 mod primitive;
 mod text;
 
-pub use derive::{derive_cell, edge_count};
+pub use derive::{derive_cell, edge_count, softmax};
 pub use error::GenotypeError;
 pub use genotype::{Edge, Genotype};
 pub use known::{KNOWN, known};

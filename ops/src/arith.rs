@@ -129,12 +129,18 @@ pub fn int_softmax(q: &[i64], scale: f64, levels: i64) -> Vec<i64> {
 ///
 /// # Shapes
 /// - x: `[R, K]`; output: `[R, K]`.
-pub fn quantized_softmax(x: Tensor<2>, in_bits: u32, out_bits: u32) -> Tensor<2> {
+pub fn quantized_softmax(
+    x: Tensor<2>,
+    in_bits: u32,
+    out_bits: u32,
+) -> Result<Tensor<2>, SpecError> {
     let [rows, k] = x.dims();
     let device = x.device();
     let float = burn::tensor::activation::softmax(x.clone(), 1);
-    let data = x.detach().into_data().convert::<f32>();
-    let values: Vec<f32> = data.try_to_vec::<f32>().unwrap_or_default();
+    let values: Vec<f32> = x
+        .detach()
+        .try_to_vec_as::<f32>()
+        .map_err(|e| SpecError::ReadBack(format!("softmax input: {e:?}")))?;
     let qmax = ((1i64 << (in_bits - 1)) - 1) as f64;
     let levels = (1i64 << out_bits) - 1;
     let mut out = Vec::with_capacity(rows * k);
@@ -147,5 +153,5 @@ pub fn quantized_softmax(x: Tensor<2>, in_bits: u32, out_bits: u32) -> Tensor<2>
     }
     let int = Tensor::<2>::from_data(TensorData::new(out, [rows, k]), &device);
     // Value: exactly the integer result; gradient: the float softmax's.
-    int.add(float.clone().sub(float.detach()))
+    Ok(int.add(float.clone().sub(float.detach())))
 }

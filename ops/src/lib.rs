@@ -6,5 +6,6 @@
 
 pub mod arith;
 pub mod candidates;
+pub mod network;
 pub mod qconfig;
 pub mod quant;

@@ -181,7 +181,7 @@ fn all_zero_inputs_give_no_nan_in_forward_backward_or_error_reports() {
         check_grads(&m, &grads, &format!("{preset:?}"));
         assert!(nd(x.grad(&grads).unwrap()).iter().all(|v| v.is_finite()));
         assert!(nd(w.grad(&grads).unwrap()).iter().all(|v| v.is_finite()));
-        let rows = m.quant_stats();
+        let rows = m.quant_stats().unwrap();
         assert!(!rows.is_empty());
         for r in rows {
             for v in [r.mse, r.sqnr_db, r.clip_frac, r.scale, r.zero_point] {
@@ -217,7 +217,7 @@ fn every_quantizer_reports_under_a_unique_stable_path() {
     let m = QMixedOp::new(&Primitive::DARTS, 4, 1, &cfg, "cells.3.edges.5", &dev()).unwrap();
     m.set_recording(true);
     m.forward(QTensor::float(input([2, 4, 8, 8], &dev())), Tensor::full([8], 0.125, &dev()));
-    let rows = m.quant_stats();
+    let rows = m.quant_stats().unwrap();
     let paths: BTreeSet<&str> = rows.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(paths.len(), rows.len(), "duplicate paths");
     assert_eq!(rows.len(), m.quantizers().len(), "a quantizer did not report");

@@ -1,13 +1,12 @@
-//! qdarts-search: data, the DARTS supernet over quantized candidate ops, the architect, the
-//! search loop and its run record.
+//! qdarts-search: the DARTS search over quantized candidate ops. The experiment config
+//! ([`config`]), the supernet and its architecture parameters ([`supernet`]), the architect
+//! (first- and second-order α gradients: [`architect`]), one search step ([`step`]), and the
+//! search as a step of the shared epoch loop ([`run`]).
 
 pub mod architect;
-pub mod augment;
 pub mod config;
-pub mod data;
-pub mod freeze;
-pub mod record;
-pub mod rng;
-pub mod search;
+pub mod run;
+pub mod step;
 pub mod supernet;
-pub mod train;
+
+pub use run::{SearchOutcome, derive_genotype, net_shape, run_search, run_search_in};

@@ -7,7 +7,8 @@
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use qdarts_search::architect::{clip_grad_norm, grad_norm, hessian_vector};
+use qdarts_engine::grads::{clip_grad_norm, grad_norm};
+use qdarts_search::architect::hessian_vector;
 
 #[derive(Module, Debug)]
 struct W {

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::csv::{Tail, split_line};
-use crate::state::{DashboardState, Plan, Row, RunStatus, Source};
+use qdarts_record::{RunLayout, Tail, lock_owner, read_plan};
+
+use crate::state::{DashboardState, Plan, RunStatus, Source};
 
 /// A run folder that cannot be shown.
 #[derive(Debug, Error)]
@@ -36,7 +37,7 @@ pub enum DashboardError {
 /// Follows one run folder.
 #[derive(Debug)]
 pub struct RunReader {
-    dir: PathBuf,
+    run: RunLayout,
     tails: Vec<(Source, Tail)>,
     state: DashboardState,
 }
@@ -55,17 +56,14 @@ impl RunReader {
         if !dir.is_dir() {
             return Err(not_a_run("not a folder; give a run folder such as results/default-…"));
         }
-        if !["config.toml", "metrics.csv", "lock"].iter().any(|f| dir.join(f).exists()) {
+        let run = RunLayout::new(dir);
+        if !run.looks_like_run() {
             return Err(not_a_run(
                 "not a qdarts run folder (no config.toml or metrics.csv); runs live in results/",
             ));
         }
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut reader = RunReader {
-            dir: dir.to_path_buf(),
-            tails: Vec::new(),
-            state: DashboardState::new(name),
-        };
+        let mut reader = RunReader { run, tails: Vec::new(), state: DashboardState::new(name) };
         reader.restart();
         Ok(reader)
     }
@@ -73,12 +71,12 @@ impl RunReader {
     fn restart(&mut self) {
         let name = std::mem::take(&mut self.state.run_name);
         self.state = DashboardState::new(name);
-        self.tails = Source::ALL.iter().map(|(s, f)| (*s, Tail::new(self.dir.join(f)))).collect();
+        self.tails = Source::ALL.iter().map(|&s| (s, Tail::new(s.path(&self.run)))).collect();
     }
 
     /// The folder.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.run.root()
     }
 
     /// The state as of the last poll.
@@ -111,25 +109,20 @@ impl RunReader {
             if polled.reset {
                 return Ok(None);
             }
-            batches.push((*source, tail.header().map(<[String]>::to_vec), polled.lines));
+            batches.push((*source, tail.header().cloned(), polled.lines));
         }
         let mut changed = false;
         for (source, header, lines) in batches {
             changed |= !lines.is_empty();
-            self.apply(source, header.as_deref(), &lines);
+            self.apply(source, header.as_ref(), &lines);
         }
         Ok(Some(changed))
     }
 
-    fn apply(&mut self, source: Source, header: Option<&[String]>, lines: &[String]) {
+    fn apply(&mut self, source: Source, header: Option<&csv::StringRecord>, lines: &[String]) {
         let Some(header) = header else { return };
         for line in lines {
-            match split_line(line) {
-                Some(fields) if fields.len() == header.len() => {
-                    self.state.apply(source, Row::new(header, &fields));
-                }
-                _ => self.state.skipped_rows += 1,
-            }
+            self.state.apply(source, header, line);
         }
     }
 
@@ -137,22 +130,20 @@ impl RunReader {
     fn poll_meta(&mut self) -> bool {
         let before =
             (self.state.plan, self.state.status.clone(), self.state.final_genotype.clone());
-        if let Ok(text) = std::fs::read_to_string(self.dir.join("plan.json"))
-            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
-            && let (Some(e), Some(s)) = (v["epochs"].as_u64(), v["steps_per_epoch"].as_u64())
-        {
-            self.state.plan = Some(Plan { epochs: e as usize, steps_per_epoch: s as usize });
+        if let Some(plan) = read_plan(&self.run) {
+            self.state.plan =
+                Some(Plan { epochs: plan.epochs, steps_per_epoch: plan.steps_per_epoch });
         } else if let Some(epochs) = self.configured_epochs()
             && let Some(first) = self.state.val.first()
         {
             // No plan.json (a run from an older qdarts): the first validation row ends epoch 0.
             self.state.plan = Some(Plan { epochs, steps_per_epoch: first.step });
         }
-        self.state.final_genotype = std::fs::read_to_string(self.dir.join("genotype.txt"))
+        self.state.final_genotype = std::fs::read_to_string(self.run.genotype_text())
             .ok()
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty());
-        self.state.status = self.lock_owner().map_or_else(
+        self.state.status = lock_owner(&self.run).map_or_else(
             || {
                 if self.state.final_genotype.is_some() {
                     RunStatus::Finished
@@ -167,19 +158,8 @@ impl RunReader {
 
     /// `search.epochs` of the run's `config.toml`.
     fn configured_epochs(&self) -> Option<usize> {
-        let text = std::fs::read_to_string(self.dir.join("config.toml")).ok()?;
+        let text = std::fs::read_to_string(self.run.config()).ok()?;
         let doc: toml::Table = toml::from_str(&text).ok()?;
         doc.get("search")?.get("epochs")?.as_integer().and_then(|e| usize::try_from(e).ok())
-    }
-
-    /// The process that holds the run's lock, if it is alive.
-    fn lock_owner(&self) -> Option<u32> {
-        let pid: u32 = std::fs::read_to_string(self.dir.join("lock")).ok()?.trim().parse().ok()?;
-        let alive = if cfg!(target_os = "linux") {
-            Path::new(&format!("/proc/{pid}")).exists()
-        } else {
-            true
-        };
-        alive.then_some(pid)
     }
 }

@@ -2,9 +2,15 @@
 //! (rates, ETA, entropies, the worst quantizer). No I/O and no rendering here.
 
 use std::collections::HashMap;
-use std::str::FromStr;
+use std::path::PathBuf;
 
-/// Which file of the run record a row comes from.
+pub use qdarts_record::CellType;
+use qdarts_record::{
+    AlphaRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, Phase, QuantErrorRow, RunLayout,
+    parse_line,
+};
+
+/// Which table of the run record a row comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// `metrics.csv`.
@@ -20,38 +26,19 @@ pub enum Source {
 }
 
 impl Source {
-    /// Every source with its file name.
-    pub const ALL: [(Source, &'static str); 5] = [
-        (Source::Metrics, "metrics.csv"),
-        (Source::Nan, "nan_events.csv"),
-        (Source::Quant, "quant_error.csv"),
-        (Source::Alphas, "alphas.csv"),
-        (Source::Genotypes, "genotypes.csv"),
-    ];
-}
+    /// Every table the dashboard follows.
+    pub const ALL: [Source; 5] =
+        [Source::Metrics, Source::Nan, Source::Quant, Source::Alphas, Source::Genotypes];
 
-/// A row with its header, read by column name (so a reordered or extended file still reads).
-#[derive(Debug, Clone, Copy)]
-pub struct Row<'a> {
-    header: &'a [String],
-    fields: &'a [String],
-}
-
-impl<'a> Row<'a> {
-    /// A row of `fields` under `header`.
-    pub fn new(header: &'a [String], fields: &'a [String]) -> Self {
-        Row { header, fields }
-    }
-
-    /// The text of a column.
-    pub fn text(&self, name: &str) -> Option<&'a str> {
-        let i = self.header.iter().position(|h| h == name)?;
-        self.fields.get(i).map(String::as_str)
-    }
-
-    /// A column parsed as a number (`NaN`, `inf` included for floats).
-    pub fn num<T: FromStr>(&self, name: &str) -> Option<T> {
-        self.text(name)?.trim().parse().ok()
+    /// The table's file in `run`.
+    pub fn path(self, run: &RunLayout) -> PathBuf {
+        match self {
+            Source::Metrics => run.table::<MetricsRow>(),
+            Source::Nan => run.table::<NanEventRow>(),
+            Source::Quant => run.table::<QuantErrorRow>(),
+            Source::Alphas => run.table::<AlphaRow>(),
+            Source::Genotypes => run.table::<GenotypeRow>(),
+        }
     }
 }
 
@@ -87,23 +74,6 @@ pub struct ValPoint {
     pub top1: f64,
 }
 
-/// A row of `nan_events.csv`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NanEvent {
-    /// Epoch.
-    pub epoch: usize,
-    /// Global step.
-    pub step: usize,
-    /// loss, grad, alpha, scale, lr, guard.
-    pub site: String,
-    /// Layer path.
-    pub layer: String,
-    /// The offending value, as written.
-    pub value: String,
-    /// skipped, rolled_back, lr_halved, aborted.
-    pub action: String,
-}
-
 /// One quantizer: its latest statistics and its SQNR over the recorded steps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantLayer {
@@ -113,7 +83,7 @@ pub struct QuantLayer {
     pub kind: String,
     /// Bit width.
     pub bits: u32,
-    /// Step size (first channel's for per-channel specs).
+    /// Step size (mean over channels for per-channel specs).
     pub scale: f64,
     /// Zero point.
     pub zero_point: f64,
@@ -138,15 +108,6 @@ pub struct AlphaEpoch {
     pub normal: Vec<Vec<f64>>,
     /// Reduction cell.
     pub reduce: Vec<Vec<f64>>,
-}
-
-/// Which cell type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CellType {
-    /// Normal cell.
-    Normal,
-    /// Reduction cell.
-    Reduce,
 }
 
 impl AlphaEpoch {
@@ -207,7 +168,7 @@ pub struct DashboardState {
     /// Validation passes.
     pub val: Vec<ValPoint>,
     /// Non-finite events.
-    pub nan: Vec<NanEvent>,
+    pub nan: Vec<NanEventRow>,
     /// Quantizers, in the order first seen.
     pub quant: Vec<QuantLayer>,
     quant_index: HashMap<String, usize>,
@@ -246,101 +207,76 @@ impl DashboardState {
         }
     }
 
-    /// Applies one row; a row that does not parse is counted and skipped.
-    pub fn apply(&mut self, source: Source, row: Row<'_>) {
+    /// Applies one line of `source` read under `header`; a row that does not parse is
+    /// counted and skipped.
+    pub fn apply(&mut self, source: Source, header: &csv::StringRecord, line: &str) {
         let ok = match source {
-            Source::Metrics => self.apply_metrics(row),
-            Source::Nan => self.apply_nan(row),
-            Source::Quant => self.apply_quant(row),
-            Source::Alphas => self.apply_alpha(row),
-            Source::Genotypes => self.apply_genotype(row),
+            Source::Metrics => parse_line(header, line).map(|r| self.apply_metrics(r)),
+            Source::Nan => parse_line(header, line).map(|r| self.nan.push(r)),
+            Source::Quant => parse_line(header, line).map(|r| self.apply_quant(r)),
+            Source::Alphas => parse_line(header, line).and_then(|r| self.apply_alpha(r)),
+            Source::Genotypes => parse_line(header, line).map(|r| self.apply_genotype(r)),
         };
         if ok.is_none() {
             self.skipped_rows += 1;
         }
     }
 
-    fn apply_metrics(&mut self, r: Row<'_>) -> Option<()> {
-        let (epoch, step) = (r.num("epoch")?, r.num("step")?);
-        let (loss, top1) = (r.num("loss")?, r.num("top1")?);
-        match r.text("phase")? {
-            "train" => self.train.push(TrainPoint {
+    fn apply_metrics(&mut self, r: MetricsRow) {
+        let (epoch, step, loss, top1) = (r.epoch, r.step, r.loss, r.top1);
+        match r.phase {
+            Phase::Train => self.train.push(TrainPoint {
                 epoch,
                 step,
                 loss,
                 top1,
-                lr: r.num("lr")?,
-                arch_lr: r.num("arch_lr")?,
-                seconds: r.num("seconds")?,
+                lr: r.lr,
+                arch_lr: r.arch_lr,
+                seconds: r.seconds,
             }),
-            "val" => self.val.push(ValPoint { epoch, step, loss, top1 }),
-            _ => return None,
+            Phase::Val => self.val.push(ValPoint { epoch, step, loss, top1 }),
         }
-        Some(())
     }
 
-    fn apply_nan(&mut self, r: Row<'_>) -> Option<()> {
-        self.nan.push(NanEvent {
-            epoch: r.num("epoch")?,
-            step: r.num("step")?,
-            site: r.text("site")?.to_string(),
-            layer: r.text("layer")?.to_string(),
-            value: r.text("value")?.to_string(),
-            action: r.text("action")?.to_string(),
-        });
-        Some(())
-    }
-
-    fn apply_quant(&mut self, r: Row<'_>) -> Option<()> {
-        let layer = r.text("layer")?;
-        let step: usize = r.num("step")?;
-        let sqnr_db: f64 = r.num("sqnr_db")?;
+    fn apply_quant(&mut self, r: QuantErrorRow) {
+        let point = (u32::try_from(r.step).unwrap_or(u32::MAX), r.sqnr_db as f32);
+        let step = r.step;
         let row = QuantLayer {
-            layer: layer.to_string(),
-            kind: r.text("kind")?.to_string(),
-            bits: r.num("bits")?,
-            scale: r.num("scale")?,
-            zero_point: r.num("zero_point")?,
-            mse: r.num("mse")?,
-            sqnr_db,
-            clip_frac: r.num("clip_frac")?,
+            layer: r.layer,
+            kind: r.kind,
+            bits: r.bits,
+            scale: r.scale,
+            zero_point: r.zero_point,
+            mse: r.mse,
+            sqnr_db: r.sqnr_db,
+            clip_frac: r.clip_frac,
             step,
             history: Vec::new(),
         };
-        let point = (u32::try_from(step).unwrap_or(u32::MAX), sqnr_db as f32);
-        match self.quant_index.get(layer) {
+        match self.quant_index.get(&row.layer) {
             Some(&i) => {
                 let old = std::mem::take(&mut self.quant[i].history);
                 self.quant[i] = QuantLayer { history: old, ..row };
                 self.quant[i].history.push(point);
             }
             None => {
-                self.quant_index.insert(layer.to_string(), self.quant.len());
+                self.quant_index.insert(row.layer.clone(), self.quant.len());
                 self.quant.push(QuantLayer { history: vec![point], ..row });
             }
         }
         self.quant_step = self.quant_step.max(step);
-        Some(())
     }
 
-    fn apply_alpha(&mut self, r: Row<'_>) -> Option<()> {
-        let epoch: usize = r.num("epoch")?;
-        let edge: usize = r.num("edge")?;
-        let weight: f64 = r.num("weight")?;
-        let cell = match r.text("cell_type")? {
-            "normal" => CellType::Normal,
-            "reduce" => CellType::Reduce,
-            _ => return None,
-        };
+    fn apply_alpha(&mut self, r: AlphaRow) -> Option<()> {
+        let (epoch, edge) = (r.epoch, r.edge);
         // A corrupt edge index must not make the dashboard allocate without bound.
         if edge > 4096 {
             return None;
         }
-        let op = r.text("op")?;
-        let k = match self.ops.iter().position(|o| o == op) {
+        let k = match self.ops.iter().position(|o| *o == r.op) {
             Some(k) => k,
             None => {
-                self.ops.push(op.to_string());
+                self.ops.push(r.op);
                 self.ops.len() - 1
             }
         };
@@ -348,7 +284,7 @@ impl DashboardState {
             self.alphas.push(AlphaEpoch { epoch, ..AlphaEpoch::default() });
         }
         let a = self.alphas.last_mut()?;
-        let edges = match cell {
+        let edges = match r.cell_type {
             CellType::Normal => &mut a.normal,
             CellType::Reduce => &mut a.reduce,
         };
@@ -358,16 +294,13 @@ impl DashboardState {
         if edges[edge].len() <= k {
             edges[edge].resize(k + 1, f64::NAN);
         }
-        edges[edge][k] = weight;
+        edges[edge][k] = r.weight;
         Some(())
     }
 
-    fn apply_genotype(&mut self, r: Row<'_>) -> Option<()> {
-        let epoch: usize = r.num("epoch")?;
-        let text = r.text("genotype")?;
-        self.genotypes.retain(|(e, _)| *e != epoch);
-        self.genotypes.push((epoch, text.to_string()));
-        Some(())
+    fn apply_genotype(&mut self, r: GenotypeRow) {
+        self.genotypes.retain(|(e, _)| *e != r.epoch);
+        self.genotypes.push((r.epoch, r.genotype));
     }
 
     /// The last training step.
@@ -419,6 +352,6 @@ impl DashboardState {
 
     /// NaN events that are not bookkeeping (`lr_halved` rows follow a rollback).
     pub fn nan_count(&self) -> usize {
-        self.nan.iter().filter(|e| e.action != "lr_halved").count()
+        self.nan.iter().filter(|e| e.action != NanAction::LrHalved).count()
     }
 }

@@ -100,8 +100,12 @@ pub trait QuantSites {
     }
 
     /// The error rows of every quantizer that recorded a tensor.
-    fn quant_stats(&self) -> Vec<QuantStats> {
-        self.quantizers().iter().filter_map(|q| q.last_stats()).collect()
+    fn quant_stats(&self) -> Result<Vec<QuantStats>, SpecError> {
+        let mut rows = Vec::new();
+        for q in self.quantizers() {
+            rows.extend(q.last_stats()?);
+        }
+        Ok(rows)
     }
 }
 

@@ -93,4 +93,7 @@ pub enum SpecError {
         /// Channels of the edge.
         channels: usize,
     },
+    /// A value could not be read back from the device.
+    #[error("reading {0} back from the device failed")]
+    ReadBack(String),
 }

@@ -292,9 +292,13 @@ mod flex_impl {
 
     use super::{Chan, FakeQuantBackend, FusedLayout, backward, for_each_run, forward};
 
+    /// The values of a grid tensor (mult, step, zero point: f32 by construction).
+    ///
+    /// # Panics
+    /// If it is not f32, as [`contiguous_f32`].
     fn host(t: &FlexTensor) -> Vec<f32> {
-        let t = t.to_contiguous();
-        t.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default()
+        let (_, t) = contiguous_f32(t.clone());
+        t.as_slice::<f32>().expect("a contiguous f32 tensor has a slice").to_vec()
     }
 
     fn chans(

@@ -5,6 +5,7 @@ pub mod error;
 pub mod fused;
 pub mod kernel;
 pub mod observer;
+mod observer_kind;
 pub mod quantizer;
 pub mod spec;
 pub mod stats;

@@ -117,7 +117,7 @@ impl FakeQuantizer {
     }
 
     /// Error statistics of the last tensor quantized while recording was on.
-    pub fn last_stats(&self) -> Option<QuantStats> {
+    pub fn last_stats(&self) -> Result<Option<QuantStats>, SpecError> {
         self.monitor.read(&self.path, self.role, &self.spec)
     }
 

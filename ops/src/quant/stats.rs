@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
+use super::error::SpecError;
 use super::kernel::{Grid, Quantized, quantize};
 use super::spec::QuantSpec;
 
@@ -136,31 +137,41 @@ impl Monitor {
         });
     }
 
-    /// Reads the last statistics back to the host.
-    pub fn read(&self, path: &str, role: TensorRole, spec: &QuantSpec) -> Option<QuantStats> {
-        let last = self.state.lock().ok()?.last.clone()?;
-        let scalar = |t: Tensor<1>| -> f64 {
-            let v = t.into_data().try_to_vec::<f32>().unwrap_or_default();
-            if v.is_empty() {
+    /// Reads the last statistics back to the host (`None`: nothing recorded).
+    pub fn read(
+        &self,
+        path: &str,
+        role: TensorRole,
+        spec: &QuantSpec,
+    ) -> Result<Option<QuantStats>, SpecError> {
+        let Some(last) = self.state.lock().ok().and_then(|s| s.last.clone()) else {
+            return Ok(None);
+        };
+        // The mean of a tensor (a scalar, or a per-channel step or zero point).
+        let scalar = |t: Tensor<1>, what: &str| -> Result<f64, SpecError> {
+            let v = t
+                .try_to_vec_as::<f32>()
+                .map_err(|e| SpecError::ReadBack(format!("{path} {what}: {e:?}")))?;
+            Ok(if v.is_empty() {
                 0.0
             } else {
                 v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64
-            }
+            })
         };
-        let signal = scalar(last.signal);
-        let noise = scalar(last.noise);
+        let signal = scalar(last.signal, "signal energy")?;
+        let noise = scalar(last.noise, "noise energy")?;
         let n = last.numel.max(1) as f64;
-        Some(QuantStats {
+        Ok(Some(QuantStats {
             path: path.to_string(),
             role,
             bits: spec.bits(),
-            scale: scalar(last.step),
-            zero_point: scalar(last.zero_point),
+            scale: scalar(last.step, "step")?,
+            zero_point: scalar(last.zero_point, "zero point")?,
             mse: noise / n,
             sqnr_db: sqnr_db(signal, noise),
-            clip_frac: scalar(last.clipped) / n,
+            clip_frac: scalar(last.clipped, "clipped count")? / n,
             numel: last.numel,
-        })
+        }))
     }
 }
 

@@ -9,47 +9,10 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::arith::{QAdd, QConcat};
-use qdarts_ops::candidates::{
-    ConvShape, Ctx, QFactorizedReduce, QMixedOp, QStdConv, QTensor, QuantSites,
-};
+use qdarts_ops::candidates::{Ctx, QMixedOp, QStdConv, QTensor, QuantSites};
+use qdarts_ops::network::Preprocess;
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
-
-/// The first preprocessing op of a cell.
-// Built once per cell; boxing would only add an indirection to every forward.
-#[allow(clippy::large_enum_variant)]
-#[derive(Module, Debug)]
-pub enum Preprocess {
-    /// After a reduction cell: halve the resolution.
-    Reduce(QFactorizedReduce),
-    /// Otherwise: ReLU – Conv1×1 – BN.
-    Conv(QStdConv),
-}
-
-impl Preprocess {
-    /// The two input preprocessings of a cell at `path` (pt.darts): the first input through a
-    /// FactorizedReduce after a reduction cell, else ReLU-conv1×1-BN; the second through
-    /// ReLU-conv1×1-BN. `[c_pp, c_p, c]`: the inputs' channels and the cell's.
-    pub fn pair(
-        reduction_prev: bool,
-        [c_pp, c_p, c]: [usize; 3],
-        affine: bool,
-        cfg: &QuantConfig,
-        path: &str,
-        device: &Device,
-    ) -> Result<(Preprocess, QStdConv), SpecError> {
-        let ctx =
-            |name: &str| Ctx { cfg, op: "preprocess", path: format!("{path}.{name}"), device };
-        let p0 = if reduction_prev {
-            Preprocess::Reduce(QFactorizedReduce::new(c_pp, c, affine, &ctx("preproc0"))?)
-        } else {
-            let shape = ConvShape::square(c_pp, c, 1, 1, 0);
-            Preprocess::Conv(QStdConv::new(shape, affine, &ctx("preproc0"))?)
-        };
-        let p1 = QStdConv::new(ConvShape::square(c_p, c, 1, 1, 0), affine, &ctx("preproc1"))?;
-        Ok((p0, p1))
-    }
-}
 
 /// One search cell.
 #[derive(Module, Debug)]
@@ -135,10 +98,7 @@ impl SearchCell {
     /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]` (s0 at twice the resolution after a
     ///   reduction); weights: one `[K]` row per edge; output: `[N, nodes·C, H', W']`.
     pub fn forward(&self, s0: QTensor, s1: QTensor, weights: &[Tensor<1>]) -> QTensor {
-        let s0 = match &self.preproc0 {
-            Preprocess::Reduce(op) => op.forward(s0),
-            Preprocess::Conv(op) => op.forward(s0),
-        };
+        let s0 = self.preproc0.forward(s0);
         let mut states = vec![s0, self.preproc1.forward(s1)];
         let mut k = 0;
         for add in &self.adds {
@@ -158,10 +118,7 @@ impl SearchCell {
 
 impl QuantSites for SearchCell {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
-        let mut q = match &self.preproc0 {
-            Preprocess::Reduce(op) => op.quantizers(),
-            Preprocess::Conv(op) => op.quantizers(),
-        };
+        let mut q = self.preproc0.quantizers();
         q.extend(self.preproc1.quantizers());
         for e in &self.edges {
             q.extend(e.quantizers());

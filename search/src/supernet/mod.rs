@@ -1,7 +1,9 @@
-//! The DARTS supernet over quantized candidate ops.
+//! The DARTS supernet over quantized candidate ops, and its architecture parameters.
 
+mod alphas;
 mod cell;
 mod network;
 
-pub use cell::{CellShape, Preprocess, SearchCell};
-pub use network::{Alphas, NetShape, QLinear, SearchNetwork, is_reduction};
+pub use alphas::{AlphaRows, Alphas};
+pub use cell::{CellShape, SearchCell};
+pub use network::{NetShape, SearchNetwork};

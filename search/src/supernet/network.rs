@@ -1,16 +1,16 @@
 //! `SearchNetwork`: stem – search cells (reductions at 1/3 and 2/3 depth) – global average pool
-//! – linear classifier, all fake-quantized (pt.darts `SearchCNN`), and `Alphas`, the
-//! architecture parameters the search controller owns.
+//! – linear classifier, all fake-quantized (pt.darts `SearchCNN`). It holds only weights: the
+//! architecture parameters are [`super::Alphas`], owned by the search controller.
 
-use burn::module::{Module, Param};
-use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Distribution, Tensor};
-use qdarts_genotypes::{Primitive, edge_count};
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{
-    ConvShape, Ctx, QBatchNorm, QConv, QTensor, QuantSites, quantize_bias, quantize_opt,
+    ConvShape, Ctx, QBatchNorm, QConv, QTensor, QuantSites, quantize_opt,
 };
+use qdarts_ops::network::{QLinear, is_reduction};
 use qdarts_ops::qconfig::{QuantConfig, Site};
-use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
 use super::cell::{CellShape, SearchCell};
 
@@ -35,55 +35,6 @@ pub struct NetShape {
     pub partial_channels: usize,
 }
 
-/// A linear layer with a fake-quantized weight (per output row) and a float bias.
-#[derive(Module, Debug)]
-pub struct QLinear {
-    /// Weight `[out, in]`.
-    pub weight: Param<Tensor<2>>,
-    /// Bias `[out]`; freeze stores it as int32 on the scale `s_in·s_w`.
-    pub bias: Param<Tensor<1>>,
-    /// Weight quantizer (`<path>.weight`).
-    pub wq: Option<FakeQuantizer>,
-}
-
-impl QLinear {
-    /// PyTorch's Linear initialisation (uniform ±1/sqrt(in)).
-    pub fn new(c_in: usize, c_out: usize, ctx: &Ctx) -> Result<Self, SpecError> {
-        let b = 1.0 / (c_in as f64).sqrt();
-        // Drawn now (not lazily at the first forward), in construction order.
-        let u = Distribution::Uniform(-b, b);
-        Ok(QLinear {
-            weight: Param::from_tensor(Tensor::random([c_out, c_in], u, ctx.device)),
-            bias: Param::from_tensor(Tensor::random([c_out], u, ctx.device)),
-            wq: ctx.quantizer(Site::Weight, "weight", c_out)?,
-        })
-    }
-
-    /// # Shapes
-    /// - x: `[N, in]`; output: `[N, out]`.
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        self.forward_q(x, None)
-    }
-
-    /// [`forward`](Self::forward) of an input on the grid `input`: with a quantized weight the
-    /// bias is fake-quantized to int32 at the derived scale `s_in·s_w,c`.
-    pub fn forward_q(&self, x: Tensor<2>, input: Option<&Grid>) -> Tensor<2> {
-        let c = self.bias.val().dims()[0];
-        let (w, bias) = match (&self.wq, input) {
-            (Some(q), Some(ig)) => {
-                let (w, g) = q.forward_with_grid(self.weight.val());
-                let unit = Tensor::<1>::ones([c], &w.device())
-                    .mul(g.step.detach())
-                    .mul(ig.step.clone().detach());
-                (w, quantize_bias(self.bias.val(), unit, q.spec().round()))
-            }
-            (Some(q), None) => (q.forward(self.weight.val()), self.bias.val()),
-            (None, _) => (self.weight.val(), self.bias.val()),
-        };
-        x.matmul(w.transpose()).add(bias.reshape([1, c]))
-    }
-}
-
 /// The supernet's weights (the alphas live in [`Alphas`]).
 #[derive(Module, Debug)]
 pub struct SearchNetwork {
@@ -99,11 +50,6 @@ pub struct SearchNetwork {
     pub gap_act: Option<FakeQuantizer>,
     /// Classifier (`classifier`).
     pub classifier: QLinear,
-}
-
-/// Whether cell `i` of `layers` reduces: at 1/3 and 2/3 depth (pt.darts, DARTS).
-pub fn is_reduction(i: usize, layers: usize) -> bool {
-    i == layers / 3 || i == 2 * layers / 3
 }
 
 impl SearchNetwork {
@@ -184,47 +130,5 @@ impl QuantSites for SearchNetwork {
         q.extend(self.gap_act.iter());
         q.extend(self.classifier.wq.iter());
         q
-    }
-}
-
-/// The architecture parameters: one row of α per edge and op, for each cell type.
-#[derive(Module, Debug)]
-pub struct Alphas {
-    /// α of the normal cell, `[edges, K]`.
-    pub normal: Param<Tensor<2>>,
-    /// α of the reduction cell, `[edges, K]`.
-    pub reduce: Param<Tensor<2>>,
-}
-
-impl Alphas {
-    /// `1e-3 · N(0, 1)`, as pt.darts and DARTS initialise them.
-    pub fn new(nodes: usize, ops: usize, device: &Device) -> Self {
-        let init = || {
-            Param::from_tensor(
-                Tensor::<2>::random(
-                    [edge_count(nodes), ops],
-                    Distribution::Normal(0.0, 1.0),
-                    device,
-                )
-                .mul_scalar(1e-3),
-            )
-        };
-        Alphas { normal: init(), reduce: init() }
-    }
-
-    /// Softmax over the ops of each edge: `(normal, reduce)`.
-    pub fn weights(&self) -> (Tensor<2>, Tensor<2>) {
-        (softmax(self.normal.val(), 1), softmax(self.reduce.val(), 1))
-    }
-
-    /// Raw α as host rows: `(normal, reduce)`.
-    pub fn to_rows(&self) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-        let rows = |t: Tensor<2>| {
-            let [_, k] = t.dims();
-            let v: Vec<f32> =
-                t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default();
-            v.chunks(k).map(<[f32]>::to_vec).collect()
-        };
-        (rows(self.normal.val()), rows(self.reduce.val()))
     }
 }

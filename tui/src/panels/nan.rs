@@ -6,6 +6,8 @@ use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Row, Table, Widget};
 
 use super::{framed, tail_chars, window};
+use qdarts_record::NanAction;
+
 use crate::state::DashboardState;
 use crate::theme::THEME;
 
@@ -32,14 +34,14 @@ impl Widget for &NanTable<'_> {
         let shown = window(events.len(), usize::from(inner.height.saturating_sub(1)), self.offset);
         let layer_w = usize::from(inner.width.saturating_sub(44)).max(8);
         let rows = events[shown].iter().map(|e| {
-            let style = if e.action == "lr_halved" { THEME.warn } else { THEME.bad };
+            let style = if e.action == NanAction::LrHalved { THEME.warn } else { THEME.bad };
             Row::new(vec![
                 e.epoch.to_string(),
                 e.step.to_string(),
-                e.site.clone(),
+                e.site.to_string(),
                 tail_chars(&e.layer, layer_w),
-                e.value.clone(),
-                e.action.clone(),
+                e.value.to_string(),
+                e.action.to_string(),
             ])
             .style(style)
         });

@@ -15,9 +15,16 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use qdarts_ops::qconfig::Preset;
+use qdarts_search::config::Order;
 
+use super::ops::op_rows;
+use super::quant::{Pass, quant_rows};
+use super::search::{
+    DARTS_SHAPE, DEFAULT_SHAPE, SEARCH_SHAPES, SearchCase, SearchShape, order_name, preset_name,
+    time_search_step,
+};
+use super::timing::write_csv;
 use crate::backend::Backend;
-use crate::bench::{self, SEARCH_SHAPES, SearchShape};
 
 /// Options of the suite.
 #[derive(Debug, Clone, clap::Args)]
@@ -146,8 +153,8 @@ const QUANT_SHAPE: [usize; 4] = [64, 64, 56, 56];
 const OP_SHAPE: [usize; 4] = [64, 16, 32, 32];
 
 fn quant_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()> {
-    let rows = bench::quant_rows(QUANT_SHAPE, reps, device)?;
-    let copy = |pass: &str| {
+    let rows = quant_rows(QUANT_SHAPE, reps, device)?;
+    let copy = |pass: Pass| {
         rows.iter().find(|r| r.what.starts_with("copy") && r.pass == pass).map(|r| r.median_s)
     };
     let [n, c, h, w] = QUANT_SHAPE;
@@ -160,7 +167,7 @@ fn quant_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()
         out.push(Line {
             section: "quant",
             case: format!("{what} {n}x{c}x{h}x{w}"),
-            variant: format!("{} {}", r.granularity, r.pass),
+            variant: format!("{} {}", r.granularity, r.pass.name()),
             runs: (1, reps),
             time: Some((r.median_s, r.min_s, r.max_s)),
             rate: Some((r.elems_per_s(), r.gb_per_s())),
@@ -173,20 +180,20 @@ fn quant_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()
 }
 
 fn ops_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()> {
-    let rows = bench::op_rows(OP_SHAPE, Preset::Tensorrt, reps, device)?;
+    let rows = op_rows(OP_SHAPE, Preset::Tensorrt, reps, device)?;
     let [n, c, h, w] = OP_SHAPE;
     for r in &rows {
         let case = format!("{} s{} {n}x{c}x{h}x{w}", r.op, r.stride);
         for (variant, t, ratio) in [
             ("float fwd+bwd", r.float, None),
-            ("tensorrt fwd+bwd", r.quant, Some((r.quant.0 / r.float.0, "float"))),
+            ("tensorrt fwd+bwd", r.quant, Some((r.quant.median / r.float.median, "float"))),
         ] {
             out.push(Line {
                 section: "op",
                 case: case.clone(),
                 variant: variant.into(),
                 runs: (1, reps),
-                time: Some(t),
+                time: Some((t.median, t.min, t.max)),
                 rate: None,
                 ratio,
                 peak_bytes: None,
@@ -197,37 +204,27 @@ fn ops_section(reps: usize, device: &Device, out: &mut Vec<Line>) -> Result<()> 
     Ok(())
 }
 
-/// One search row to run.
-#[derive(Debug, Clone, Copy)]
-struct SearchRow {
-    shape: SearchShape,
-    order: &'static str,
-    preset: &'static str,
-}
-
-fn search_rows() -> Vec<SearchRow> {
+fn search_rows() -> Vec<SearchCase> {
     let mut rows = Vec::new();
-    let pc = SearchShape { name: "darts-pc4", partial: 4, ..SEARCH_SHAPES[1] };
-    for shape in [SEARCH_SHAPES[0], SEARCH_SHAPES[1]] {
-        for order in ["first", "second"] {
-            for preset in ["float", "tensorrt"] {
-                rows.push(SearchRow { shape, order, preset });
+    let pc = SearchShape { name: "darts-pc4", partial: 4, ..DARTS_SHAPE };
+    for shape in [DEFAULT_SHAPE, DARTS_SHAPE] {
+        for order in [Order::First, Order::Second] {
+            for preset in [Preset::Float, Preset::Tensorrt] {
+                rows.push(SearchCase { shape, order, preset });
             }
         }
-        if shape.name == "darts" {
-            rows.insert(
-                rows.len() - 2,
-                SearchRow { shape: pc, order: "first", preset: "tensorrt" },
-            );
+        if shape == DARTS_SHAPE {
+            let row = SearchCase { shape: pc, order: Order::First, preset: Preset::Tensorrt };
+            rows.insert(rows.len() - 2, row);
         }
     }
     rows
 }
 
 /// A step's cost relative to the first-order float step of the same shape (for the budget).
-fn relative_cost(row: &SearchRow) -> f64 {
-    let order = if row.order == "second" { 2.6 } else { 1.0 };
-    let quant = if row.preset == "float" { 1.0 } else { 1.3 };
+fn relative_cost(row: &SearchCase) -> f64 {
+    let order = if row.order == Order::Second { 2.6 } else { 1.0 };
+    let quant = if row.preset == Preset::Float { 1.0 } else { 1.3 };
     let pc = if row.shape.partial > 1 { 0.5 } else { 1.0 };
     order * quant * pc
 }
@@ -278,7 +275,7 @@ fn search_section(
             sh.batch,
             if sh.partial > 1 { format!(" K={}", sh.partial) } else { String::new() }
         );
-        let variant = format!("{} order, {}", row.order, row.preset);
+        let variant = format!("{} order, {}", order_name(row.order), preset_name(row.preset));
         if !fits {
             out.push(Line {
                 section: "search",
@@ -299,18 +296,19 @@ fn search_section(
             continue;
         }
         let deadline = budget.map(|b| started + std::time::Duration::from_secs_f64(b));
-        let t = bench::time_search_step_until(
-            &sh, row.order, row.preset, reps, warmup, deadline, device,
-        )?;
-        let (m, lo, hi, peak) = (t.median, t.min, t.max, t.peak);
-        if est.is_none() || (row.order == "first" && row.preset == "float" && sh.partial == 1) {
+        let t = time_search_step(&row, reps, warmup, deadline, device)?;
+        let (m, lo, hi, peak) = (t.time.median, t.time.min, t.time.max, t.peak);
+        let unit_row = row.order == Order::First && row.preset == Preset::Float;
+        if est.is_none() || (unit_row && sh.partial == 1) {
             unit.retain(|(n, _)| *n != base);
             unit.push((base, m / relative_cost(&row)));
         }
         let float = out
             .iter()
             .rev()
-            .find(|l| l.case == case && l.variant == format!("{} order, float", row.order))
+            .find(|l| {
+                l.case == case && l.variant == format!("{} order, float", order_name(row.order))
+            })
             .and_then(|l| l.time.map(|t| t.0));
         out.push(Line {
             section: "search",
@@ -319,7 +317,7 @@ fn search_section(
             runs: t.runs,
             time: Some((m, lo, hi)),
             rate: None,
-            ratio: float.filter(|_| row.preset != "float").map(|f| (m / f, "float")),
+            ratio: float.filter(|_| row.preset != Preset::Float).map(|f| (m / f, "float")),
             peak_bytes: peak,
             note: String::new(),
         });
@@ -357,7 +355,7 @@ pub fn run(args: &SuiteArgs, backend: Backend) -> Result<()> {
         if backend == Backend::Flex { "" } else { " (device pool bytes reserved)" }
     );
     print!("{}", render(&lines));
-    bench::write_csv(&csv, CSV_HEADER, csv_lines(backend, &lines))
+    write_csv(&csv, CSV_HEADER, csv_lines(backend, &lines))
         .with_context(|| format!("writing {}", csv.display()))?;
     println!(
         "{} rows in {:.0} s; CSV: {}",
@@ -376,13 +374,13 @@ mod tests {
     fn the_suite_times_both_shapes_both_orders_float_and_fake_quant_and_pc_darts() {
         let rows = search_rows();
         for shape in ["default", "darts"] {
-            for order in ["first", "second"] {
-                for preset in ["float", "tensorrt"] {
+            for order in [Order::First, Order::Second] {
+                for preset in [Preset::Float, Preset::Tensorrt] {
                     assert!(
                         rows.iter().any(|r| r.shape.name == shape
                             && r.order == order
                             && r.preset == preset),
-                        "missing {shape} {order} {preset}"
+                        "missing {shape} {order:?} {preset:?}"
                     );
                 }
             }

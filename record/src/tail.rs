@@ -1,53 +1,12 @@
-//! Tailing the run record's CSV files: read what was appended since the last poll, hand on
-//! complete lines only (a row being written stays for the next poll), and notice when a file
-//! was replaced or cut back (a resumed or rolled-back search rewrites its CSVs).
+//! Following a table that another process appends to: read what was appended since the last
+//! poll, hand on complete lines only (a row being written stays for the next poll), and notice
+//! when the file was replaced or cut back (a resumed or rolled-back run rewrites its tables).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// Splits one CSV line (RFC 4180 quoting, no trailing newline). `None` when a quote is left open
-/// or a quoted field is followed by something other than a comma.
-pub fn split_line(line: &str) -> Option<Vec<String>> {
-    let mut fields = Vec::new();
-    let mut cur = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    let mut field_start = true;
-    while let Some(c) = chars.next() {
-        if quoted {
-            match c {
-                '"' if chars.peek() == Some(&'"') => {
-                    chars.next();
-                    cur.push('"');
-                }
-                '"' => {
-                    quoted = false;
-                    if !matches!(chars.peek(), None | Some(',')) {
-                        return None;
-                    }
-                }
-                _ => cur.push(c),
-            }
-        } else {
-            match c {
-                '"' if field_start => quoted = true,
-                ',' => {
-                    fields.push(std::mem::take(&mut cur));
-                    field_start = true;
-                    continue;
-                }
-                _ => cur.push(c),
-            }
-        }
-        field_start = false;
-    }
-    if quoted {
-        return None;
-    }
-    fields.push(cur);
-    Some(fields)
-}
+use crate::table::split_line;
 
 /// What a poll of one file found.
 #[derive(Debug, Default, PartialEq)]
@@ -58,7 +17,7 @@ pub struct Polled {
     pub reset: bool,
 }
 
-/// One CSV file of the run record being followed.
+/// One table being followed.
 #[derive(Debug)]
 pub struct Tail {
     path: PathBuf,
@@ -66,7 +25,7 @@ pub struct Tail {
     committed: u64,
     /// The file's identity (inode) when it was last read.
     identity: Option<u64>,
-    header: Option<Vec<String>>,
+    header: Option<csv::StringRecord>,
 }
 
 #[cfg(unix)]
@@ -92,8 +51,8 @@ impl Tail {
     }
 
     /// The column names, once the header line was read.
-    pub fn header(&self) -> Option<&[String]> {
-        self.header.as_deref()
+    pub fn header(&self) -> Option<&csv::StringRecord> {
+        self.header.as_ref()
     }
 
     /// Reads what was appended. A file that does not exist yet is not an error.
@@ -137,19 +96,5 @@ impl Tail {
         self.committed = 0;
         self.header = None;
         self.identity = None;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quoted_fields_keep_their_commas_and_doubled_quotes() {
-        assert_eq!(split_line("1,\"a,b\",c").unwrap(), ["1", "a,b", "c"]);
-        assert_eq!(split_line("\"x\"\"y\",").unwrap(), ["x\"y", ""]);
-        assert_eq!(split_line("").unwrap(), [""]);
-        assert!(split_line("1,\"open").is_none());
-        assert!(split_line("\"a\"b,c").is_none());
     }
 }

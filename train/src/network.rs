@@ -20,8 +20,8 @@ use qdarts_ops::candidates::{
 use qdarts_ops::qconfig::{QuantConfig, Site};
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
-use crate::rng::Rng;
-use crate::supernet::{Preprocess, QLinear, is_reduction};
+use qdarts_data::Rng;
+use qdarts_ops::network::{Preprocess, QLinear, is_reduction};
 
 /// The shape of an evaluation network.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,10 +145,7 @@ impl EvalCell {
     /// # Shapes
     /// - s0, s1: `[N, C_pp, H, W]`, `[N, C_p, H', W']`; output `[N, |concat|·C, H'/r, W'/r]`.
     pub fn forward(&self, s0: QTensor, s1: QTensor, drop: &mut Option<(f64, &mut Rng)>) -> QTensor {
-        let s0 = match &self.preproc0 {
-            Preprocess::Reduce(op) => op.forward(s0),
-            Preprocess::Conv(op) => op.forward(s0),
-        };
+        let s0 = self.preproc0.forward(s0);
         let mut states = vec![s0, self.preproc1.forward(s1)];
         let mut k = 0;
         for (add, &n) in self.adds.iter().zip(&self.per_node) {
@@ -173,10 +170,7 @@ impl EvalCell {
 
 impl QuantSites for EvalCell {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
-        let mut q = match &self.preproc0 {
-            Preprocess::Reduce(op) => op.quantizers(),
-            Preprocess::Conv(op) => op.quantizers(),
-        };
+        let mut q = self.preproc0.quantizers();
         q.extend(self.preproc1.quantizers());
         for o in &self.ops {
             q.extend(o.quantizers());

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use flate2::read::GzDecoder;
 
-use super::error::DataError;
+use crate::error::DataError;
 
 /// The decoded array of an IDX file of unsigned bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

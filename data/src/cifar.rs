@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use super::ImageSet;
-use super::error::DataError;
+use crate::ImageSet;
+use crate::error::DataError;
 
 const RECORD: usize = 1 + 3 * 32 * 32;
 

@@ -1,9 +1,12 @@
-//! Datasets: readers for IDX (MNIST, Fashion-MNIST) and CIFAR-10 binary files, the embedded
-//! Fashion-MNIST subset, the DARTS train/validation split, normalization and augmentation.
+//! qdarts-data: the datasets of a search or training run. Readers for IDX (MNIST,
+//! Fashion-MNIST) and CIFAR-10 binary files, the embedded Fashion-MNIST subset, the DARTS
+//! train/validation split, normalized and augmented batches, and the seeded generator whose
+//! state a checkpoint carries.
 
 mod cifar;
 mod error;
 mod idx;
+mod rng;
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +17,7 @@ pub use cifar::{read_cifar_batch, read_cifar10};
 pub use error::DataError;
 pub use idx::{IdxArray, parse_idx, read_idx_file};
 
-use crate::rng::Rng;
+pub use rng::Rng;
 
 /// Images as bytes, `[N, C, H, W]` row-major, with their labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,14 +91,10 @@ impl DatasetKind {
     }
 }
 
-const EMBEDDED_TRAIN_IMAGES: &[u8] =
-    include_bytes!("../../data/fashion-mnist/train-images-idx3-ubyte.gz");
-const EMBEDDED_TRAIN_LABELS: &[u8] =
-    include_bytes!("../../data/fashion-mnist/train-labels-idx1-ubyte.gz");
-const EMBEDDED_TEST_IMAGES: &[u8] =
-    include_bytes!("../../data/fashion-mnist/t10k-images-idx3-ubyte.gz");
-const EMBEDDED_TEST_LABELS: &[u8] =
-    include_bytes!("../../data/fashion-mnist/t10k-labels-idx1-ubyte.gz");
+const EMBEDDED_TRAIN_IMAGES: &[u8] = include_bytes!("../fashion-mnist/train-images-idx3-ubyte.gz");
+const EMBEDDED_TRAIN_LABELS: &[u8] = include_bytes!("../fashion-mnist/train-labels-idx1-ubyte.gz");
+const EMBEDDED_TEST_IMAGES: &[u8] = include_bytes!("../fashion-mnist/t10k-images-idx3-ubyte.gz");
+const EMBEDDED_TEST_LABELS: &[u8] = include_bytes!("../fashion-mnist/t10k-labels-idx1-ubyte.gz");
 
 fn idx_set(
     images: IdxArray,

@@ -8,10 +8,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
-use qdarts_search::data::{
-    DataError, DatasetKind, batch, darts_split, embedded, load, read_cifar_batch, read_idx_file,
+use qdarts_data::{
+    DataError, DatasetKind, Rng, batch, darts_split, embedded, load, read_cifar_batch,
+    read_idx_file,
 };
-use qdarts_search::rng::Rng;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cifar10/test_batch_first20.bin")

@@ -1,0 +1,330 @@
+//! The epoch loop shared by the search and QAT training. The loop owns everything but the
+//! step: the learning-rate schedule, the data-order generator and its replay on resume, the
+//! NaN guard (skip, or roll back to the last checkpoint with the learning rate halved), the
+//! run-record rows, checkpoints every N steps and at epoch ends, progress and a clean stop.
+//! A task plugs in its step, its end-of-epoch validation and rows, and its checkpoint files.
+//!
+//! A resumed run replays exactly: a checkpoint inside an epoch carries the generator state at
+//! the epoch start (to redraw the epoch's order) and at its step (to go on drawing from there).
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::time::Instant;
+
+use qdarts_data::Rng;
+use qdarts_ops::quant::QuantStats;
+use qdarts_record::{
+    AlphaRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase, QuantErrorRow,
+    RunDir, TableWriter,
+};
+
+use crate::RunError;
+use crate::checkpoint::{LoopState, load, save, truncate_tables};
+use crate::config::{InjectSite, NanGuardConfig, NanPolicy};
+use crate::grads::Event;
+
+/// Where the run is, for a progress display.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// Current epoch (0-based).
+    pub epoch: usize,
+    /// Epochs in all.
+    pub epochs: usize,
+    /// Step within the epoch (1-based after a step).
+    pub step: usize,
+    /// Steps per epoch.
+    pub steps: usize,
+    /// Last training loss.
+    pub loss: f64,
+    /// Running training top-1 of the epoch.
+    pub top1: f64,
+}
+
+/// The learning rate of epoch `e` of `n` under cosine annealing (PyTorch `CosineAnnealingLR`
+/// stepped per epoch, as pt.darts does).
+pub fn cosine_lr(lr: f64, lr_min: f64, e: usize, n: usize) -> f64 {
+    lr_min + 0.5 * (lr - lr_min) * (1.0 + (std::f64::consts::PI * e as f64 / n as f64).cos())
+}
+
+/// How long the loop runs and what it records.
+#[derive(Debug, Clone)]
+pub struct LoopPlan {
+    /// Epochs.
+    pub epochs: usize,
+    /// Steps per epoch.
+    pub steps: usize,
+    /// Initial and final weight learning rate (cosine, per epoch).
+    pub lr: (f64, f64),
+    /// Record every quantizer's error every this many steps (and at each epoch's last step).
+    pub quant_error_every: usize,
+    /// Checkpoint every this many global steps inside an epoch (0: at epoch ends only).
+    pub checkpoint_every: usize,
+    /// The NaN guard.
+    pub nan_guard: NanGuardConfig,
+}
+
+/// What a step is asked to do.
+#[derive(Debug)]
+pub struct StepInput<'a> {
+    /// Epoch (0-based).
+    pub epoch: usize,
+    /// Global step (1-based).
+    pub step: usize,
+    /// Step within the epoch (0-based).
+    pub index: usize,
+    /// Weight learning rate of the epoch.
+    pub lr: f64,
+    /// Whether this step records quantizer statistics.
+    pub record_quant: bool,
+    /// A NaN to inject (tests of the guard).
+    pub inject: Option<InjectSite>,
+    /// The data-order generator, for augmentation and drop-path.
+    pub rng: &'a mut Rng,
+}
+
+/// What a step found. Its weight update stays pending until the loop commits or discards it.
+#[derive(Debug)]
+pub struct StepOutcome {
+    /// Training loss.
+    pub loss: f64,
+    /// Images of the batch.
+    pub images: usize,
+    /// Of which classified right.
+    pub correct: usize,
+    /// Non-finite values found (loss, gradients, α).
+    pub events: Vec<Event>,
+    /// Quantizer statistics, when the step recorded them.
+    pub quant: Vec<QuantStats>,
+}
+
+/// Loss and top-1 of an end-of-epoch validation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    /// Mean loss.
+    pub loss: f64,
+    /// Top-1.
+    pub top1: f64,
+}
+
+/// Rows a task writes at the end of an epoch (the search's α and genotype).
+#[derive(Debug, Default)]
+pub struct EpochRows {
+    /// `alphas.csv` rows.
+    pub alphas: Vec<AlphaRow>,
+    /// `genotypes.csv` rows.
+    pub genotypes: Vec<GenotypeRow>,
+}
+
+/// A step plugged into the loop: the search or QAT training.
+pub trait EpochTask: Sized {
+    /// Draws the epoch's data order from `rng`.
+    fn shuffle(&mut self, rng: &mut Rng);
+    /// Step `input.index` of the epoch: compute the update and keep it pending.
+    fn step(&mut self, input: StepInput<'_>) -> Result<StepOutcome, RunError>;
+    /// Applies the pending update at learning rate `lr`.
+    fn commit(self, lr: f64) -> Self;
+    /// Drops the pending update (and undoes what went bad in the step).
+    fn discard(self) -> Self;
+    /// The architecture learning rate for the metrics rows (0: no architecture step).
+    fn arch_lr(&self) -> f64;
+    /// The end-of-epoch validation.
+    fn validate(&mut self) -> Result<Evaluation, RunError>;
+    /// Extra rows at the end of epoch `epoch`.
+    fn epoch_rows(&self, epoch: usize) -> Result<EpochRows, RunError>;
+    /// Writes the task's checkpoint files into `dir`.
+    fn save(&self, dir: &Path) -> Result<(), RunError>;
+    /// Reads them back from `dir`.
+    fn load(self, dir: &Path) -> Result<Self, RunError>;
+}
+
+/// How a loop ended.
+#[derive(Debug)]
+pub struct LoopEnd<T> {
+    /// The task, with its final (or stopped-at) state.
+    pub task: T,
+    /// Whether all epochs ran; a stopped run saved a checkpoint where it stopped.
+    pub finished: bool,
+}
+
+/// The tables the loop writes every step.
+struct Tables {
+    metrics: TableWriter<MetricsRow>,
+    nan: TableWriter<NanEventRow>,
+    quant: TableWriter<QuantErrorRow>,
+}
+
+impl Tables {
+    fn open(run: &RunDir) -> Result<Self, RunError> {
+        Ok(Tables { metrics: run.writer()?, nan: run.writer()?, quant: run.writer()? })
+    }
+}
+
+/// A `quant_error.csv` row of one quantizer's statistics.
+pub fn quant_row(epoch: usize, step: usize, q: &QuantStats) -> QuantErrorRow {
+    QuantErrorRow {
+        epoch,
+        step,
+        layer: q.path.clone(),
+        kind: q.role.to_string(),
+        bits: q.bits,
+        scale: q.scale,
+        zero_point: q.zero_point,
+        mse: q.mse,
+        sqnr_db: q.sqnr_db,
+        clip_frac: q.clip_frac,
+    }
+}
+
+/// Runs the epochs of `plan` from the state `st` (see [`start`]). `progress` is called after
+/// every step; when it returns `Break` the loop saves a checkpoint at that step and returns
+/// (`finished: false`); on an epoch's last step it finishes the epoch first.
+pub fn run_epochs<T: EpochTask>(
+    run: &RunDir,
+    mut task: T,
+    mut st: LoopState,
+    plan: &LoopPlan,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<LoopEnd<T>, RunError> {
+    let guard = &plan.nan_guard;
+    let (steps, every, ckpt_every) = (plan.steps, plan.quant_error_every, plan.checkpoint_every);
+    let mut tables = Tables::open(run)?;
+    let mut rng = Rng::from_state(st.rng);
+    let start = Instant::now();
+    let mut injected = false;
+    let mut epoch = st.epochs_done;
+    let mut stop_after_epoch = false;
+    'epochs: while epoch < plan.epochs {
+        let lr = cosine_lr(plan.lr.0, plan.lr.1, epoch, plan.epochs) * st.lr_scale;
+        let first = std::mem::take(&mut st.step_in_epoch).min(steps);
+        let epoch_rng = if first > 0 { st.epoch_rng } else { rng.state() };
+        rng = Rng::from_state(epoch_rng);
+        task.shuffle(&mut rng);
+        let (mut seen, mut right) = (0usize, 0usize);
+        if first > 0 {
+            rng = Rng::from_state(st.rng);
+            (seen, right) = (st.seen, st.right);
+        }
+        for i in first..steps {
+            st.step += 1;
+            let step = st.step;
+            let record_quant = every > 0 && (step.is_multiple_of(every) || i + 1 == steps);
+            let inject =
+                (!injected && guard.inject_step == Some(step)).then_some(guard.inject_site);
+            injected |= inject.is_some();
+            let input =
+                StepInput { epoch, step, index: i, lr, record_quant, inject, rng: &mut rng };
+            let out = task.step(input)?;
+            let mut events = out.events;
+            if let Some(q) = out.quant.iter().find(|q| !(q.scale.is_finite() && q.scale > 0.0)) {
+                events.push(Event::new(NanSite::Scale, q.path.clone(), q.scale));
+            }
+            if events.is_empty() {
+                task = task.commit(lr);
+            } else {
+                let rollback = guard.policy == NanPolicy::Rollback;
+                let action = if rollback { NanAction::RolledBack } else { NanAction::Skipped };
+                let total = st.nan_events + events.len();
+                for e in events {
+                    let (site, layer, value) = (e.site, e.layer, e.value);
+                    tables.nan.push(&NanEventRow { epoch, step, site, layer, value, action })?;
+                }
+                if total > guard.max_events {
+                    tables.nan.push(&NanEventRow {
+                        epoch,
+                        step,
+                        site: NanSite::Guard,
+                        layer: "-".into(),
+                        value: total as f64,
+                        action: NanAction::Aborted,
+                    })?;
+                    return Err(RunError::NanAbort(total));
+                }
+                if rollback {
+                    // Back to the last checkpoint, at half the lr.
+                    (task, st) = load(run, task)?;
+                    st.nan_events = total;
+                    st.lr_scale *= 0.5;
+                    truncate_tables(run, &st, true)?;
+                    tables = Tables::open(run)?;
+                    tables.nan.push(&NanEventRow {
+                        epoch,
+                        step,
+                        site: NanSite::Lr,
+                        layer: "-".into(),
+                        value: plan.lr.0 * st.lr_scale,
+                        action: NanAction::LrHalved,
+                    })?;
+                    rng = Rng::from_state(st.rng);
+                    epoch = st.epochs_done;
+                    continue 'epochs;
+                }
+                st.nan_events = total;
+                task = task.discard();
+            }
+            seen += out.images;
+            right += out.correct;
+            let top1 = right as f64 / seen as f64;
+            tables.metrics.push(&MetricsRow {
+                epoch,
+                step,
+                phase: Phase::Train,
+                loss: out.loss,
+                top1,
+                lr,
+                arch_lr: task.arch_lr(),
+                seconds: start.elapsed().as_secs_f64(),
+            })?;
+            for q in &out.quant {
+                tables.quant.push(&quant_row(epoch, step, q))?;
+            }
+            let p =
+                Progress { epoch, epochs: plan.epochs, step: i + 1, steps, loss: out.loss, top1 };
+            let stop = progress(&p).is_break();
+            if i + 1 < steps && (stop || (ckpt_every > 0 && step.is_multiple_of(ckpt_every))) {
+                st.epochs_done = epoch;
+                st.step_in_epoch = i + 1;
+                st.epoch_rng = epoch_rng;
+                st.rng = rng.state();
+                (st.seen, st.right) = (seen, right);
+                save(run, &task, &st)?;
+                st.step_in_epoch = 0;
+                if stop {
+                    return Ok(LoopEnd { task, finished: false });
+                }
+            }
+            // A stop on the epoch's last step finishes the epoch (validation, rows,
+            // checkpoint) first.
+            stop_after_epoch |= stop;
+        }
+
+        let val = task.validate()?;
+        tables.metrics.push(&MetricsRow {
+            epoch,
+            step: st.step,
+            phase: Phase::Val,
+            loss: val.loss,
+            top1: val.top1,
+            lr,
+            arch_lr: task.arch_lr(),
+            seconds: start.elapsed().as_secs_f64(),
+        })?;
+        let rows = task.epoch_rows(epoch)?;
+        if !rows.alphas.is_empty() {
+            let mut w = run.writer::<AlphaRow>()?;
+            rows.alphas.iter().try_for_each(|r| w.push(r))?;
+        }
+        if !rows.genotypes.is_empty() {
+            let mut w = run.writer::<GenotypeRow>()?;
+            rows.genotypes.iter().try_for_each(|r| w.push(r))?;
+        }
+        st.epochs_done = epoch + 1;
+        st.rng = rng.state();
+        (st.seen, st.right) = (0, 0);
+        save(run, &task, &st)?;
+        epoch += 1;
+        if stop_after_epoch && epoch < plan.epochs {
+            return Ok(LoopEnd { task, finished: false });
+        }
+    }
+    Ok(LoopEnd { task, finished: true })
+}

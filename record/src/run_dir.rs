@@ -1,0 +1,178 @@
+//! The run folder held by a writer: a lock against a second writer, files replaced
+//! atomically (temp + fsync + rename), tables appended a row at a time, and checkpoints
+//! swapped in whole.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::ops::Deref;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::layout::RunLayout;
+use crate::rows::Table;
+use crate::table::{TableWriter, truncate_table};
+use crate::{RecordError, io_err};
+
+/// UTC `YYYYmmdd-HHMMSS` from the system clock (days-to-civil, Howard Hinnant).
+pub fn utc_stamp() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Whether a process id is alive (Linux `/proc`; elsewhere assume it is).
+fn alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
+}
+
+/// The live process that holds a run folder's lock, if any.
+pub fn lock_owner(run: &RunLayout) -> Option<u32> {
+    let pid: u32 = fs::read_to_string(run.lock()).ok()?.trim().parse().ok()?;
+    alive(pid).then_some(pid)
+}
+
+/// Writes `path` atomically (temp file in the same folder, fsync, rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// A run folder held by this process (its lock is released on drop).
+#[derive(Debug)]
+pub struct RunDir {
+    layout: RunLayout,
+}
+
+impl Deref for RunDir {
+    type Target = RunLayout;
+
+    fn deref(&self) -> &RunLayout {
+        &self.layout
+    }
+}
+
+impl RunDir {
+    /// Creates `<parent>/<name>-<UTC time>` (with a numeric suffix if taken) and takes its lock.
+    pub fn create(parent: &Path, name: &str) -> Result<Self, RecordError> {
+        fs::create_dir_all(parent).map_err(io_err(parent))?;
+        let stamp = utc_stamp();
+        for n in 0..1000 {
+            let dir = if n == 0 {
+                parent.join(format!("{name}-{stamp}"))
+            } else {
+                parent.join(format!("{name}-{stamp}-{n}"))
+            };
+            match fs::create_dir(&dir) {
+                Ok(()) => return Self::open(&dir),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(RecordError::Io { path: dir, cause: e }),
+            }
+        }
+        Err(RecordError::NotARun(format!("{}: no free run folder name", parent.display())))
+    }
+
+    /// Takes the lock of an existing run folder. A lock left by a process that is gone (killed)
+    /// is taken over; a live owner is an error.
+    pub fn open(dir: &Path) -> Result<Self, RecordError> {
+        if !dir.is_dir() {
+            return Err(RecordError::NotARun(format!("{} is not a folder", dir.display())));
+        }
+        let layout = RunLayout::new(dir);
+        let lock = layout.lock();
+        for _ in 0..2 {
+            match OpenOptions::new().write(true).create_new(true).open(&lock) {
+                Ok(mut f) => {
+                    writeln!(f, "{}", std::process::id()).map_err(io_err(&lock))?;
+                    f.sync_all().map_err(io_err(&lock))?;
+                    return Ok(RunDir { layout });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = fs::read_to_string(&lock).unwrap_or_default();
+                    match text.trim().parse::<u32>() {
+                        Ok(pid) if pid != std::process::id() && alive(pid) => {
+                            return Err(RecordError::Locked { path: lock, pid });
+                        }
+                        _ => fs::remove_file(&lock).map_err(io_err(&lock))?,
+                    }
+                }
+                Err(e) => return Err(RecordError::Io { path: lock, cause: e }),
+            }
+        }
+        Err(RecordError::NotARun(format!("{}: could not take the lock", lock.display())))
+    }
+
+    /// The paths of the folder.
+    pub fn layout(&self) -> &RunLayout {
+        &self.layout
+    }
+
+    /// Opens (or creates, with its header) one of the run's tables for appending.
+    pub fn writer<T: Table>(&self) -> Result<TableWriter<T>, RecordError> {
+        TableWriter::open(&self.table::<T>())
+    }
+
+    /// Cuts a table back to what a checkpoint at `epoch` (and global `step`) had seen.
+    pub fn truncate<T: Table>(&self, epoch: usize, step: usize) -> Result<(), RecordError> {
+        truncate_table::<T>(&self.table::<T>(), epoch, step)
+    }
+
+    /// Deletes a table (a run restarted from step 0).
+    pub fn remove<T: Table>(&self) -> Result<(), RecordError> {
+        let path = self.table::<T>();
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(RecordError::Io { path, cause: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes a checkpoint folder with `fill` into `checkpoint.tmp`, then swaps it in for
+    /// `checkpoint`: the old one stays until the new one is complete.
+    pub fn replace_checkpoint<E: From<RecordError>>(
+        &self,
+        fill: impl FnOnce(&Path) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let tmp = self.checkpoint_new();
+        let dest = self.checkpoint();
+        let old = self.checkpoint_old();
+        remove_dir_if_any(&tmp)?;
+        fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+        fill(&tmp)?;
+        remove_dir_if_any(&old)?;
+        if dest.exists() {
+            fs::rename(&dest, &old).map_err(io_err(&dest))?;
+        }
+        fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
+        Ok(remove_dir_if_any(&old)?)
+    }
+}
+
+fn remove_dir_if_any(dir: &Path) -> Result<(), RecordError> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(RecordError::Io { path: dir.into(), cause: e })
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        // Nothing to report to on drop; a lock left behind is taken over by the next opener
+        // once this process is gone.
+        let _ = fs::remove_file(self.lock());
+    }
+}

@@ -1,0 +1,302 @@
+//! The search as a step of the shared epoch loop: per step an architecture step on a
+//! validation batch and a weight step on a training batch; per epoch a validation pass on the
+//! α split, the α and the derived genotype. Everything goes to the run record; progress goes
+//! to a callback.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::Device;
+use qdarts_data::{self as data, ImageSet, Rng};
+use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
+use qdarts_engine::grads::{Event, correct, cross_entropy};
+use qdarts_engine::{
+    ConfigError, Progress, RunError, load_module, load_optim, run_epochs, save_module, save_optim,
+    seeded, start,
+};
+use qdarts_genotypes::{Genotype, softmax};
+use qdarts_ops::candidates::QuantSites;
+use qdarts_record::{
+    AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, write_atomic,
+    write_plan,
+};
+
+use crate::config::ExperimentConfig;
+use crate::step::{arch_step, build_optimizers, weight_backward};
+use crate::supernet::{Alphas, NetShape, SearchNetwork};
+
+/// The result of a search that finished or was stopped.
+#[derive(Debug, Clone)]
+pub struct SearchOutcome {
+    /// The run folder.
+    pub run_dir: PathBuf,
+    /// The final genotype (on a stop: the genotype of the current α).
+    pub genotype: Genotype,
+    /// Whether the search ran all its epochs. A stopped search has saved a checkpoint at the
+    /// step it stopped after; `--resume` continues from there.
+    pub finished: bool,
+}
+
+/// The supernet's shape for a config and data set.
+pub fn net_shape(cfg: &ExperimentConfig, set: &ImageSet) -> NetShape {
+    NetShape {
+        c_in: set.channels,
+        classes: set.classes,
+        channels: cfg.model.init_channels,
+        layers: cfg.model.layers,
+        nodes: cfg.model.nodes,
+        stem_multiplier: cfg.model.stem_multiplier,
+        primitives: cfg.model.primitives.clone(),
+        partial_channels: cfg.model.partial_channels,
+    }
+}
+
+/// The genotype of the current α.
+pub fn derive_genotype(cfg: &ExperimentConfig, alphas: &Alphas) -> Result<Genotype, RunError> {
+    let (an, ar) = alphas.to_rows()?;
+    Ok(Genotype::derive(&an, &ar, &cfg.model.primitives, cfg.model.nodes, 2)?)
+}
+
+/// What the weight step left pending.
+struct Pending {
+    grads: GradientsParams,
+    /// α before this step's architecture step, when that step made α non-finite.
+    alphas_before: Option<Alphas>,
+}
+
+/// The search step in the epoch loop.
+struct SearchTask<'a> {
+    cfg: &'a ExperimentConfig,
+    device: &'a Device,
+    ad: Device,
+    set: ImageSet,
+    train_idx: Vec<usize>,
+    val_idx: Vec<usize>,
+    order_t: Vec<usize>,
+    order_v: Vec<usize>,
+    steps: usize,
+    net: SearchNetwork,
+    alphas: Alphas,
+    w_optim: ModuleOptimizer,
+    a_optim: ModuleOptimizer,
+    pending: Option<Pending>,
+}
+
+impl EpochTask for SearchTask<'_> {
+    fn shuffle(&mut self, rng: &mut Rng) {
+        self.order_t.clone_from(&self.train_idx);
+        self.order_v.clone_from(&self.val_idx);
+        rng.shuffle(&mut self.order_t);
+        rng.shuffle(&mut self.order_v);
+    }
+
+    fn step(&mut self, input: StepInput<'_>) -> Result<StepOutcome, RunError> {
+        let (s, kind) = (&self.cfg.search, self.cfg.data.dataset);
+        let (bs, i) = (s.batch_size, input.index);
+        let rng = input.rng;
+        let (ti, vi) = (&self.order_t[i * bs..(i + 1) * bs], &self.order_v[i * bs..(i + 1) * bs]);
+        let tb = data::batch(&self.set, kind, ti, Some(&mut *rng), &self.ad);
+        let vb = data::batch(&self.set, kind, vi, Some(&mut *rng), &self.ad);
+
+        let alphas_before = self.alphas.clone();
+        self.alphas =
+            arch_step(&self.net, self.alphas.clone(), &mut self.a_optim, (&tb, &vb), input.lr, s);
+
+        self.net.set_recording(input.record_quant);
+        let (back, logits) = weight_backward(&self.net, &self.alphas, &tb, input.inject, s);
+        let mut events = back.events;
+        let (an, ar) = self.alphas.to_rows()?;
+        let alpha_bad = an.iter().chain(&ar).flatten().any(|v| !v.is_finite());
+        if alpha_bad {
+            events.push(Event::new(NanSite::Alpha, "alphas", f64::NAN));
+        }
+        // Quantizer scales, on the steps whose statistics are recorded.
+        let quant = if input.record_quant { self.net.quant_stats()? } else { Vec::new() };
+        self.net.set_recording(false);
+        self.pending =
+            Some(Pending { grads: back.grads, alphas_before: alpha_bad.then_some(alphas_before) });
+        Ok(StepOutcome {
+            loss: back.loss,
+            images: bs,
+            correct: correct(logits, tb.1),
+            events,
+            quant,
+        })
+    }
+
+    fn commit(mut self, lr: f64) -> Self {
+        if let Some(p) = self.pending.take() {
+            self.net = self.w_optim.step(lr, self.net, p.grads);
+        }
+        self
+    }
+
+    fn discard(mut self) -> Self {
+        // Keep the weights, and undo the α step if α went bad.
+        if let Some(Pending { alphas_before: Some(before), .. }) = self.pending.take() {
+            self.alphas = before;
+        }
+        self
+    }
+
+    fn arch_lr(&self) -> f64 {
+        self.cfg.search.alpha_lr
+    }
+
+    /// Validation on the α split, with frozen statistics.
+    fn validate(&mut self) -> Result<Evaluation, RunError> {
+        let (bs, kind) = (self.cfg.search.batch_size, self.cfg.data.dataset);
+        let eval = self.net.valid();
+        let (wn, wr) = self.alphas.valid().weights();
+        let (mut loss, mut right, mut n) = (0.0, 0usize, 0usize);
+        for chunk in self.val_idx.chunks(bs).take(self.steps) {
+            let (x, y) = data::batch(&self.set, kind, chunk, None, self.device);
+            let logits = eval.forward(x, wn.clone(), wr.clone());
+            loss += cross_entropy(logits.clone(), y.clone()).into_scalar::<f32>() as f64
+                * chunk.len() as f64;
+            right += correct(logits, y);
+            n += chunk.len();
+        }
+        Ok(Evaluation { loss: loss / n as f64, top1: right as f64 / n as f64 })
+    }
+
+    /// softmax(α) per edge and op, and the genotype derived from α.
+    fn epoch_rows(&self, epoch: usize) -> Result<EpochRows, RunError> {
+        let (an, ar) = self.alphas.to_rows()?;
+        let primitives = &self.cfg.model.primitives;
+        let mut alphas = Vec::new();
+        for (cell_type, rows) in [(CellType::Normal, &an), (CellType::Reduce, &ar)] {
+            for (edge, row) in rows.iter().enumerate() {
+                for (k, w) in softmax(row).into_iter().enumerate() {
+                    let op = primitives[k].to_string();
+                    alphas.push(AlphaRow { epoch, cell_type, edge, op, weight: f64::from(w) });
+                }
+            }
+        }
+        let genotype = Genotype::derive(&an, &ar, primitives, self.cfg.model.nodes, 2)?;
+        let genotypes = vec![GenotypeRow { epoch, genotype: genotype.to_darts_text() }];
+        Ok(EpochRows { alphas, genotypes })
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), RunError> {
+        // A running state (BN statistics, observer ranges) records its last update per thread
+        // and folds it in only on a sync; saving reads the folded value. `valid()` syncs them.
+        drop(self.net.valid());
+        save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
+        save_module(&self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
+        save_optim(&self.w_optim, &CheckpointPart::WeightOptim.in_dir(dir))?;
+        save_optim(&self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))
+    }
+
+    fn load(mut self, dir: &Path) -> Result<Self, RunError> {
+        self.net = load_module(self.net, &CheckpointPart::Net.in_dir(dir))?;
+        self.alphas = load_module(self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
+        self.w_optim = load_optim(self.w_optim, &CheckpointPart::WeightOptim.in_dir(dir))?;
+        self.a_optim = load_optim(self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))?;
+        Ok(self)
+    }
+}
+
+/// Runs (or resumes) a search and writes its run record. `progress` is called after every
+/// step; when it returns `Break` the search saves a checkpoint at that step and returns
+/// (`finished: false`), so that `--resume` continues exactly there.
+pub fn run_search(
+    cfg: &ExperimentConfig,
+    device: &Device,
+    resume: Option<&Path>,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<SearchOutcome, RunError> {
+    let run = match resume {
+        Some(dir) => RunDir::open(dir)?,
+        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
+    };
+    let dir = run.root().to_path_buf();
+    let out = run_search_in(cfg, device, run, resume.is_some(), progress);
+    if out.is_err() && resume.is_none() {
+        // Failed before writing anything (bad data, say): leave no empty run folder behind.
+        // (`remove_dir` removes only an empty folder.)
+        let _ = std::fs::remove_dir(&dir);
+    }
+    out
+}
+
+/// [`run_search`] in a run folder the caller holds (so it knows the folder before the first
+/// step, e.g. to show a dashboard on it). `resume`: continue from its checkpoint if it has one.
+pub fn run_search_in(
+    cfg: &ExperimentConfig,
+    device: &Device,
+    run: RunDir,
+    resume: bool,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<SearchOutcome, RunError> {
+    let mut set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
+    if cfg.data.limit > 0 {
+        set.truncate(cfg.data.limit);
+    }
+    let (train_idx, val_idx) = data::darts_split(set.len(), cfg.data.train_portion);
+    let bs = cfg.search.batch_size;
+    let mut steps = train_idx.len().min(val_idx.len()) / bs;
+    if steps == 0 {
+        return Err(RunError::Config(ConfigError::invalid(
+            Path::new("config"),
+            "search.batch_size",
+            format!("{bs} is larger than each half of the {} training images", set.len()),
+        )));
+    }
+    if cfg.search.steps_per_epoch > 0 {
+        steps = steps.min(cfg.search.steps_per_epoch);
+    }
+
+    let ad = device.clone().autodiff();
+    let shape = net_shape(cfg, &set);
+    // The backend's generator is process-wide: hold it from seeding to the last random
+    // initial value, so that two searches in one process (tests) cannot interleave draws.
+    let (net, alphas) = seeded(&ad, cfg.seed, || {
+        let net = SearchNetwork::new(&shape, &cfg.quant, &ad)?;
+        Ok::<_, RunError>((net, Alphas::new(cfg.model.nodes, cfg.model.primitives.len(), &ad)))
+    })?;
+    let (w_optim, a_optim) = build_optimizers(&cfg.search);
+    let plan = Plan {
+        batch_size: bs,
+        epochs: cfg.search.epochs,
+        steps_per_epoch: steps,
+        train_images: train_idx.len(),
+        val_images: val_idx.len(),
+    };
+    let task = SearchTask {
+        cfg,
+        device,
+        ad,
+        set,
+        train_idx,
+        val_idx,
+        order_t: Vec::new(),
+        order_v: Vec::new(),
+        steps,
+        net,
+        alphas,
+        w_optim,
+        a_optim,
+        pending: None,
+    };
+    write_atomic(&run.config(), cfg.to_toml()?.as_bytes())?;
+    write_plan(&run, &plan)?;
+    let (task, st) = start(&run, task, cfg.seed, resume)?;
+    let lp = LoopPlan {
+        epochs: cfg.search.epochs,
+        steps,
+        lr: (cfg.search.w_lr, cfg.search.w_lr_min),
+        quant_error_every: cfg.record.quant_error_every,
+        checkpoint_every: cfg.record.checkpoint_every,
+        nan_guard: cfg.nan_guard.clone(),
+    };
+    let end = run_epochs(&run, task, st, &lp, progress)?;
+    let genotype = derive_genotype(cfg, &end.task.alphas)?;
+    if end.finished {
+        write_atomic(&run.genotype_json(), &genotype.to_json())?;
+        write_atomic(&run.genotype_text(), format!("{}\n", genotype.to_darts_text()).as_bytes())?;
+    }
+    Ok(SearchOutcome { run_dir: run.root().to_path_buf(), genotype, finished: end.finished })
+}

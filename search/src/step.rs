@@ -1,0 +1,73 @@
+//! One search step, as the loop and the benchmarks run it: the architecture step (α's
+//! gradient, first or second order, then Adam) and the weight step (forward, backward,
+//! global-norm clip, SGD with momentum).
+
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{AdamConfig, ModuleOptimizer};
+use burn::tensor::Tensor;
+use qdarts_engine::grads::{Backward, cross_entropy, guarded_backward};
+use qdarts_engine::{InjectSite, sgd};
+
+use crate::architect::{self, Batch};
+use crate::config::{Order, SearchConfig};
+use crate::supernet::{Alphas, SearchNetwork};
+
+/// The optimizers of a search as configured: SGD for the weights, Adam for α.
+pub fn build_optimizers(s: &SearchConfig) -> (ModuleOptimizer, ModuleOptimizer) {
+    let w = sgd(s.w_momentum, s.w_weight_decay);
+    let a = AdamConfig::new()
+        .with_beta_1(s.alpha_betas[0] as f32)
+        .with_beta_2(s.alpha_betas[1] as f32)
+        .with_epsilon(1e-8)
+        .with_weight_decay(Some(WeightDecayConfig { penalty: s.alpha_weight_decay as f32 }))
+        .init();
+    (w, a)
+}
+
+/// The architecture step: α's gradient on a validation batch (first or second order), then
+/// an Adam step. `batches` is `(train, validation)`; `lr` is the current weight learning rate
+/// (ξ of the second-order virtual step).
+pub fn arch_step(
+    net: &SearchNetwork,
+    alphas: Alphas,
+    optim: &mut ModuleOptimizer,
+    (train, val): (&Batch, &Batch),
+    lr: f64,
+    s: &SearchConfig,
+) -> Alphas {
+    let da = match s.order {
+        Order::First => architect::first_order(net, &alphas, val),
+        Order::Second => architect::second_order(net, &alphas, train, val, lr, s.w_weight_decay),
+    };
+    let grads = da.into_params(&alphas);
+    optim.step(s.alpha_lr, alphas, grads)
+}
+
+/// The weight step's forward and guarded backward on a training batch (α detached): the
+/// clipped gradients, the loss, any non-finite loss or gradient, and the logits.
+pub fn weight_backward(
+    net: &SearchNetwork,
+    alphas: &Alphas,
+    train: &Batch,
+    inject: Option<InjectSite>,
+    s: &SearchConfig,
+) -> (Backward, Tensor<2>) {
+    let (wn, wr) = alphas.weights();
+    let logits = net.forward(train.0.clone(), wn.detach(), wr.detach());
+    let loss = cross_entropy(logits.clone(), train.1.clone());
+    (guarded_backward(net, loss, inject, s.w_grad_clip), logits)
+}
+
+/// The whole weight step: [`weight_backward`], then SGD at `lr`. Returns the new network and
+/// the training loss.
+pub fn weight_step(
+    net: SearchNetwork,
+    alphas: &Alphas,
+    optim: &mut ModuleOptimizer,
+    train: &Batch,
+    lr: f64,
+    s: &SearchConfig,
+) -> (SearchNetwork, f64) {
+    let (back, _) = weight_backward(&net, alphas, train, None, s);
+    (optim.step(lr, net, back.grads), back.loss)
+}

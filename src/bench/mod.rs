@@ -1,0 +1,397 @@
+//! `qdarts bench`: throughput tables. Timings live here, never in unit tests.
+//!
+//! One module per concern: the timing harness ([`timing`]), fake-quant throughput
+//! ([`quant`]), candidate ops ([`ops`]), search steps ([`search`]), the integer runtime
+//! ([`runtime`]), and the whole suite as one table ([`suite`]).
+
+mod ops;
+mod quant;
+mod runtime;
+mod search;
+pub mod suite;
+mod timing;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use qdarts_ops::qconfig::Preset;
+use qdarts_search::config::Order;
+
+use self::search::{DARTS_SHAPE, DEFAULT_SHAPE, SearchCase, SearchShape, order_name, preset_name};
+use crate::backend::Backend;
+
+/// What to benchmark.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Fake-quant throughput per observer, per-tensor and per-channel, forward and
+    /// forward+backward, against a plain elementwise copy of the same tensor.
+    Quant {
+        /// Tensor shape N,C,H,W (per-channel quantizes along C).
+        #[arg(long, default_value = "64,64,56,56", value_parser = parse_shape)]
+        shape: [usize; 4],
+        /// Timed repetitions per row (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Seconds per search step (architecture step + weight step): by default first and second
+    /// order, float and fake-quant; `--order` / `--quant` pick one, and `--batch`, `--layers`,
+    /// `--init-channels` change the shape.
+    Search {
+        /// Supernet shape(s) to start from.
+        #[arg(long, value_enum, default_value = "default")]
+        shape: SearchShapeArg,
+        /// Batch size (overrides the shape's).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Cells (overrides the shape's).
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Channels of the first cell (overrides the shape's).
+        #[arg(long)]
+        init_channels: Option<usize>,
+        /// Only this order.
+        #[arg(long, value_enum)]
+        order: Option<OrderArg>,
+        /// Only this quantization preset.
+        #[arg(long, value_enum)]
+        quant: Option<PresetArg>,
+        /// Timed steps per row.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Forward+backward time of each candidate op, float against fake-quant.
+    Ops {
+        /// Batch size.
+        #[arg(long, default_value_t = 32)]
+        batch: usize,
+        /// Channels.
+        #[arg(long, default_value_t = 16)]
+        channels: usize,
+        /// Height and width.
+        #[arg(long, default_value_t = 32)]
+        size: usize,
+        /// Quantization preset of the fake-quant column.
+        #[arg(long, value_enum, default_value = "tensorrt")]
+        preset: PresetArg,
+        /// Timed repetitions per row (after one warm-up).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// Integer-runtime throughput (images/s) of a frozen model on its run's test images,
+    /// single-threaded and on every core.
+    Runtime {
+        /// Training run folder with frozen/model.qdf.
+        run: PathBuf,
+        /// Timed passes over the test set per row (after one warm-up).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+}
+
+/// Which supernet shapes `bench search` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SearchShapeArg {
+    /// experiments/default.toml: C=4, 4 cells, 3 nodes, batch 32, 1×28×28.
+    Default,
+    /// The DARTS shape: C=16, 8 cells, 4 nodes, batch 64, 3×32×32.
+    Darts,
+    /// Both.
+    Both,
+}
+
+/// The architecture gradient on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OrderArg {
+    /// DARTS first order.
+    First,
+    /// DARTS second order (unrolled).
+    Second,
+}
+
+impl From<OrderArg> for Order {
+    fn from(o: OrderArg) -> Order {
+        match o {
+            OrderArg::First => Order::First,
+            OrderArg::Second => Order::Second,
+        }
+    }
+}
+
+/// A quantization preset on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PresetArg {
+    /// No quantization.
+    Float,
+    /// int8 per-channel weights, int8 per-tensor activations.
+    Tensorrt,
+    /// int8 per-channel weights, uint8 affine activations.
+    OnnxQdq,
+    /// channel-wise abs-max weights, moving-average abs-max activations.
+    Paddle,
+    /// learned step sizes.
+    Lsq,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Preset {
+        match p {
+            PresetArg::Float => Preset::Float,
+            PresetArg::Tensorrt => Preset::Tensorrt,
+            PresetArg::OnnxQdq => Preset::OnnxQdq,
+            PresetArg::Paddle => Preset::Paddle,
+            PresetArg::Lsq => Preset::Lsq,
+        }
+    }
+}
+
+fn parse_shape(s: &str) -> Result<[usize; 4], String> {
+    let dims: Vec<usize> = s
+        .split(',')
+        .map(|d| d.trim().parse::<usize>().map_err(|e| format!("`{d}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match dims.as_slice() {
+        &[n, c, h, w] if n * c * h * w > 0 => Ok([n, c, h, w]),
+        _ => Err(format!("expected four positive dimensions N,C,H,W, got `{s}`")),
+    }
+}
+
+/// What `bench search` was asked for.
+#[derive(Debug, Clone, Copy)]
+struct SearchRequest {
+    shape: SearchShapeArg,
+    batch: Option<usize>,
+    layers: Option<usize>,
+    init_channels: Option<usize>,
+    order: Option<OrderArg>,
+    quant: Option<PresetArg>,
+}
+
+impl SearchRequest {
+    /// The rows: each shape (with the overrides) × order × preset.
+    fn cases(&self) -> Result<Vec<SearchCase>> {
+        let shapes: &[SearchShape] = match self.shape {
+            SearchShapeArg::Default => &[DEFAULT_SHAPE],
+            SearchShapeArg::Darts => &[DARTS_SHAPE],
+            SearchShapeArg::Both => &[DEFAULT_SHAPE, DARTS_SHAPE],
+        };
+        if self.batch == Some(0) || self.layers.is_some_and(|l| l < 3) {
+            bail!("--batch must be at least 1 and --layers at least 3 (two reduction cells)");
+        }
+        if self.init_channels.is_some_and(|c| c < 2 || c % 2 != 0) {
+            bail!("--init-channels must be even and at least 2");
+        }
+        let orders = match self.order {
+            Some(o) => vec![o.into()],
+            None => vec![Order::First, Order::Second],
+        };
+        let presets = match self.quant {
+            Some(p) => vec![p.into()],
+            None => vec![Preset::Float, Preset::Tensorrt],
+        };
+        let mut cases = Vec::new();
+        for sh in shapes {
+            let shape = SearchShape {
+                batch: self.batch.unwrap_or(sh.batch),
+                layers: self.layers.unwrap_or(sh.layers),
+                c: self.init_channels.unwrap_or(sh.c),
+                ..*sh
+            };
+            for &order in &orders {
+                for &preset in &presets {
+                    cases.push(SearchCase { shape, order, preset });
+                }
+            }
+        }
+        Ok(cases)
+    }
+}
+
+/// Runs a benchmark command.
+pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
+    match cmd {
+        BenchCommand::Runtime { run, reps, csv } => {
+            runtime::runtime_bench(&run, reps, csv.as_deref())
+        }
+        BenchCommand::Quant { shape, reps, csv } => {
+            if reps == 0 {
+                bail!("--reps must be at least 1");
+            }
+            let device = backend.device()?;
+            let rows = quant::quant_rows(shape, reps, &device)?;
+            let numel: usize = shape.iter().product();
+            let [n, c, h, w] = shape;
+            println!(
+                "fake-quant throughput on {}, tensor {n}x{c}x{h}x{w} ({:.1} M elements, f32), median of {reps} after 1 warm-up",
+                backend.name(),
+                numel as f64 / 1e6
+            );
+            print!("{}", quant::render(&rows));
+            if let Some(path) = csv {
+                quant::write_quant_csv(&path, backend, shape, &rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+        BenchCommand::Search {
+            shape,
+            batch,
+            layers,
+            init_channels,
+            order,
+            quant,
+            reps,
+            warmup,
+            csv,
+        } => {
+            if reps == 0 {
+                bail!("--reps must be at least 1");
+            }
+            let request = SearchRequest { shape, batch, layers, init_channels, order, quant };
+            let cases = request.cases()?;
+            let device = backend.device()?;
+            println!(
+                "seconds per search step (architecture step + weight step) on {}, median of {reps} after {warmup} warm-up",
+                backend.name()
+            );
+            println!(
+                "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10}",
+                "shape", "network", "order", "quant", "s/step", "min..max", "peak MiB"
+            );
+            let mut rows = Vec::new();
+            for case in &cases {
+                let t = search::time_search_step(case, reps, warmup, None, &device)?;
+                let (sh, tm) = (case.shape, t.time);
+                let peak = t.peak.map_or(String::new(), |p| format!("{:.1}", p as f64 / 1048576.0));
+                println!(
+                    "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10}",
+                    sh.name,
+                    sh.describe(),
+                    order_name(case.order),
+                    preset_name(case.preset),
+                    tm.median,
+                    format!("{:.2}..{:.2}", tm.min, tm.max),
+                    peak
+                );
+                rows.push(format!(
+                    "{},{},{},{},{},{:.4},{:.4},{:.4},{}",
+                    backend.name(),
+                    sh.name,
+                    sh.describe(),
+                    order_name(case.order),
+                    preset_name(case.preset),
+                    tm.median,
+                    tm.min,
+                    tm.max,
+                    t.peak.map_or(String::new(), |p| p.to_string())
+                ));
+            }
+            if let Some(path) = csv {
+                timing::write_csv(
+                    &path,
+                    "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes",
+                    rows,
+                )
+                .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+        BenchCommand::Ops { batch, channels, size, preset, reps, csv } => {
+            if reps == 0 || batch == 0 || channels < 2 || size < 2 {
+                bail!("--reps, --batch must be >= 1, --channels and --size >= 2");
+            }
+            let device = backend.device()?;
+            let shape = [batch, channels, size, size];
+            let rows = ops::op_rows(shape, preset.into(), reps, &device)?;
+            println!(
+                "candidate ops, forward+backward on {}, input {batch}x{channels}x{size}x{size}, \
+                 fake-quant preset {preset:?}, median of {reps} after 1 warm-up (ms)",
+                backend.name()
+            );
+            print!("{}", ops::render_ops(&rows));
+            if let Some(path) = csv {
+                ops::write_ops_csv(&path, backend, shape, &rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_bad_shapes_say_why() {
+        assert_eq!(parse_shape("2,3,4,5").unwrap(), [2, 3, 4, 5]);
+        assert!(parse_shape("2,3,4").unwrap_err().contains("four positive"));
+        assert!(parse_shape("2,0,4,5").unwrap_err().contains("four positive"));
+        assert!(parse_shape("2,x,4,5").unwrap_err().contains("`x`"));
+    }
+
+    #[test]
+    fn search_requests_override_the_shape_and_pick_order_and_quant() {
+        let all = SearchRequest {
+            shape: SearchShapeArg::Darts,
+            batch: None,
+            layers: None,
+            init_channels: None,
+            order: None,
+            quant: None,
+        };
+        assert_eq!(all.cases().unwrap().len(), 4);
+        let one = SearchRequest {
+            batch: Some(8),
+            layers: Some(5),
+            init_channels: Some(6),
+            order: Some(OrderArg::Second),
+            quant: Some(PresetArg::Tensorrt),
+            ..all
+        };
+        let cases = one.cases().unwrap();
+        assert_eq!(cases.len(), 1);
+        let c = cases[0];
+        assert_eq!((c.shape.batch, c.shape.layers, c.shape.c), (8, 5, 6));
+        assert_eq!((c.order, c.preset), (Order::Second, Preset::Tensorrt));
+        assert!(SearchRequest { layers: Some(2), ..all }.cases().is_err());
+        assert!(SearchRequest { init_channels: Some(3), ..all }.cases().is_err());
+    }
+
+    #[test]
+    fn a_tiny_bench_produces_every_row() {
+        let rows = quant::quant_rows([2, 3, 4, 4], 1, &Device::flex()).unwrap();
+        // copy, the bare kernel (composite and fused, per tensor and per channel) and 7
+        // observer configs, each forward and forward+backward.
+        assert_eq!(rows.len(), 2 * (1 + 4 + 7));
+        assert!(rows.iter().any(|r| r.what == "kernel: fused" && r.pass == quant::Pass::FwdBwd));
+        assert!(rows.iter().all(|r| r.median_s > 0.0 && r.min_s <= r.max_s));
+        let table = quant::render(&rows);
+        assert!(table.contains("channel_wise_abs_max") && table.contains("per-channel"));
+    }
+
+    #[test]
+    fn a_tiny_ops_bench_times_every_primitive_at_both_strides() {
+        let rows = ops::op_rows([2, 4, 8, 8], Preset::Tensorrt, 1, &Device::flex()).unwrap();
+        assert_eq!(rows.len(), 16);
+        assert!(rows.iter().all(|r| r.float.median > 0.0 && r.quant.median > 0.0));
+        assert!(ops::render_ops(&rows).contains("sep_conv_5x5"));
+    }
+}

@@ -1,0 +1,89 @@
+//! The timing harness of the benchmarks: repetitions after a warm-up with median, min and max,
+//! forcing lazy backends to finish, the peak memory of a step, and CSV output.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Result;
+use burn::tensor::{Device, Tensor};
+
+/// Median, min and max seconds of timed runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Median.
+    pub median: f64,
+    /// Fastest.
+    pub min: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+impl Timing {
+    /// The timing of the runs `seconds` (at least one).
+    pub fn of(mut seconds: Vec<f64>) -> Self {
+        seconds.sort_by(f64::total_cmp);
+        Timing {
+            median: seconds[seconds.len() / 2],
+            min: seconds[0],
+            max: seconds[seconds.len() - 1],
+        }
+    }
+}
+
+/// Runs `f` once untimed, then `reps` times timed.
+pub fn time_reps(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<Timing> {
+    f()?; // warm-up
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        f()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    Ok(Timing::of(t))
+}
+
+/// Forces the lazy work of a result to finish (a one-element read back).
+pub fn settle(t: Tensor<4>) -> f32 {
+    t.slice([0..1, 0..1, 0..1, 0..1]).into_scalar::<f32>()
+}
+
+/// Peak memory of a step: on flex, the largest live host heap during the step (all tensors
+/// live there); elsewhere, the bytes the device's memory pool holds after the step (the pool
+/// grows to the peak and keeps its pages), when the backend reports it.
+#[derive(Debug)]
+pub struct MemProbe {
+    host: bool,
+}
+
+impl MemProbe {
+    /// Starts measuring.
+    pub fn start(device: &Device) -> Self {
+        let host = device.memory_pool_usage().is_none();
+        if host {
+            crate::alloc::reset_peak();
+        }
+        MemProbe { host }
+    }
+
+    /// The peak since [`MemProbe::start`], when known.
+    pub fn finish(self, device: &Device) -> Option<u64> {
+        if self.host {
+            Some(crate::alloc::peak_bytes() as u64)
+        } else {
+            device.memory_pool_usage().map(|u| u.bytes_reserved)
+        }
+    }
+}
+
+/// Writes a header and one line per row, synced to disk.
+pub fn write_csv(path: &Path, header: &str, lines: impl IntoIterator<Item = String>) -> Result<()> {
+    let mut f = File::create(path)?;
+    writeln!(f, "{header}")?;
+    for line in lines {
+        writeln!(f, "{line}")?;
+    }
+    f.sync_all()?;
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The training experiment config (`experiments/train-*.toml`): TOML with unknown keys
+//! rejected, `key=value` overrides, and validation that names the key at fault.
+
+use std::path::{Path, PathBuf};
+
+use qdarts_data::DatasetKind;
+use qdarts_engine::config::{read_with_overrides, to_toml};
+use qdarts_engine::{ConfigError, NanGuardConfig, RecordConfig};
+use qdarts_ops::qconfig::QuantConfig;
+use serde::{Deserialize, Serialize};
+
+/// Data of a training run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainData {
+    /// `fashion-mnist` (embedded when `path` is absent), `mnist`, `cifar10`.
+    pub dataset: DatasetKind,
+    /// Folder of the dataset files.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Use only the first `limit` training images (0: all).
+    #[serde(default)]
+    pub limit: usize,
+    /// Evaluate on only the first `test_limit` test images (0: all).
+    #[serde(default)]
+    pub test_limit: usize,
+}
+
+/// The evaluation network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainModel {
+    /// Channels of the first cell.
+    pub init_channels: usize,
+    /// Cells.
+    pub layers: usize,
+    /// Stem channels = `stem_multiplier · init_channels`.
+    #[serde(default = "TrainModel::default_stem_multiplier")]
+    pub stem_multiplier: usize,
+    /// Auxiliary head after the second reduction cell.
+    #[serde(default = "TrainModel::default_auxiliary")]
+    pub auxiliary: bool,
+    /// Weight of the auxiliary loss.
+    #[serde(default = "TrainModel::default_auxiliary_weight")]
+    pub auxiliary_weight: f64,
+    /// Drop-path probability at the last epoch (rises linearly from 0).
+    #[serde(default = "TrainModel::default_drop_path_prob")]
+    pub drop_path_prob: f64,
+}
+
+impl TrainModel {
+    fn default_stem_multiplier() -> usize {
+        3
+    }
+    fn default_auxiliary() -> bool {
+        true
+    }
+    fn default_auxiliary_weight() -> f64 {
+        0.4
+    }
+    fn default_drop_path_prob() -> f64 {
+        0.2
+    }
+}
+
+/// The optimisation (pt.darts' augment defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainOpt {
+    /// Epochs.
+    pub epochs: usize,
+    /// Batch size.
+    pub batch_size: usize,
+    /// Cap on steps per epoch (0: the whole training set).
+    #[serde(default)]
+    pub steps_per_epoch: usize,
+    /// Initial learning rate (cosine annealed per epoch).
+    #[serde(default = "TrainOpt::default_lr")]
+    pub lr: f64,
+    /// Final learning rate.
+    #[serde(default)]
+    pub lr_min: f64,
+    /// SGD momentum.
+    #[serde(default = "TrainOpt::default_momentum")]
+    pub momentum: f64,
+    /// Weight decay.
+    #[serde(default = "TrainOpt::default_weight_decay")]
+    pub weight_decay: f64,
+    /// Global gradient-norm clip.
+    #[serde(default = "TrainOpt::default_grad_clip")]
+    pub grad_clip: f64,
+    /// Cutout square side (0: off); applied to datasets that augment (CIFAR-10).
+    #[serde(default = "TrainOpt::default_cutout_length")]
+    pub cutout_length: usize,
+}
+
+impl TrainOpt {
+    fn default_lr() -> f64 {
+        0.025
+    }
+    fn default_momentum() -> f64 {
+        0.9
+    }
+    fn default_weight_decay() -> f64 {
+        3e-4
+    }
+    fn default_grad_clip() -> f64 {
+        5.0
+    }
+    fn default_cutout_length() -> usize {
+        16
+    }
+}
+
+/// A training experiment (`experiments/train-*.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Run name.
+    pub name: String,
+    /// Seed of weights, data order, drop-path and cutout.
+    #[serde(default)]
+    pub seed: u64,
+    /// The genotype: a JSON or DARTS-text file, a search run folder (its `genotype.json`), or
+    /// a shipped name (`DARTS_V2`, ...).
+    pub genotype: String,
+    /// Data.
+    pub data: TrainData,
+    /// Network.
+    pub model: TrainModel,
+    /// Optimisation.
+    pub train: TrainOpt,
+    /// Quantization.
+    #[serde(default)]
+    pub quant: QuantConfig,
+    /// Run record.
+    #[serde(default)]
+    pub record: RecordConfig,
+    /// Non-finite guard.
+    #[serde(default)]
+    pub nan_guard: NanGuardConfig,
+}
+
+impl TrainConfig {
+    /// Reads a config file, applies `key=value` overrides, and validates.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let cfg: TrainConfig = read_with_overrides(path, overrides)?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: &str| Err(ConfigError::invalid(path, key, message));
+        let (m, t) = (&self.model, &self.train);
+        if self.name.is_empty() || self.name.contains(['/', '\\']) {
+            return bad("name", "must be a non-empty folder name");
+        }
+        if m.init_channels < 2 || m.init_channels % 2 != 0 {
+            return bad("model.init_channels", "must be even and at least 2");
+        }
+        if m.layers < 3 || m.stem_multiplier == 0 {
+            return bad("model.layers", "must be at least 3 (two reduction cells)");
+        }
+        if !(0.0..1.0).contains(&m.drop_path_prob) {
+            return bad("model.drop_path_prob", "must lie in [0, 1)");
+        }
+        if !(m.auxiliary_weight.is_finite() && m.auxiliary_weight >= 0.0) {
+            return bad("model.auxiliary_weight", "must be a non-negative number");
+        }
+        if t.epochs == 0 || t.batch_size == 0 {
+            return bad("train.epochs", "and train.batch_size must be at least 1");
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0 && t.grad_clip.is_finite() && t.grad_clip > 0.0) {
+            return bad("train.lr", "and train.grad_clip must be positive numbers");
+        }
+        if !(t.lr_min >= 0.0 && t.lr_min <= t.lr) {
+            return bad("train.lr_min", "must lie in [0, lr]");
+        }
+        self.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))
+    }
+
+    /// The resolved config as TOML (the run's `config.toml`).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        to_toml(self).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<resolved config>"),
+            message: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! Each dashboard panel on its own, drawn from a state built from hand-written run-record rows
+//! (no search runs first): what a normal terminal shows, and no panic on small and 1×1 ones.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use qdarts_record::{
+    AlphaRow, GenotypeRow, MetricsRow, NanEventRow, QuantErrorRow, Table, header_line, split_line,
+};
+use qdarts_tui::panels::{
+    AlphaPanel, Curve, Curves, GenotypePanel, Header, NanTable, QuantSort, QuantTable,
+};
+use qdarts_tui::state::{CellType, DashboardState, Plan, Source};
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::widgets::Widget;
+
+const GENOTYPE: &str = "Genotype(normal=[[('sep_conv_3x3', 0), ('skip_connect', 1)], \
+[('max_pool_3x3', 0), ('dil_conv_5x5', 2)]], normal_concat=range(2, 4), \
+reduce=[[('avg_pool_3x3', 0), ('max_pool_3x3', 1)], [('sep_conv_5x5', 1), ('skip_connect', 2)]], \
+reduce_concat=range(2, 4))";
+
+fn feed<T: Table>(state: &mut DashboardState, source: Source, lines: &[&str]) {
+    let header = split_line(header_line::<T>().trim_end()).unwrap();
+    for line in lines {
+        state.apply(source, &header, line);
+    }
+}
+
+/// Two epochs of a 2-node search with 3 ops: the kind of state a live run builds.
+fn state() -> DashboardState {
+    let mut s = DashboardState::new("default-20261122-000000");
+    s.plan = Some(Plan { epochs: 2, steps_per_epoch: 3 });
+    feed::<MetricsRow>(
+        &mut s,
+        Source::Metrics,
+        &[
+            "0,1,train,2.302585,0.093750,0.025000,0.010000,1.000",
+            "0,2,train,2.201000,0.156250,0.025000,0.010000,2.000",
+            "0,3,train,2.100000,0.187500,0.025000,0.010000,3.000",
+            "0,3,val,2.050000,0.250000,0.025000,0.010000,3.500",
+            "1,4,train,1.900000,0.312500,0.012500,0.010000,4.500",
+        ],
+    );
+    feed::<NanEventRow>(
+        &mut s,
+        Source::Nan,
+        &["1,4,grad,cells.0.edges.1.sep_conv_3x3,NaN,skipped"],
+    );
+    feed::<QuantErrorRow>(
+        &mut s,
+        Source::Quant,
+        &[
+            "0,3,stem.conv.weight,weight,8,1.953125e-3,0,1.5e-7,41.235,0.000000",
+            "0,3,cells.0.edges.1.sep_conv_3x3.op1.act,act,8,2.5e-2,0,3e-3,12.500,0.012000",
+        ],
+    );
+    let mut alphas = Vec::new();
+    for cell in ["normal", "reduce"] {
+        for edge in 0..5 {
+            for (k, op) in ["none", "max_pool_3x3", "sep_conv_3x3"].iter().enumerate() {
+                let w = if k == 2 { 0.5 } else { 0.25 };
+                alphas.push(format!("0,{cell},{edge},{op},{w:.6}"));
+            }
+        }
+    }
+    let alpha_lines: Vec<&str> = alphas.iter().map(String::as_str).collect();
+    feed::<AlphaRow>(&mut s, Source::Alphas, &alpha_lines);
+    let g = format!("0,\"{GENOTYPE}\"");
+    feed::<GenotypeRow>(&mut s, Source::Genotypes, &[g.as_str()]);
+    s
+}
+
+fn draw(widget: impl Widget, w: u16, h: u16) -> String {
+    let area = Rect::new(0, 0, w, h);
+    let mut buf = Buffer::empty(area);
+    widget.render(area, &mut buf);
+    let mut out = String::new();
+    for y in 0..h {
+        for x in 0..w {
+            out.push_str(buf[(x, y)].symbol());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Draws at a normal size and returns the screen, after drawing at small sizes too.
+fn screens(widget: impl Fn() -> Box<dyn Fn(Rect, &mut Buffer)>) -> String {
+    for (w, h) in [(1, 1), (2, 2), (7, 3), (20, 5), (40, 8)] {
+        let area = Rect::new(0, 0, w, h);
+        let mut buf = Buffer::empty(area);
+        widget()(area, &mut buf);
+    }
+    let area = Rect::new(0, 0, 120, 30);
+    let mut buf = Buffer::empty(area);
+    widget()(area, &mut buf);
+    draw_buffer(&buf)
+}
+
+fn draw_buffer(buf: &Buffer) -> String {
+    let area = buf.area;
+    let mut out = String::new();
+    for y in 0..area.height {
+        for x in 0..area.width {
+            out.push_str(buf[(x, y)].symbol());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn the_state_holds_the_rows_it_was_fed() {
+    let s = state();
+    assert_eq!((s.train.len(), s.val.len(), s.nan.len(), s.skipped_rows), (4, 1, 1, 0));
+    assert_eq!(s.quant.len(), 2);
+    assert_eq!(s.worst_quant().unwrap().layer, "cells.0.edges.1.sep_conv_3x3.op1.act");
+    assert_eq!(s.alphas[0].normal.len(), 5);
+    assert_eq!(s.current_genotype(), Some(GENOTYPE));
+    assert_eq!(s.total_steps(), Some(6));
+}
+
+#[test]
+fn the_header_shows_the_run_progress_and_nan_count() {
+    let s = state();
+    let screen = screens(|| {
+        let s = s.clone();
+        Box::new(move |a, b| (&Header { state: &s, search: None }).render(a, b))
+    });
+    assert!(screen.contains("default-20261122-000000"), "{screen}");
+    assert!(screen.contains("NaN"), "{screen}");
+    let short = draw(&Header { state: &s, search: Some(("running", false)) }, 1, 1);
+    assert_eq!(short.trim_end().chars().count(), 1);
+}
+
+#[test]
+fn the_curves_draw_train_and_validation_points() {
+    let s = state();
+    let c = Curves { state: &s, curve: Curve::Loss };
+    let (train, val) = c.points();
+    assert_eq!((train.len(), val.len()), (4, 1));
+    let screen = screens(|| {
+        let s = s.clone();
+        Box::new(move |a, b| (&Curves { state: &s, curve: Curve::Top1 }).render(a, b))
+    });
+    assert!(screen.contains("top-1") || screen.contains("top1"), "{screen}");
+}
+
+#[test]
+fn the_quant_table_lists_the_worst_layer_first_and_flags_it() {
+    let s = state();
+    let table = QuantTable {
+        state: &s,
+        sort: QuantSort::Sqnr,
+        reversed: false,
+        offset: 0,
+        threshold: 20.0,
+        compact: false,
+    };
+    assert_eq!(table.rows()[0].sqnr_db, 12.5);
+    let screen = screens(|| {
+        let s = s.clone();
+        Box::new(move |a, b| {
+            let t = QuantTable {
+                state: &s,
+                sort: QuantSort::Sqnr,
+                reversed: false,
+                offset: 0,
+                threshold: 20.0,
+                compact: false,
+            };
+            (&t).render(a, b)
+        })
+    });
+    assert!(screen.contains("12.5") && screen.contains("41.2"), "{screen}");
+}
+
+#[test]
+fn the_alpha_heat_map_shows_every_edge_of_the_chosen_cell() {
+    let s = state();
+    for cell in [CellType::Normal, CellType::Reduce] {
+        let screen = screens(|| {
+            let s = s.clone();
+            Box::new(move |a, b| (&AlphaPanel { state: &s, cell }).render(a, b))
+        });
+        let name = if cell == CellType::Normal { "normal" } else { "reduce" };
+        assert!(screen.contains(name), "{screen}");
+        assert!(screen.contains("0.50"), "{screen}");
+    }
+}
+
+#[test]
+fn the_genotype_panel_lists_nodes_and_their_ops() {
+    let s = state();
+    let screen = screens(|| {
+        let s = s.clone();
+        Box::new(move |a, b| (&GenotypePanel { state: &s, offset: 0, compact: false }).render(a, b))
+    });
+    assert!(screen.contains("sep_conv_3x3") && screen.contains("dil_conv_5x5"), "{screen}");
+}
+
+#[test]
+fn the_nan_table_shows_site_layer_value_and_action() {
+    let s = state();
+    let screen = screens(|| {
+        let s = s.clone();
+        Box::new(move |a, b| (&NanTable { state: &s, offset: 0 }).render(a, b))
+    });
+    for text in ["NaN events: 1", "grad", "NaN", "skipped"] {
+        assert!(screen.contains(text), "{text}: {screen}");
+    }
+    let empty = DashboardState::new("empty");
+    let none = draw(&NanTable { state: &empty, offset: 0 }, 60, 5);
+    assert!(none.contains("no non-finite values"), "{none}");
+}
