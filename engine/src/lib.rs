@@ -6,14 +6,12 @@ pub mod checkpoint;
 pub mod config;
 pub mod epoch;
 pub mod grads;
+pub mod sgd;
 
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
-use burn::optim::decay::WeightDecayConfig;
-use burn::optim::momentum::MomentumConfig;
-use burn::optim::{ModuleOptimizer, SgdConfig};
-use burn::tensor::Device;
+use burn::optim::ModuleOptimizer;
 use qdarts_record::RecordError;
 use thiserror::Error;
 
@@ -23,6 +21,8 @@ pub use epoch::{
     EpochRows, EpochTask, Evaluation, LoopEnd, LoopPlan, Progress, StepInput, StepOutcome,
     cosine_lr, quant_row, run_epochs,
 };
+pub use qdarts_ops::seeded;
+pub use sgd::Sgd;
 
 /// Why a search or training run stopped.
 #[derive(Debug, Error)]
@@ -84,27 +84,6 @@ pub fn read_f32<const D: usize>(
 ) -> Result<Vec<f32>, RunError> {
     t.try_to_vec_as::<f32>()
         .map_err(|e| RunError::ReadBack { what: what.into(), message: format!("{e:?}") })
-}
-
-/// Serializes seeding and random initialisation of the backend's process-wide generator.
-static INIT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Seeds `device`'s generator and runs `init` (which draws the initial weights) while no other
-/// seeded initialisation of this process can interleave its draws (two runs in one process,
-/// as in tests).
-pub fn seeded<T>(device: &Device, seed: u64, init: impl FnOnce() -> T) -> T {
-    let _guard = INIT_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    device.seed(seed);
-    init()
-}
-
-/// SGD with (non-Nesterov, undampened) momentum and L2 weight decay, as PyTorch's
-/// `torch.optim.SGD(momentum=…, weight_decay=…)` that pt.darts uses for the weights.
-pub fn sgd(momentum: f64, weight_decay: f64) -> ModuleOptimizer {
-    SgdConfig::new()
-        .with_momentum(Some(MomentumConfig { momentum, dampening: 0.0, nesterov: false }))
-        .with_weight_decay(Some(WeightDecayConfig { penalty: weight_decay as f32 }))
-        .init()
 }
 
 /// Saves a module as a checkpoint file.

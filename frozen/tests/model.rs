@@ -418,7 +418,12 @@ fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        // Seeded: the same cases every run (CI must not fail by chance).
+        rng_seed: proptest::test_runner::RngSeed::Fixed(103),
+        ..ProptestConfig::default()
+    })]
 
     /// Random truncations and byte flips (checksum resealed, so that the damage reaches the
     /// graph and the tensors): an error or a model that validates and runs, never a panic.

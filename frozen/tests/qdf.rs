@@ -135,7 +135,12 @@ fn each_rule_has_its_error() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        // Seeded: the same cases every run (CI must not fail by chance).
+        rng_seed: proptest::test_runner::RngSeed::Fixed(104),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_truncation_is_an_error(cut in 0usize..10_000) {

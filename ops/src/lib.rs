@@ -9,3 +9,18 @@ pub mod candidates;
 pub mod network;
 pub mod qconfig;
 pub mod quant;
+
+use burn::tensor::Device;
+
+/// Serializes seeding and use of the backend's process-wide generator.
+static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Seeds `device`'s generator and runs `draw` (which draws initial weights or random inputs)
+/// while no other seeded block of this process can interleave its draws: the backend's
+/// generator is one per process, and two searches (or two tests) in one process would
+/// otherwise take numbers from each other. Blocks must not nest.
+pub fn seeded<T>(device: &Device, seed: u64, draw: impl FnOnce() -> T) -> T {
+    let _guard = SEED_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    device.seed(seed);
+    draw()
+}

@@ -161,7 +161,12 @@ fn make_grid(step: f32, zp: i32, lo: i32, hi: i32, away: bool) -> Grid {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        // Seeded: the same cases every run (CI must not fail by chance).
+        rng_seed: proptest::test_runner::RngSeed::Fixed(101),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn dequantized_values_lie_on_the_grid_and_in_range(

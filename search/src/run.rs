@@ -13,11 +13,12 @@ use qdarts_data::{self as data, ImageSet, Rng};
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{Event, correct, cross_entropy};
 use qdarts_engine::{
-    ConfigError, Progress, RunError, load_module, load_optim, run_epochs, save_module, save_optim,
-    seeded, start,
+    ConfigError, Progress, RunError, Sgd, load_module, load_optim, run_epochs, save_module,
+    save_optim, seeded, start,
 };
 use qdarts_genotypes::{Genotype, softmax};
 use qdarts_ops::candidates::QuantSites;
+use qdarts_ops::quant::lsq;
 use qdarts_record::{
     AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, write_atomic,
     write_plan,
@@ -79,7 +80,7 @@ struct SearchTask<'a> {
     steps: usize,
     net: SearchNetwork,
     alphas: Alphas,
-    w_optim: ModuleOptimizer,
+    w_optim: Sgd,
     a_optim: ModuleOptimizer,
     pending: Option<Pending>,
 }
@@ -128,7 +129,8 @@ impl EpochTask for SearchTask<'_> {
 
     fn commit(mut self, lr: f64) -> Self {
         if let Some(p) = self.pending.take() {
-            self.net = self.w_optim.step(lr, self.net, p.grads);
+            let net = lsq::apply_init(self.net);
+            self.net = self.w_optim.step(lr, net, p.grads);
         }
         self
     }
@@ -186,14 +188,15 @@ impl EpochTask for SearchTask<'_> {
         drop(self.net.valid());
         save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
         save_module(&self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
-        save_optim(&self.w_optim, &CheckpointPart::WeightOptim.in_dir(dir))?;
+        self.w_optim.save(&self.net, &CheckpointPart::WeightOptim.in_dir(dir))?;
         save_optim(&self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))
     }
 
     fn load(mut self, dir: &Path) -> Result<Self, RunError> {
         self.net = load_module(self.net, &CheckpointPart::Net.in_dir(dir))?;
+        lsq::forget_init(&self.net);
         self.alphas = load_module(self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
-        self.w_optim = load_optim(self.w_optim, &CheckpointPart::WeightOptim.in_dir(dir))?;
+        self.w_optim = self.w_optim.load(&self.net, &CheckpointPart::WeightOptim.in_dir(dir))?;
         self.a_optim = load_optim(self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))?;
         Ok(self)
     }

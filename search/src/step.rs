@@ -6,15 +6,16 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, ModuleOptimizer};
 use burn::tensor::Tensor;
 use qdarts_engine::grads::{Backward, cross_entropy, guarded_backward};
-use qdarts_engine::{InjectSite, sgd};
+use qdarts_engine::{InjectSite, Sgd};
+use qdarts_ops::quant::lsq;
 
 use crate::architect::{self, Batch};
 use crate::config::{Order, SearchConfig};
 use crate::supernet::{Alphas, SearchNetwork};
 
 /// The optimizers of a search as configured: SGD for the weights, Adam for α.
-pub fn build_optimizers(s: &SearchConfig) -> (ModuleOptimizer, ModuleOptimizer) {
-    let w = sgd(s.w_momentum, s.w_weight_decay);
+pub fn build_optimizers(s: &SearchConfig) -> (Sgd, ModuleOptimizer) {
+    let w = Sgd::new(s.w_momentum, s.w_weight_decay);
     let a = AdamConfig::new()
         .with_beta_1(s.alpha_betas[0] as f32)
         .with_beta_2(s.alpha_betas[1] as f32)
@@ -63,11 +64,12 @@ pub fn weight_backward(
 pub fn weight_step(
     net: SearchNetwork,
     alphas: &Alphas,
-    optim: &mut ModuleOptimizer,
+    optim: &mut Sgd,
     train: &Batch,
     lr: f64,
     s: &SearchConfig,
 ) -> (SearchNetwork, f64) {
     let (back, _) = weight_backward(&net, alphas, train, None, s);
+    let net = lsq::apply_init(net);
     (optim.step(lr, net, back.grads), back.loss)
 }

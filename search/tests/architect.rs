@@ -95,9 +95,12 @@ fn first_order_alpha_gradient_skips_weights_without_changing_alpha_or_the_networ
         partial_channels: 2,
     };
     // Float: stateful observers would see two different batches histories between the calls.
-    let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
-    let alphas = Alphas::new(2, 8, &d);
-    let x = Tensor::<4>::random([4, 1, 12, 12], Distribution::Normal(0.0, 1.0), &d);
+    let (net, alphas, x) = qdarts_ops::seeded(&d, 19, || {
+        let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
+        let alphas = Alphas::new(2, 8, &d);
+        let x = Tensor::<4>::random([4, 1, 12, 12], Distribution::Normal(0.0, 1.0), &d);
+        (net, alphas, x)
+    });
     let y = Tensor::<1, Int>::from_ints([1, 3, 5, 7], &d);
     let loss = |n: &SearchNetwork| {
         let (wn, wr) = alphas.weights();

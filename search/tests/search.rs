@@ -11,6 +11,7 @@ use burn::tensor::Device;
 use qdarts_genotypes::{Genotype, Primitive};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::qconfig::QuantConfig;
+use qdarts_record::QuantErrorRow;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::run_search;
 use qdarts_search::supernet::{NetShape, SearchNetwork};
@@ -85,21 +86,23 @@ fn a_tiny_search_writes_the_whole_run_record() {
     assert_eq!(metrics.lines().count(), 7, "{metrics}");
     assert!(metrics.starts_with("epoch,step,phase,loss,top1,lr,arch_lr,seconds\n"));
     // Every quantizer of the network reports at every recorded step.
-    let net = SearchNetwork::new(
-        &NetShape {
-            c_in: 1,
-            classes: 10,
-            channels: 2,
-            layers: 3,
-            nodes: 2,
-            stem_multiplier: 1,
-            primitives: Primitive::DARTS.to_vec(),
-            partial_channels: 1,
-        },
-        &QuantConfig::default(),
-        &Device::flex(),
-    )
-    .unwrap();
+    let net = qdarts_ops::seeded(&Device::flex(), 5, || {
+        SearchNetwork::new(
+            &NetShape {
+                c_in: 1,
+                classes: 10,
+                channels: 2,
+                layers: 3,
+                nodes: 2,
+                stem_multiplier: 1,
+                primitives: Primitive::DARTS.to_vec(),
+                partial_channels: 1,
+            },
+            &QuantConfig::default(),
+            &Device::flex(),
+        )
+        .unwrap()
+    });
     let quant = read(&run.join("quant_error.csv"));
     let step1: Vec<&str> = quant.lines().filter(|l| l.starts_with("0,1,")).collect();
     assert_eq!(step1.len(), net.quantizers().len());
@@ -296,4 +299,46 @@ fn bad_configs_name_the_key() {
     let ok = ExperimentConfig::parse(&base, p, &["search.epochs=3".into(), "name=other".into()])
         .unwrap();
     assert_eq!((ok.search.epochs, ok.name.as_str()), (3, "other"));
+}
+
+#[test]
+fn an_lsq_search_starts_from_data_initialised_weight_steps() {
+    let results = scratch("lsq");
+    let cfg = tiny(&results, "[quant]\npreset = \"lsq\"");
+    let go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
+    let out = run_search(&cfg, &Device::flex(), None, &mut { go }).unwrap();
+    let rows: Vec<QuantErrorRow> =
+        qdarts_record::read_table(&out.run_dir.join("quant_error.csv")).unwrap();
+    // The search's initial weights (same seed, shape and quantization).
+    let ad = Device::flex().autodiff();
+    let shape = qdarts_search::net_shape(&cfg, &qdarts_data::embedded(true).unwrap());
+    let net =
+        qdarts_ops::seeded(&ad, cfg.seed, || SearchNetwork::new(&shape, &cfg.quant, &ad)).unwrap();
+    // Step 1 quantized the initial stem weights on 2·mean|w_c|/sqrt(127) (the row is the mean
+    // over output channels).
+    let w = net.stem.weight.val();
+    let [co, ci, kh, kw] = w.dims();
+    let per = w.abs().reshape([co, ci * kh * kw]).mean_dim(1).reshape([co]);
+    let want: f64 = per
+        .try_to_vec_as::<f32>()
+        .unwrap()
+        .iter()
+        .map(|m| f64::from(2.0 * m / 127f32.sqrt()))
+        .sum::<f64>()
+        / co as f64;
+    let stem = rows.iter().find(|r| r.step == 1 && r.layer == "stem.conv.weight").unwrap();
+    assert!(
+        (stem.scale - want).abs() <= 1e-5 * want,
+        "step {} vs 2·mean|w|/√Qp {want}",
+        stem.scale
+    );
+    // Every weight quantizer of the last step has a real step and a useful SQNR.
+    let last = rows.iter().map(|r| r.step).max().unwrap();
+    let weights: Vec<&QuantErrorRow> =
+        rows.iter().filter(|r| r.step == last && r.kind == "weight").collect();
+    assert!(!weights.is_empty());
+    assert!(weights.iter().all(|r| r.scale.is_finite() && r.scale > 1e-6), "a step at 0 or NaN");
+    let mut sqnr: Vec<f64> = weights.iter().map(|r| r.sqnr_db).collect();
+    sqnr.sort_by(f64::total_cmp);
+    assert!(sqnr[sqnr.len() / 2] > 20.0, "median weight SQNR {} dB", sqnr[sqnr.len() / 2]);
 }

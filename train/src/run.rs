@@ -8,17 +8,18 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::module::Module;
-use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::optim::GradientsParams;
 use burn::tensor::Device;
 use qdarts_data::{self as data, DatasetKind, ImageSet, Rng};
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{correct, cross_entropy, guarded_backward};
 use qdarts_engine::{
-    ConfigError, LoopState, Progress, RunError, checkpoint_error, load_module, load_optim,
-    run_epochs, save_module, save_optim, seeded, sgd, start,
+    ConfigError, LoopState, Progress, RunError, Sgd, checkpoint_error, load_module, run_epochs,
+    save_module, seeded, start,
 };
 use qdarts_genotypes::Genotype;
 use qdarts_ops::candidates::QuantSites;
+use qdarts_ops::quant::lsq;
 use qdarts_record::{CheckpointPart, Plan, RunDir, RunLayout, write_atomic, write_plan};
 
 use crate::config::TrainConfig;
@@ -124,7 +125,9 @@ pub fn open_trained(dir: &Path, device: &Device) -> Result<TrainedRun, RunError>
     })?;
     let set = test_set(&cfg)?;
     let net = EvalNetwork::new(&eval_shape(&cfg, &set), &genotype, &cfg.quant, device)?;
-    let net = load_module(net, &run.checkpoint_part(CheckpointPart::Net))?.valid();
+    let net = load_module(net, &run.checkpoint_part(CheckpointPart::Net))?;
+    lsq::forget_init(&net);
+    let net = net.valid();
     Ok(TrainedRun { cfg, genotype, net, epochs_done: st.epochs_done })
 }
 
@@ -137,7 +140,7 @@ struct TrainTask<'a> {
     test: ImageSet,
     order: Vec<usize>,
     net: EvalNetwork,
-    optim: ModuleOptimizer,
+    optim: Sgd,
     pending: Option<GradientsParams>,
 }
 
@@ -183,7 +186,8 @@ impl EpochTask for TrainTask<'_> {
 
     fn commit(mut self, lr: f64) -> Self {
         if let Some(grads) = self.pending.take() {
-            self.net = self.optim.step(lr, self.net, grads);
+            let net = lsq::apply_init(self.net);
+            self.net = self.optim.step(lr, net, grads);
         }
         self
     }
@@ -210,12 +214,13 @@ impl EpochTask for TrainTask<'_> {
         // Running states fold their per-thread updates on a sync; `valid()` syncs them.
         drop(self.net.valid());
         save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
-        save_optim(&self.optim, &CheckpointPart::Optim.in_dir(dir))
+        self.optim.save(&self.net, &CheckpointPart::Optim.in_dir(dir))
     }
 
     fn load(mut self, dir: &Path) -> Result<Self, RunError> {
         self.net = load_module(self.net, &CheckpointPart::Net.in_dir(dir))?;
-        self.optim = load_optim(self.optim, &CheckpointPart::Optim.in_dir(dir))?;
+        lsq::forget_init(&self.net);
+        self.optim = self.optim.load(&self.net, &CheckpointPart::Optim.in_dir(dir))?;
         Ok(self)
     }
 }
@@ -251,7 +256,7 @@ pub fn run_train_in(
     let ad = device.clone().autodiff();
     let shape = eval_shape(cfg, &train_set);
     let net = seeded(&ad, cfg.seed, || EvalNetwork::new(&shape, genotype, &cfg.quant, &ad))?;
-    let optim = sgd(t.momentum, t.weight_decay);
+    let optim = Sgd::new(t.momentum, t.weight_decay);
     let plan = Plan {
         batch_size: bs,
         epochs: t.epochs,

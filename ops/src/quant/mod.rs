@@ -4,6 +4,7 @@
 pub mod error;
 pub mod fused;
 pub mod kernel;
+pub mod lsq;
 pub mod observer;
 mod observer_kind;
 pub mod quantizer;

@@ -4,37 +4,15 @@
 //! (`valid()` freezes the observer), a stable layer path, and a monitor that keeps the error
 //! statistics of the last tensor it quantized while recording is on.
 
-use std::sync::{Arc, Mutex};
-
-use burn::module::{Flag, Module, Param, ParamId};
+use burn::module::{Flag, Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::error::SpecError;
-use super::kernel::{self, Grid, LearnableGrid, MIN_SCALE, Quantized};
-use super::observer::{ObserverState, channel_rows, qparams_from_min_max};
+use super::kernel::{self, Grid, Quantized};
+use super::lsq::LsqParams;
+use super::observer::ObserverState;
 use super::spec::{ObserverKind, QuantSpec};
 use super::stats::{Monitor, QuantStats, TensorRole};
-
-/// Initial (step, zero point) per channel, computed from the first tensor an LSQ quantizer sees.
-#[derive(Debug, Clone)]
-struct LsqInit {
-    scale: Vec<f32>,
-    zero_point: Vec<f32>,
-}
-
-type InitSlot = Arc<Mutex<Option<LsqInit>>>;
-
-/// The learnable step size and zero point of an LSQ quantizer.
-#[derive(Module, Debug)]
-pub struct LsqParams {
-    /// Step size `s`, `[C]`; initialised from the first tensor seen.
-    pub scale: Param<Tensor<1>>,
-    /// Zero point, `[C]`; learnable only for affine specs (LSQ+).
-    pub zero_point: Param<Tensor<1>>,
-    /// The initial values, filled by the first forward and read by the lazy parameters.
-    #[module(skip)]
-    pending: InitSlot,
-}
 
 /// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
 #[derive(Module, Debug)]
@@ -256,85 +234,8 @@ impl FakeQuantizer {
     }
 }
 
-impl LsqParams {
-    fn new(spec: &QuantSpec, channels: usize, device: &Device) -> Self {
-        let pending: InitSlot = Arc::default();
-        let lazy = |pick: fn(&LsqInit) -> Vec<f32>, fallback: f32, learn: bool| {
-            let slot = pending.clone();
-            Param::uninitialized(
-                ParamId::new(),
-                move |device: &Device, require_grad: bool| {
-                    // A parameter read before any data was seen (a model saved untrained) gets
-                    // the fallback value.
-                    let values = slot
-                        .lock()
-                        .ok()
-                        .and_then(|g| g.as_ref().map(pick))
-                        .unwrap_or_else(|| vec![fallback; channels]);
-                    let t = Tensor::<1>::from_floats(values.as_slice(), device);
-                    if require_grad { t.require_grad() } else { t }
-                },
-                device.clone(),
-                learn,
-                [channels].into(),
-            )
-        };
-        let scale = lazy(|p| p.scale.clone(), 1.0, true);
-        let zero_point = lazy(|p| p.zero_point.clone(), 0.0, !spec.is_symmetric());
-        LsqParams { scale, zero_point, pending }
-    }
-
-    /// LSQ initialisation from the first tensor: `s = 2·mean|x|/sqrt(Qp)` (symmetric), or
-    /// min/max (affine, LSQ+); stored for the lazy parameters to pick up.
-    fn initialise<const D: usize>(&self, spec: &QuantSpec, x: &Tensor<D>) {
-        let axis = spec.granularity().axis();
-        let rows = channel_rows(x.clone().detach(), axis);
-        let c = rows.dims()[0];
-        let (scale, zp) = if spec.is_symmetric() {
-            let qp = spec.quant_range().1 as f32;
-            let s = rows
-                .abs()
-                .mean_dim(1)
-                .reshape([c])
-                .mul_scalar(2.0 / qp.sqrt())
-                .clamp_min(MIN_SCALE);
-            (s.clone(), s.zeros_like())
-        } else {
-            let lo = rows.clone().min_dim(1).reshape([c]);
-            let hi = rows.max_dim(1).reshape([c]);
-            qparams_from_min_max(lo, hi, spec)
-        };
-        let to_vec = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap_or_default();
-        if let Ok(mut slot) = self.pending.lock() {
-            slot.get_or_insert_with(|| LsqInit { scale: to_vec(scale), zero_point: to_vec(zp) });
-        }
-    }
-
-    fn grid<const D: usize>(
-        &self,
-        spec: &QuantSpec,
-        x: &Tensor<D>,
-        channels: usize,
-    ) -> LearnableGrid {
-        if !self.scale.is_initialized() {
-            self.initialise(spec, x);
-        }
-        let n = x.dims().iter().product::<usize>() / channels;
-        let mut lg = self.current(spec);
-        lg.grad_factor = 1.0 / ((n as f32) * spec.quant_range().1 as f32).sqrt();
-        lg
-    }
-
-    fn current(&self, spec: &QuantSpec) -> LearnableGrid {
-        let (qmin, qmax) = spec.quant_range();
-        LearnableGrid {
-            scale: self.scale.val(),
-            zero_point: self.zero_point.val(),
-            qmin,
-            qmax,
-            grad_factor: 1.0,
-            round: spec.round(),
-            axis: spec.granularity().axis(),
-        }
+impl crate::candidates::QuantSites for FakeQuantizer {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        vec![self]
     }
 }

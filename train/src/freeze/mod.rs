@@ -111,6 +111,12 @@ impl Freezer<'_> {
         let g = q.current_grid(self.device);
         let (qmin, qmax) = (g.qmin, g.qmax);
         let scale = first(floats(g.step, q.path())?, q.path())?;
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(err(format!(
+                "{}: step {scale} (an LSQ quantizer that never saw data, or a broken observer)",
+                q.path()
+            )));
+        }
         let zero_point = first(floats(g.zero_point, q.path())?, q.path())?.round() as i32;
         Ok(ActGrid { scale, zero_point, qmin, qmax })
     }
@@ -141,6 +147,9 @@ impl Freezer<'_> {
             it.values.try_to_vec_as::<i32>().map_err(|e| err(format!("{what}: {e:?}")))?;
         let c = it.scale.dims()[0];
         let mut scales = floats(it.scale, q.path())?;
+        if let Some(s) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(err(format!("{}: weight step {s} is not a positive number", q.path())));
+        }
         if scales.len() != c {
             return Err(err(format!("{}: no scales", q.path())));
         }

@@ -1,0 +1,149 @@
+//! SGD with momentum and L2 weight decay, as PyTorch's `torch.optim.SGD(momentum=μ,
+//! weight_decay=λ)` (dampening 0, not Nesterov) that pt.darts uses for the weights:
+//!
+//! `d = g + λ·w;  v ← d (first step) or μ·v + d;  w ← w − lr·v`.
+//!
+//! It does what Burn's `SgdConfig` with momentum and weight decay does, operation for
+//! operation, but keeps its momentum buffers where the architect can read them: DARTS' unrolled
+//! step is `w' = w − ξ(μ·v + ∇w L_trn + λw)` (`cnn/architect.py`, pt.darts `virtual_step`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor};
+
+use crate::{RunError, checkpoint_error, load_module, save_module};
+
+/// The weight optimizer of the search and of training.
+#[derive(Debug, Clone)]
+pub struct Sgd {
+    momentum: f64,
+    weight_decay: f64,
+    /// Momentum buffer per parameter, flattened, on the parameter's device (no autodiff).
+    velocity: HashMap<ParamId, Tensor<1>>,
+}
+
+struct Step<'a> {
+    sgd: &'a mut Sgd,
+    grads: GradientsParams,
+    lr: f64,
+}
+
+impl ModuleMapper for Step<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(grad) = self.grads.remove::<D>(param.id) else { return param };
+        let id = param.id;
+        let (momentum, decay, lr) = (self.sgd.momentum, self.sgd.weight_decay, self.lr);
+        let velocity = &mut self.sgd.velocity;
+        param.map(|w| {
+            let tracked = w.is_require_grad();
+            let w = w.inner();
+            let dims = w.dims();
+            // Burn's WeightDecay, Momentum and Sgd steps, in their order.
+            let d = w.clone().mul_scalar(decay).add(grad);
+            let v = match velocity.remove(&id) {
+                Some(v) => d.mul_scalar(1.0).add(v.reshape(dims).mul_scalar(momentum)),
+                None => d,
+            };
+            let out = w.sub(v.clone().mul_scalar(lr));
+            velocity.insert(id, v.reshape([-1]));
+            let out = Tensor::from_inner(out);
+            if tracked { out.require_grad() } else { out }
+        })
+    }
+}
+
+/// The parameters of a module in visit order: id, element count, device.
+struct Params(Vec<(ParamId, usize, Device)>);
+
+impl ModuleVisitor for Params {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let t = param.val();
+        self.0.push((param.id, t.dims().iter().product(), t.device()));
+    }
+}
+
+fn params_of<M: Module>(module: &M) -> Vec<(ParamId, usize, Device)> {
+    let mut p = Params(Vec::new());
+    module.visit(&mut p);
+    p.0
+}
+
+/// The momentum buffers as a checkpoint file: one flattened buffer per parameter of the
+/// network, in its visit order, and which of them exist (a parameter that never had a
+/// gradient has none).
+#[derive(Module, Debug)]
+struct VelocityRecord {
+    buffers: Vec<Param<Tensor<1>>>,
+    present: Param<Tensor<1>>,
+}
+
+impl Sgd {
+    /// An optimizer with no momentum buffers yet.
+    pub fn new(momentum: f64, weight_decay: f64) -> Self {
+        Sgd { momentum, weight_decay, velocity: HashMap::new() }
+    }
+
+    /// μ.
+    pub fn momentum(&self) -> f64 {
+        self.momentum
+    }
+
+    /// λ.
+    pub fn weight_decay(&self) -> f64 {
+        self.weight_decay
+    }
+
+    /// One step at learning rate `lr` on the parameters that have a gradient in `grads`.
+    pub fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        module.map(&mut Step { sgd: self, grads, lr })
+    }
+
+    /// The momentum buffer of parameter `id` with the shape `dims` (`None` before its first
+    /// step).
+    pub fn velocity<const D: usize>(&self, id: ParamId, dims: [usize; D]) -> Option<Tensor<D>> {
+        self.velocity.get(&id).map(|v| v.clone().reshape(dims))
+    }
+
+    /// Saves the momentum buffers of `module`'s parameters.
+    pub fn save<M: Module>(&self, module: &M, path: &Path) -> Result<(), RunError> {
+        let params = params_of(module);
+        let mut present = Vec::with_capacity(params.len());
+        let mut buffers = Vec::with_capacity(params.len());
+        for (id, n, device) in &params {
+            let v = self.velocity.get(id);
+            present.push(if v.is_some() { 1.0f32 } else { 0.0 });
+            let t = v.cloned().unwrap_or_else(|| Tensor::zeros([*n], device));
+            buffers.push(Param::from_tensor(t));
+        }
+        let device = params.first().map_or_else(Device::default, |p| p.2.clone());
+        let present =
+            Param::from_tensor(Tensor::<1>::from_floats(present.as_slice(), &device).inner());
+        save_module(&VelocityRecord { buffers, present }, path)
+    }
+
+    /// Loads the momentum buffers of `module`'s parameters saved by [`Sgd::save`].
+    pub fn load<M: Module>(mut self, module: &M, path: &Path) -> Result<Self, RunError> {
+        let params = params_of(module);
+        let device = params.first().map_or_else(Device::default, |p| p.2.clone());
+        let empty = VelocityRecord {
+            buffers: params
+                .iter()
+                .map(|(_, n, d)| Param::from_tensor(Tensor::<1>::zeros([*n], d).inner()))
+                .collect(),
+            present: Param::from_tensor(Tensor::<1>::zeros([params.len()], &device).inner()),
+        };
+        let record = load_module(empty, path)?;
+        let present = crate::read_f32(record.present.val(), "the momentum buffers' mask")
+            .map_err(|e| checkpoint_error(path, e))?;
+        self.velocity.clear();
+        for ((id, _, _), (buf, p)) in params.iter().zip(record.buffers.iter().zip(&present)) {
+            if *p > 0.5 {
+                self.velocity.insert(*id, buf.val());
+            }
+        }
+        Ok(self)
+    }
+}
