@@ -96,6 +96,19 @@ enum Command {
         #[arg(long, default_value_t = default_threads())]
         threads: usize,
     },
+    /// Write one search step's inputs for the PyTorch reference (scripts/torch_reference.py):
+    /// a small supernet after one weight step, α, momentum, a training and a validation batch.
+    DumpStep {
+        /// Quantization preset of the supernet.
+        #[arg(long, value_enum, default_value = "tensorrt")]
+        preset: bench::PresetArg,
+        /// Folder to write (spec.json and *.safetensors).
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write what qdarts computes from them (qdarts.safetensors).
+        #[arg(long)]
+        with_outputs: bool,
+    },
     /// Watch a run record in the terminal (live, finished or copied).
     Dashboard {
         /// Run folder, e.g. results/default-20261122-014901.
@@ -181,6 +194,9 @@ fn main() -> ExitCode {
         Command::Export { run } => train_cmd::export(&run),
         Command::Eval { run, threads } => train_cmd::eval(&run, cli.backend, threads.max(1)),
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
+        Command::DumpStep { preset, out, with_outputs } => {
+            search_cmd::dump_step(preset.into(), &out, with_outputs, cli.backend)
+        }
         Command::Bench { what: Some(what), .. } => bench::run(what, cli.backend),
         Command::Bench { what: None, suite } => bench::suite::run(&suite, cli.backend),
     };

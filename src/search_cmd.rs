@@ -95,6 +95,28 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Runs `qdarts dump-step`: a search step's inputs (and, asked for, qdarts's outputs) for the
+/// PyTorch reference.
+pub fn dump_step(
+    preset: qdarts_ops::qconfig::Preset,
+    out: &Path,
+    with_outputs: bool,
+    backend: Backend,
+) -> Result<()> {
+    use qdarts_search::parity::{StepSpec, compute, prepare, write_inputs};
+    let device = backend.device()?.autodiff();
+    let spec = StepSpec::small(preset);
+    let state = prepare(&spec, &device)?;
+    write_inputs(out, &spec, &state).with_context(|| format!("writing {}", out.display()))?;
+    if with_outputs {
+        let outputs = compute(&spec, state)?;
+        let path = out.join("qdarts.safetensors");
+        qdarts_engine::tensors::write(&path, &outputs, &Default::default())?;
+    }
+    println!("{}", out.display());
+    Ok(())
+}
+
 /// The worker's status as the dashboard sees it.
 #[derive(Debug)]
 struct Shared {

@@ -7,6 +7,7 @@ pub mod config;
 pub mod epoch;
 pub mod grads;
 pub mod sgd;
+pub mod tensors;
 
 use std::path::{Path, PathBuf};
 

@@ -107,6 +107,11 @@ impl Sgd {
         self.velocity.get(&id).map(|v| v.clone().reshape(dims))
     }
 
+    /// Sets the momentum buffer of parameter `id` (a state read from elsewhere).
+    pub fn set_velocity<const D: usize>(&mut self, id: ParamId, v: Tensor<D>) {
+        self.velocity.insert(id, v.inner().reshape([-1]));
+    }
+
     /// Saves the momentum buffers of `module`'s parameters.
     pub fn save<M: Module>(&self, module: &M, path: &Path) -> Result<(), RunError> {
         let params = params_of(module);

@@ -11,6 +11,8 @@
 //!   rank     u8       ≤ 6, then rank × u32 dims
 //!   axis     i8       -1 per tensor, else the channel axis (< rank)
 //!   nq       u32      1 per tensor, else dims[axis]; then nq × f32 scale, nq × i32 zero point
+//!                     (scales are positive; an i8 weight channel may have a negative scale,
+//!                     which negates its integers: a flipped channel that holds −128)
 //!   data_len u64      = product(dims) · size(dtype), then the data
 //! checksum   u64      FNV-1a of every byte before it
 //! ```
@@ -321,8 +323,14 @@ fn check_tensor(t: &QTensor, at: usize) -> Result<(), QdfError> {
             t.zero_point.len()
         ));
     }
-    if let Some(s) = t.scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-        return bad(format!("scale {s} is not a positive finite number"));
+    // An int8 weight channel may carry a negative scale: its integers are negated when used
+    // (a BN weight γ < 0 on a channel holding −128, whose negation is not an int8).
+    let signed_ok = t.dtype == DType::I8;
+    if let Some(s) =
+        t.scale.iter().find(|s| !(s.is_finite() && (**s > 0.0 || (signed_ok && **s < 0.0))))
+    {
+        let what = if signed_ok { "a non-zero finite number" } else { "a positive finite number" };
+        return bad(format!("scale {s} is not {what}"));
     }
     let (lo, hi) = t.dtype.zero_point_range();
     if let Some(z) = t.zero_point.iter().find(|z| !(lo..=hi).contains(&i64::from(**z))) {

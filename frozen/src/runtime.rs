@@ -25,8 +25,18 @@ pub struct Runtime<'a> {
     last_use: Vec<usize>,
 }
 
+/// Int8 weights widened to i32, each output channel (axis 0) negated where its scale is
+/// negative (a flipped channel whose integers include −128).
 fn i8s(t: &QTensor) -> Vec<i32> {
-    t.data.iter().map(|&b| i32::from(b as i8)).collect()
+    let per = t.data.len() / t.scale.len().max(1);
+    t.data
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            let v = i32::from(b as i8);
+            if t.scale.get(i / per.max(1)).is_some_and(|s| *s < 0.0) { -v } else { v }
+        })
+        .collect()
 }
 
 fn i32s(t: &QTensor) -> Vec<i32> {

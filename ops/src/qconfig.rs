@@ -23,11 +23,13 @@ use crate::quant::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, SpecError
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Preset {
-    /// TensorRT: int8 symmetric per-channel weights (min/max), int8 symmetric per-tensor
-    /// activations (moving-average min/max).
+    /// TensorRT: int8 symmetric per-channel weights read on their current value (max|w|/127,
+    /// integers in [−127, 127]), int8 symmetric per-tensor activations (moving-average
+    /// min/max, torch.ao's default activation observer).
     #[default]
     Tensorrt,
-    /// ONNX QDQ: int8 symmetric per-channel weights, uint8 affine per-tensor activations.
+    /// ONNX QDQ: int8 symmetric per-channel weights as TensorRT's, uint8 affine per-tensor
+    /// activations.
     OnnxQdq,
     /// PaddleSlim: channel-wise abs-max weights, moving-average abs-max activations (rate 0.9).
     Paddle,
@@ -82,6 +84,13 @@ pub struct QuantConfig {
     /// Overrides by op type (`sep_conv_3x3`, `max_pool_3x3`, `stem`, `classifier`, ...).
     #[serde(default)]
     pub ops: BTreeMap<String, OpOverride>,
+    /// Also fake-quantize BatchNorm's folded multiplier `γ/σ` on its own, per tensor, with the
+    /// op's weight bits (qdarts 0.1's behaviour). Off by default, as torch.ao's ConvBn QAT and
+    /// TensorRT: the multiplier is folded into the per-channel requantization scale, which the
+    /// integer model holds to 31 bits, so an 8-bit copy of it only costs small-γ channels their
+    /// gain.
+    #[serde(default)]
+    pub quantize_bn_multiplier: bool,
 }
 
 const PER_OUT_CHANNEL: Granularity = Granularity::PerChannel { axis: 0 };
@@ -96,8 +105,12 @@ impl Preset {
         Ok(Some(match (self, site) {
             (Preset::Float, _) => return Ok(None),
             (_, Site::Mix) => QuantSpec::unit_interval(8)?,
+            // Both read each weight on its current value (no running min/max), per output
+            // channel, scale max|w|/127, integers in [−127, 127]: NVIDIA's TensorRT QAT toolkit
+            // (pytorch-quantization, `axis=0`, max calibration, narrow range) and onnxruntime's
+            // symmetric int8 weights; the same arithmetic as Paddle's channel_wise_abs_max.
             (Preset::Tensorrt | Preset::OnnxQdq, Site::Weight) => {
-                QuantSpec::with(8, true, true, PER_OUT_CHANNEL, ObserverKind::MinMax)?
+                QuantSpec::with(8, true, true, PER_OUT_CHANNEL, ObserverKind::ChannelWiseAbsMax)?
             }
             (Preset::Tensorrt, Site::Act) => {
                 QuantSpec::with(8, true, true, Granularity::PerTensor, ema)?
@@ -158,9 +171,12 @@ impl QuantConfig {
         }
     }
 
-    /// The spec of a folded BatchNorm weight (`[C]`, one value per channel): the op's weight
-    /// spec made per-tensor, as the BN is fake-quantized per tensor during training.
+    /// The spec of a folded BatchNorm weight (`[C]`, one value per channel) when
+    /// [`QuantConfig::quantize_bn_multiplier`] is on: the op's weight spec made per-tensor.
     pub fn bn_weight(&self, op: &str) -> Result<Option<QuantSpec>, SpecError> {
+        if !self.quantize_bn_multiplier {
+            return Ok(None);
+        }
         match self.spec_for(op, Site::Weight)? {
             None => Ok(None),
             Some(s) => {
@@ -239,7 +255,10 @@ mod tests {
         assert_eq!(w3.observer(), ObserverKind::ChannelWiseAbsMax);
         assert_eq!(c.spec_for("sep_conv_3x3", Site::Act).unwrap().unwrap().bits(), 6);
         assert!(c.spec_for("max_pool_3x3", Site::Act).unwrap().is_none());
-        // The folded BN weight is per tensor: channel-wise abs-max becomes abs-max.
+        // The BN multiplier is left float unless asked for; then it is per tensor, and
+        // channel-wise abs-max becomes abs-max.
+        assert!(c.bn_weight("sep_conv_3x3").unwrap().is_none());
+        let c = QuantConfig { quantize_bn_multiplier: true, ..c };
         let bn = c.bn_weight("sep_conv_3x3").unwrap().unwrap();
         assert_eq!(bn.granularity(), Granularity::PerTensor);
         assert_eq!(bn.observer(), ObserverKind::AbsMax);

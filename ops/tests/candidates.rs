@@ -253,10 +253,8 @@ fn every_quantizer_reports_under_a_unique_stable_path() {
         for want in [
             "cells.3.edges.5.sep_conv_3x3.op1.pw.weight",
             "cells.3.edges.5.sep_conv_3x3.op1.dw.act",
-            "cells.3.edges.5.sep_conv_3x3.op2.bn.weight",
             "cells.3.edges.5.sep_conv_3x3.op2.act",
             "cells.3.edges.5.dil_conv_5x5.dw.weight",
-            "cells.3.edges.5.max_pool_3x3.bn.weight",
             "cells.3.edges.5.none.act",
             "cells.3.edges.5.mix",
             "cells.3.edges.5.act",
@@ -265,6 +263,16 @@ fn every_quantizer_reports_under_a_unique_stable_path() {
         }
         let none = rows.iter().find(|r| r.path.ends_with("none.act")).unwrap();
         assert!(none.scale.is_finite() && none.scale > 0.0, "zero op scale {}", none.scale);
+        // BatchNorm's multiplier is quantized on its own only when asked for.
+        assert!(!paths.iter().any(|p| p.ends_with("bn.weight")), "{paths:?}");
+        let cfg = QuantConfig { quantize_bn_multiplier: true, ..cfg };
+        let m = QMixedOp::new(&Primitive::DARTS, 4, 1, &cfg, "cells.3.edges.5", &dev()).unwrap();
+        let paths: BTreeSet<String> = m.quantizers().iter().map(|q| q.path().to_string()).collect();
+        for want in
+            ["cells.3.edges.5.sep_conv_3x3.op2.bn.weight", "cells.3.edges.5.max_pool_3x3.bn.weight"]
+        {
+            assert!(paths.contains(want), "missing {want}");
+        }
     });
 }
 

@@ -1,23 +1,38 @@
 //! The architect: the gradient of the validation loss with respect to α.
 //!
-//! First order: `∇α L_val(w, α)`.
+//! First order: `∇α L_val(w, α)`, on the network as it is (in training mode, as pt.darts:
+//! BatchNorm uses the batch and updates its running statistics, observers update).
 //!
-//! Second order (DARTS eq. 7–8): with the virtual step `w' = w − ξ(∇w L_trn(w, α) + λw)`,
+//! Second order (DARTS eq. 7–8, `cnn/architect.py`): with the virtual step
+//! `w' = w − ξ(μ·v + ∇w L_trn(w, α) + λw)` (`v` the weight optimizer's momentum buffer, μ its
+//! momentum, λ its weight decay, ξ the current weight learning rate),
 //!
 //! `∇α L_val(w', α) − ξ · ∇²_{α,w} L_trn(w, α) · ∇w' L_val(w', α)`,
 //!
 //! where the Hessian-vector product is the central difference
 //! `(∇α L_trn(w⁺, α) − ∇α L_trn(w⁻, α)) / (2ε)`, `w± = w ± ε·∇w' L_val(w', α)`,
 //! `ε = 0.01 / ‖∇w' L_val(w', α)‖` (divided by 2ε, as DARTS does; pt.darts multiplies by ε).
-//! The virtual step ignores the momentum buffer (the paper's formula).
 //!
-//! Nothing is mutated: `w'` and `w±` are new modules with their own BatchNorm statistics and
-//! observer state, so the virtual forwards leave the real network untouched.
+//! Under fake quantization. The second-order gradient runs on a copy of the network with its
+//! own BatchNorm statistics (normalising with the batch, as in training) and observers. The
+//! pass at `w` on the training batch updates the copy's observers (as pt.darts' network in
+//! this pass would); after it every observer is frozen, so `w'` and `w±` are quantized on one
+//! set of grids and none of them moves an observer. The `w±` passes hold each quantizer's
+//! rounding and clipping as it was in the pass at `w` (see [`qdarts_ops::quant::hold`]), so
+//! the central difference is the mixed Hessian of the straight-through surrogate the gradients
+//! already use, not a count of rounding flips divided by 2ε. Weights are quantized on their own
+//! current values throughout. With the `float` preset this is DARTS' computation exactly.
+//!
+//! Nothing is mutated: `w'` and `w±` are new modules; the real network's weights, BatchNorm
+//! statistics and observers are untouched.
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
+use qdarts_engine::Sgd;
 use qdarts_engine::grads::{cross_entropy, grad_norm};
+use qdarts_ops::candidates::QuantSites;
+use qdarts_ops::quant::{HoldMode, freeze_observers};
 
 use crate::supernet::{Alphas, SearchNetwork};
 
@@ -46,9 +61,55 @@ pub fn isolated<M: Module>(module: &M) -> M {
     module.valid().train()
 }
 
-/// `keep·w + step·g` for every parameter that has a gradient, as a new module.
+/// `keep·w + step·g` for every parameter that has a gradient, as a new module (sharing
+/// `module`'s running states: pass a copy made with [`isolated`] to keep them apart).
 pub fn axpy<M: Module>(module: &M, grads: &GradientsParams, keep: f32, step: f32) -> M {
-    isolated(module).map(&mut Axpy { grads, keep, step })
+    module.clone().map(&mut Axpy { grads, keep, step })
+}
+
+/// DARTS' virtual step `w' = w − ξ(μ·v + g + λw)` for every parameter with a gradient `g`,
+/// with the momentum buffer `v` (0 before the first step), μ and λ of the weight optimizer,
+/// in pt.darts' order of operations.
+struct VirtualStep<'a> {
+    grads: &'a GradientsParams,
+    optim: &'a Sgd,
+    xi: f64,
+}
+
+impl ModuleMapper for VirtualStep<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(g) = self.grads.get::<D>(param.id) else { return param };
+        let v = self.optim.velocity::<D>(param.id, param.val().dims());
+        let (mu, decay, xi) = (self.optim.momentum(), self.optim.weight_decay(), self.xi);
+        param.map(|w| {
+            let tracked = w.is_require_grad();
+            let w = w.inner();
+            let m_plus_g = match v {
+                Some(v) => v.mul_scalar(mu).add(g),
+                None => g,
+            };
+            let d = m_plus_g.add(w.clone().mul_scalar(decay)).mul_scalar(xi);
+            let out = Tensor::from_inner(w.sub(d));
+            if tracked { out.require_grad() } else { out }
+        })
+    }
+}
+
+/// Sets every quantizer's held rounding for a scope, and turns it off on the way out (the
+/// setting is shared by every copy of a quantizer, the real network's included).
+struct Held(SearchNetwork);
+
+impl Held {
+    fn set(net: &SearchNetwork, mode: HoldMode) -> Self {
+        net.set_hold(mode);
+        Held(net.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.set_hold(HoldMode::Off);
+    }
 }
 
 /// The gradient of α as two tensors `(normal, reduce)`.
@@ -84,17 +145,21 @@ impl AlphaGrads {
     }
 }
 
+/// DARTS' radius of the central difference: `ε = RADIUS/‖v‖`.
+pub const RADIUS: f64 = 0.01;
+
 /// The central finite difference of the mixed Hessian `∇²_{α,w} L` along `v`:
-/// `(∇α L(w + εv) − ∇α L(w − εv)) / (2ε)` with `ε = 0.01/‖v‖`, where `grad_alpha_at(m)` is
-/// `∇α L` at the weights of `m`.
+/// `(∇α L(w + εv) − ∇α L(w − εv)) / (2ε)` with `ε = radius/‖v‖` (DARTS: [`RADIUS`]), where
+/// `grad_alpha_at(m)` is `∇α L` at the weights of `m`.
 pub fn hessian_vector<M: Module, G>(
     model: &M,
     v: &GradientsParams,
+    radius: f64,
     grad_alpha_at: impl Fn(&M) -> G,
     combine: impl Fn(&G, f32, &G, f32) -> G,
 ) -> G {
     let norm = grad_norm(v, model);
-    let eps = if norm > 0.0 { 0.01 / norm } else { 0.0 } as f32;
+    let eps = if norm > 0.0 { radius / norm } else { 0.0 } as f32;
     let plus = grad_alpha_at(&axpy(model, v, 1.0, eps));
     let minus = grad_alpha_at(&axpy(model, v, 1.0, -eps));
     if eps == 0.0 {
@@ -123,26 +188,53 @@ pub fn first_order(net: &SearchNetwork, alphas: &Alphas, val: &Batch) -> AlphaGr
     alpha_grad(net, alphas, val)
 }
 
-/// Second-order (unrolled) architecture gradient with learning rate `xi` and weight decay
-/// `weight_decay` in the virtual step.
+/// Second-order (unrolled) architecture gradient: `xi` is the current weight learning rate,
+/// `w_optim` the weight optimizer (its momentum buffers, momentum and weight decay).
 pub fn second_order(
     net: &SearchNetwork,
     alphas: &Alphas,
     train: &Batch,
     val: &Batch,
     xi: f64,
-    weight_decay: f64,
+    w_optim: &Sgd,
 ) -> AlphaGrads {
-    let xi = xi as f32;
-    // w' = (1 − ξλ)w − ξ∇w L_trn(w, α)
-    let mut g = loss_of(&isolated(net), alphas, train).backward();
-    let gw = GradientsParams::from_module(&mut g, net);
-    let virtual_net = axpy(net, &gw, 1.0 - xi * weight_decay as f32, -xi);
-    // ∇α and ∇w' of L_val(w', α)
+    let (dalpha, h) = second_order_parts(net, alphas, (train, val), xi, w_optim);
+    dalpha.combine(1.0, &h, -(xi as f32))
+}
+
+/// The two parts of the second-order gradient: `∇α L_val(w', α)` and the Hessian-vector
+/// product `∇²_{α,w} L_trn(w, α) · ∇w' L_val(w', α)`.
+pub fn second_order_parts(
+    net: &SearchNetwork,
+    alphas: &Alphas,
+    (train, val): (&Batch, &Batch),
+    xi: f64,
+    w_optim: &Sgd,
+) -> (AlphaGrads, AlphaGrads) {
+    // A copy with its own BatchNorm statistics and observers. At w on the training batch:
+    // ∇w L_trn(w, α), and each quantizer's rounding, held for w±. The copy's observers see this
+    // batch (as pt.darts' network does in this pass, which is how they have a grid at step 1),
+    // then stay frozen.
+    let copy = isolated(net);
+    let held = Held::set(&copy, HoldMode::Record);
+    let mut g = loss_of(&copy, alphas, train).backward();
+    let gw = GradientsParams::from_module(&mut g, &copy);
+    let frozen = freeze_observers(copy);
+    // w' = w − ξ(μ·v + ∇w L_trn + λw); ∇α and ∇w' of L_val(w', α), quantized as usual.
+    frozen.set_hold(HoldMode::Kept);
+    let virtual_net = frozen.clone().map(&mut VirtualStep { grads: &gw, optim: w_optim, xi });
     let mut g = loss_of(&virtual_net, alphas, val).backward();
     let dw = GradientsParams::from_module(&mut g, &virtual_net);
     let dalpha = AlphaGrads::take(&mut g, alphas);
-    let h =
-        hessian_vector(net, &dw, |m| alpha_grad(m, alphas, train), |a, x, b, y| a.combine(x, b, y));
-    dalpha.combine(1.0, &h, -xi)
+    // The mixed Hessian times ∇w' L_val at w, with the rounding held.
+    frozen.set_hold(HoldMode::Replay);
+    let h = hessian_vector(
+        &frozen,
+        &dw,
+        RADIUS,
+        |m| alpha_grad(m, alphas, train),
+        |a, x, b, y| a.combine(x, b, y),
+    );
+    drop(held);
+    (dalpha, h)
 }

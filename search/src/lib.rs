@@ -5,6 +5,7 @@
 
 pub mod architect;
 pub mod config;
+pub mod parity;
 pub mod run;
 pub mod step;
 pub mod supernet;

@@ -102,8 +102,8 @@ impl EpochTask for SearchTask<'_> {
         let vb = data::batch(&self.set, kind, vi, Some(&mut *rng), &self.ad);
 
         let alphas_before = self.alphas.clone();
-        self.alphas =
-            arch_step(&self.net, self.alphas.clone(), &mut self.a_optim, (&tb, &vb), input.lr, s);
+        let optims = (&mut self.a_optim, &self.w_optim);
+        self.alphas = arch_step(&self.net, self.alphas.clone(), optims, (&tb, &vb), input.lr, s);
 
         self.net.set_recording(input.record_quant);
         let (back, logits) = weight_backward(&self.net, &self.alphas, &tb, input.inject, s);

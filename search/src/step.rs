@@ -27,18 +27,18 @@ pub fn build_optimizers(s: &SearchConfig) -> (Sgd, ModuleOptimizer) {
 
 /// The architecture step: α's gradient on a validation batch (first or second order), then
 /// an Adam step. `batches` is `(train, validation)`; `lr` is the current weight learning rate
-/// (ξ of the second-order virtual step).
+/// (ξ of the second-order virtual step) and `w_optim` the weight optimizer (its momentum).
 pub fn arch_step(
     net: &SearchNetwork,
     alphas: Alphas,
-    optim: &mut ModuleOptimizer,
+    (optim, w_optim): (&mut ModuleOptimizer, &Sgd),
     (train, val): (&Batch, &Batch),
     lr: f64,
     s: &SearchConfig,
 ) -> Alphas {
     let da = match s.order {
         Order::First => architect::first_order(net, &alphas, val),
-        Order::Second => architect::second_order(net, &alphas, train, val, lr, s.w_weight_decay),
+        Order::Second => architect::second_order(net, &alphas, train, val, lr, w_optim),
     };
     let grads = da.into_params(&alphas);
     optim.step(s.alpha_lr, alphas, grads)

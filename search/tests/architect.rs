@@ -48,6 +48,7 @@ fn central_difference_recovers_the_mixed_hessian_times_a_vector() {
     let hv = hessian_vector(
         &m,
         &g,
+        qdarts_search::architect::RADIUS,
         |m| grad_alpha(m, &alpha),
         |a, x, b, y| a.iter().zip(b).map(|(p, q)| p * x + q * y).collect::<Vec<f32>>(),
     );
@@ -77,23 +78,12 @@ fn the_global_norm_clip_scales_all_gradients_together() {
 #[test]
 fn first_order_alpha_gradient_skips_weights_without_changing_alpha_or_the_network() {
     use burn::tensor::{Distribution, Int};
-    use qdarts_genotypes::Primitive;
     use qdarts_ops::qconfig::QuantConfig;
     use qdarts_search::architect::first_order;
-    use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
+    use qdarts_search::supernet::{Alphas, SearchNetwork};
 
     let d = dev();
-    d.seed(7);
-    let shape = NetShape {
-        c_in: 1,
-        classes: 10,
-        channels: 4,
-        layers: 3,
-        nodes: 2,
-        stem_multiplier: 1,
-        primitives: Primitive::DARTS.to_vec(),
-        partial_channels: 2,
-    };
+    let shape = tiny_shape(2);
     // Float: stateful observers would see two different batches histories between the calls.
     let (net, alphas, x) = qdarts_ops::seeded(&d, 19, || {
         let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
@@ -134,4 +124,85 @@ impl burn::module::ModuleVisitor for CountParams<'_> {
             *self.0 += 1;
         }
     }
+}
+
+/// A supernet of C = 4, 3 cells of 2 nodes on 1-channel images, PC-DARTS `partial` channels.
+fn tiny_shape(partial: usize) -> qdarts_search::supernet::NetShape {
+    qdarts_search::supernet::NetShape {
+        c_in: 1,
+        classes: 10,
+        channels: 4,
+        layers: 3,
+        nodes: 2,
+        stem_multiplier: 1,
+        primitives: qdarts_genotypes::Primitive::DARTS.to_vec(),
+        partial_channels: partial,
+    }
+}
+
+/// A tiny supernet under `quant`, one weight step taken (observers and momentum have state),
+/// α, and a training and a validation batch of the embedded data.
+fn trained_tiny(
+    quant: qdarts_ops::qconfig::Preset,
+) -> (
+    qdarts_search::supernet::SearchNetwork,
+    qdarts_search::supernet::Alphas,
+    qdarts_engine::Sgd,
+    qdarts_search::architect::Batch,
+    qdarts_search::architect::Batch,
+) {
+    use qdarts_ops::qconfig::QuantConfig;
+    use qdarts_search::config::SearchConfig;
+    use qdarts_search::step::{build_optimizers, weight_step};
+    use qdarts_search::supernet::{Alphas, SearchNetwork};
+
+    let d = dev();
+    let shape = tiny_shape(1);
+    let (net, alphas) = qdarts_ops::seeded(&d, 29, || {
+        let net = SearchNetwork::new(&shape, &QuantConfig::preset(quant), &d).unwrap();
+        (net, Alphas::new(2, 8, &d))
+    });
+    let set = qdarts_data::embedded(true).unwrap();
+    let kind = qdarts_data::DatasetKind::FashionMnist;
+    let train = qdarts_data::batch(&set, kind, &(0..16).collect::<Vec<_>>(), None, &d);
+    let val = qdarts_data::batch(&set, kind, &(16..32).collect::<Vec<_>>(), None, &d);
+    let s = SearchConfig::with_defaults(1, 16);
+    let (mut w_optim, _) = build_optimizers(&s);
+    let (net, _) = weight_step(net, &alphas, &mut w_optim, &train, 0.025, &s);
+    (net, alphas, w_optim, train, val)
+}
+
+fn flat(g: &qdarts_search::architect::AlphaGrads) -> Vec<f32> {
+    let mut v = vals(g.normal.clone().reshape([-1]));
+    v.extend(vals(g.reduce.clone().reshape([-1])));
+    v
+}
+
+#[test]
+fn the_second_order_gradient_is_finite_under_fake_quant() {
+    use qdarts_ops::qconfig::Preset;
+    use qdarts_search::architect::second_order_parts;
+
+    for preset in [Preset::Float, Preset::Tensorrt] {
+        let (net, alphas, w_optim, train, val) = trained_tiny(preset);
+        let (d, h) = second_order_parts(&net, &alphas, (&train, &val), 0.025, &w_optim);
+        let (d, h) = (flat(&d), flat(&h));
+        assert!(d.iter().chain(&h).all(|v| v.is_finite()), "{preset:?}");
+        assert!(h.iter().any(|v| *v != 0.0), "{preset:?}: no Hessian term");
+    }
+}
+
+#[test]
+fn the_second_order_gradient_leaves_the_real_network_as_it_was() {
+    use qdarts_ops::qconfig::Preset;
+    use qdarts_search::architect::second_order;
+
+    let (net, alphas, w_optim, train, val) = trained_tiny(Preset::Tensorrt);
+    let probe = |n: &qdarts_search::supernet::SearchNetwork| {
+        let (wn, wr) = alphas.valid().weights();
+        vals(n.valid().forward(val.0.clone().inner(), wn, wr).reshape([-1]))
+    };
+    let before = probe(&net);
+    let _ = second_order(&net, &alphas, &train, &val, 0.025, &w_optim);
+    assert_eq!(probe(&net), before, "BatchNorm statistics or observers moved");
 }

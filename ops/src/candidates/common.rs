@@ -92,6 +92,13 @@ pub trait QuantSites {
     /// Every quantizer of the module, in a stable order.
     fn quantizers(&self) -> Vec<&FakeQuantizer>;
 
+    /// Sets what every quantizer does with its rounding (see [`crate::quant::hold`]).
+    fn set_hold(&self, mode: crate::quant::HoldMode) {
+        for q in self.quantizers() {
+            q.set_hold(mode);
+        }
+    }
+
     /// Turns error recording on or off for every quantizer.
     fn set_recording(&self, on: bool) {
         for q in self.quantizers() {

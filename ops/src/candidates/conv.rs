@@ -121,7 +121,8 @@ impl QConv {
                     .mul(g.step.detach())
                     .mul(ig.step.clone().detach());
                 let y = conv2d(x, w, None, self.options());
-                (y, Some(Bias { unit, round: q.spec().round() }))
+                let bias = (!g.held && !ig.held).then(|| Bias { unit, round: q.spec().round() });
+                (y, bias)
             }
             _ => (self.forward(x), None),
         }

@@ -67,7 +67,7 @@ impl QPoolBN {
         let s = [self.stride; 2];
         let c = x.dims()[1];
         // The pooled values stay on the input's grid: one accumulator unit is its step.
-        let unit = x.grid.as_ref().map(|g| Bias {
+        let unit = x.grid.as_ref().filter(|g| !g.held).map(|g| Bias {
             unit: Tensor::<1>::ones([c], &g.step.device()).mul(g.step.clone().detach()),
             round: g.round,
         });
@@ -83,7 +83,7 @@ impl QPoolBN {
                     // and their halves are exact in f32) and round once, as the integer pool
                     // does; a float average of the dequantized values would break its ties at
                     // random. Straight-through gradient of the float average.
-                    Some(grid) => {
+                    Some(grid) if !grid.held => {
                         let mult = broadcast_param::<4>(grid.mult.clone().detach(), grid.axis);
                         let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
                         let q = round_with(x.value.clone().detach().mul(mult), grid.round);
@@ -91,7 +91,7 @@ impl QPoolBN {
                         let avg = avg_pool2d(x.value, opts);
                         avg.clone().add(qa.mul(step).sub(avg.detach()))
                     }
-                    None => avg_pool2d(x.value, opts),
+                    _ => avg_pool2d(x.value, opts),
                 }
             }
         };

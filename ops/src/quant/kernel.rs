@@ -43,6 +43,10 @@ pub struct Grid {
     pub round: RoundMode,
     /// Channel axis of per-channel parameters.
     pub axis: Option<usize>,
+    /// The grid of a quantizer whose rounding is held (see [`super::hold`]): the roundings that
+    /// follow from it (an integer average, an int32 bias) are left out too, so that the held
+    /// network is the straight-through surrogate throughout.
+    pub held: bool,
 }
 
 impl Grid {
@@ -55,7 +59,7 @@ impl Grid {
         axis: Option<usize>,
     ) -> Self {
         let step = step.clamp_min(MIN_SCALE);
-        Grid { mult: step.clone().recip(), step, zero_point, qmin, qmax, round, axis }
+        Grid { mult: step.clone().recip(), step, zero_point, qmin, qmax, round, axis, held: false }
     }
 
     /// A Paddle-style symmetric grid from an abs-max threshold `T` and `bin_cnt`.
@@ -77,6 +81,7 @@ impl Grid {
             qmax,
             round,
             axis,
+            held: false,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod fused;
+pub mod hold;
 pub mod kernel;
 pub mod lsq;
 pub mod observer;
@@ -12,10 +13,11 @@ pub mod spec;
 pub mod stats;
 
 pub use error::SpecError;
+pub use hold::HoldMode;
 pub use kernel::{
     FakeQuantImpl, Grid, LearnableGrid, Quantized, fake_quant, fake_quant_learnable,
     fake_quant_ste, fake_quant_with, quantize, round_with,
 };
-pub use quantizer::{FakeQuantizer, IntTensor};
+pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
 pub use stats::{QuantStats, TensorRole};

@@ -190,7 +190,18 @@ impl ObserverState {
     }
 
     /// Folds `x` into the state (when `update`) and returns the grid to quantize with.
-    pub fn grid<const D: usize>(&self, spec: &QuantSpec, x: &Tensor<D>, update: bool) -> Grid {
+    ///
+    /// `current`: a weight's abs-max observer reads the tensor it quantizes also when it does not
+    /// update (Paddle's weight quantizers have no state; nor has TensorRT's QAT toolkit for
+    /// weights), so that inference and freeze use the weights as they are, not as they were at
+    /// the last training forward.
+    pub fn grid<const D: usize>(
+        &self,
+        spec: &QuantSpec,
+        x: &Tensor<D>,
+        update: bool,
+        current: bool,
+    ) -> Grid {
         let device = x.device();
         let axis = spec.granularity().axis();
         let threshold = match self {
@@ -199,6 +210,8 @@ impl ObserverState {
                     let t = abs_max(x.clone(), axis);
                     s.threshold.update(t.clone());
                     t
+                } else if current {
+                    abs_max(x.clone(), axis)
                 } else {
                     read(&s.threshold, &device)
                 }

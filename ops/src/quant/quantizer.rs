@@ -8,6 +8,7 @@ use burn::module::{Flag, Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::error::SpecError;
+use super::hold::{Hold, HoldMode};
 use super::kernel::{self, Grid, Quantized};
 use super::lsq::LsqParams;
 use super::observer::ObserverState;
@@ -33,6 +34,9 @@ pub struct FakeQuantizer {
     pub lsq: Option<LsqParams>,
     #[module(skip)]
     monitor: Monitor,
+    /// Held rounding for the second-order architect's finite differences.
+    #[module(skip)]
+    hold: Hold,
 }
 
 /// Integer values of a tensor with the grid that dequantizes them (Paddle's `fake_quantize_*`
@@ -71,6 +75,7 @@ impl FakeQuantizer {
             training: Param::from_bool(true),
             lsq,
             monitor: Monitor::default(),
+            hold: Hold::default(),
         })
     }
 
@@ -92,6 +97,11 @@ impl FakeQuantizer {
     /// Turns recording of error statistics on or off (off by default: it costs reductions).
     pub fn set_recording(&self, on: bool) {
         self.monitor.set_recording(on);
+    }
+
+    /// Sets what the quantizer does with its rounding (see [`super::hold`]).
+    pub fn set_hold(&self, mode: HoldMode) {
+        self.hold.set_mode(mode);
     }
 
     /// Error statistics of the last tensor quantized while recording was on.
@@ -126,6 +136,9 @@ impl FakeQuantizer {
         x: Tensor<D>,
     ) -> Result<(Tensor<D>, Grid), SpecError> {
         self.check(&x)?;
+        if let Some(held) = self.hold.replay(&x) {
+            return Ok(held);
+        }
         let update = self.training.is_enabled();
         let (out, qz, grid) = match &self.lsq {
             Some(lsq) => {
@@ -139,6 +152,7 @@ impl FakeQuantizer {
             }
         };
         self.monitor.record(&x, &out, qz.as_ref(), &grid);
+        self.hold.record(&x, &out, &grid);
         Ok((out, grid))
     }
 
@@ -158,9 +172,13 @@ impl FakeQuantizer {
         if let Err(e) = self.check(&sum) {
             panic!("quantizer {}: {e}", self.path);
         }
+        if let Some(held) = self.hold.replay(&sum) {
+            return held;
+        }
         let grid = self.observe(&sum, self.training.is_enabled());
         let (out, qz) = kernel::fake_quant_sum(&xs, &grid);
         self.monitor.record(&sum, &out, Some(&qz), &grid);
+        self.hold.record(&sum, &out, &grid);
         (out, grid)
     }
 
@@ -187,9 +205,15 @@ impl FakeQuantizer {
         }
     }
 
+    /// The grid for `x`, folding `x` into the observer when `update`; a weight's abs-max
+    /// observer reads `x` itself also when it does not update.
     fn observe<const D: usize>(&self, x: &Tensor<D>, update: bool) -> Grid {
+        self.observe_with(x, update, self.role == TensorRole::Weight)
+    }
+
+    fn observe_with<const D: usize>(&self, x: &Tensor<D>, update: bool, current: bool) -> Grid {
         match &self.observer {
-            Some(o) => o.grid(&self.spec, x, update),
+            Some(o) => o.grid(&self.spec, x, update, current),
             None => self.fallback_grid(&x.device()),
         }
     }
@@ -211,7 +235,7 @@ impl FakeQuantizer {
             Some(lsq) => lsq.current(&self.spec).forward_grid(),
             None => {
                 let dummy = Tensor::<1>::zeros([self.channels], device);
-                self.observe(&dummy, false)
+                self.observe_with(&dummy, false, false)
             }
         }
     }
@@ -237,5 +261,35 @@ impl FakeQuantizer {
 impl crate::candidates::QuantSites for FakeQuantizer {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
         vec![self]
+    }
+}
+
+/// Disables the observer updates of every quantizer in `module`, leaving every other training
+/// flag (BatchNorm's batch statistics) as it is: forwards then use each observer's current
+/// grid.
+pub fn freeze_observers<M: Module>(module: M) -> M {
+    module.map(&mut FreezeObservers { containers: Vec::new() })
+}
+
+struct FreezeObservers {
+    /// The container type of each module entered, innermost last.
+    containers: Vec<String>,
+}
+
+impl burn::module::ModuleMapper for FreezeObservers {
+    fn enter_module(&mut self, _name: &str, container_type: &str) {
+        self.containers.push(container_type.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.containers.pop();
+    }
+
+    fn map_flag(&mut self, flag: Param<Flag>) -> Param<Flag> {
+        if self.containers.last().is_some_and(|c| c == "Struct:FakeQuantizer") {
+            flag.with_value(false)
+        } else {
+            flag
+        }
     }
 }

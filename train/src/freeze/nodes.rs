@@ -83,12 +83,20 @@ impl Freezer<'_> {
             let row = &mut q[c * per..(c + 1) * per];
             // A channel whose scale vanished outputs its bias alone: zero weights, and a tiny
             // accumulator unit so that the int32 bias still carries it.
+            // A negative scale (BN weight γ < 0) flips the channel: its integers are negated,
+            // or, when one of them is −128 (whose negation is not an int8), kept as they are
+            // with a negative weight scale, which the runtime applies as a sign.
+            let mut sign = 1.0;
             let unit = if e.abs() < s_out * 1e-6 {
                 row.fill(0);
                 s_out * 2f64.powi(-20)
             } else {
                 if e < 0.0 {
-                    row.iter_mut().for_each(|v| *v = -*v);
+                    if row.contains(&-128) {
+                        sign = -1.0;
+                    } else {
+                        row.iter_mut().for_each(|v| *v = -*v);
+                    }
                 }
                 e.abs()
             };
@@ -100,7 +108,7 @@ impl Freezer<'_> {
             }
             bias.push(bi as i32);
             mults.push(fixed(unit / s_out, &format!("{name} channel {c}"))?);
-            wscale.push((unit / s_in) as f32);
+            wscale.push((sign * unit / s_in) as f32);
             bscale.push(unit as f32);
         }
         if q.iter().any(|v| !(-128..=127).contains(v)) {

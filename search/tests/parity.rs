@@ -1,0 +1,125 @@
+//! qdarts against the PyTorch reference (`scripts/torch_reference.py`) on one search step:
+//! the second-order α gradient and its parts, then a first-order step (α gradient, α after
+//! Adam, loss, every network tensor after SGD), under the `float` and `tensorrt` presets.
+//!
+//! The fixtures are `search/tests/fixtures/parity/<preset>/` (see its README), or the folder
+//! `QDARTS_PARITY_DIR` names (regenerated elsewhere). `-- --nocapture` prints the table.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use burn::tensor::Device;
+use qdarts_engine::tensors;
+use qdarts_search::parity::{Check, compare, compute, read_inputs};
+
+fn committed() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity")
+}
+
+fn fixtures(root: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("spec.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "{}: no fixture folders", root.display());
+    dirs
+}
+
+/// qdarts on a fixture's inputs against its expected outputs.
+fn check(dir: &Path) -> (qdarts_ops::qconfig::Preset, Vec<Check>, tensors::TensorMap) {
+    let device = Device::flex().autodiff();
+    let (spec, state) = read_inputs(dir, &device).unwrap();
+    let ours = compute(&spec, state).unwrap();
+    let (expected, _) = tensors::read(&dir.join("expected.safetensors")).unwrap();
+    (spec.preset, compare(spec.preset, &ours, &expected), expected)
+}
+
+fn print(dir: &Path, checks: &[Check]) {
+    eprintln!("{}", dir.display());
+    eprintln!("  {:<48} {:>11} {:>11} {:>9}", "quantity", "max |diff|", "relative", "bound");
+    for c in checks {
+        let flag = if c.ok { "" } else { "  FAILED" };
+        eprintln!(
+            "  {:<48} {:>11.3e} {:>11.3e} {:>9.1e}{flag}",
+            c.quantity, c.max_abs, c.rel, c.bound
+        );
+    }
+}
+
+fn assert_parity(root: &Path) {
+    for dir in fixtures(root) {
+        let (_, checks, _) = check(&dir);
+        print(&dir, &checks);
+        let bad: Vec<&Check> = checks.iter().filter(|c| !c.ok).collect();
+        assert!(bad.is_empty(), "{}: {bad:#?}", dir.display());
+    }
+}
+
+#[test]
+fn parity_with_the_pytorch_reference_on_one_search_step() {
+    let root = std::env::var_os("QDARTS_PARITY_DIR").map_or_else(committed, PathBuf::from);
+    assert_parity(&root);
+}
+
+#[test]
+fn parity_fails_on_a_perturbed_reference() {
+    // The same comparison against expected outputs with one α gradient moved by 1 %: the check
+    // must catch it (a test that cannot fail proves nothing).
+    let dir = committed().join("float");
+    let device = Device::flex().autodiff();
+    let (spec, state) = read_inputs(&dir, &device).unwrap();
+    let ours = compute(&spec, state).unwrap();
+    let (mut expected, _) = tensors::read(&dir.join("expected.safetensors")).unwrap();
+    assert!(compare(spec.preset, &ours, &expected).iter().all(|c| c.ok));
+    let g = expected.get_mut("second.hessian.normal").unwrap();
+    g.values[3] *= 1.01;
+    g.values[3] += 1e-3;
+    let checks = compare(spec.preset, &ours, &expected);
+    assert!(
+        checks.iter().any(|c| !c.ok && c.quantity == "second.hessian"),
+        "a 1 % change of the Hessian term went unnoticed: {checks:#?}"
+    );
+    expected.remove("loss");
+    assert!(compare(spec.preset, &ours, &expected).iter().any(|c| !c.ok), "a missing output");
+}
+
+/// A Python with PyTorch: `QDARTS_TORCH_PYTHON`, else `python3` if it imports torch.
+fn torch_python() -> Option<PathBuf> {
+    let py = std::env::var_os("QDARTS_TORCH_PYTHON")
+        .map_or_else(|| PathBuf::from("python3"), PathBuf::from);
+    let ok = Command::new(&py)
+        .args(["-c", "import torch, safetensors, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(py)
+}
+
+#[test]
+fn parity_with_fixtures_regenerated_by_pytorch_now() {
+    let Some(py) = torch_python() else {
+        eprintln!("note: no Python with torch, safetensors and numpy; regeneration check skipped");
+        return;
+    };
+    let out = std::env::temp_dir().join(format!("qdarts-parity-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/torch_reference.py");
+    let run = Command::new(py)
+        .arg(&script)
+        .args(["fixtures", "--inputs"])
+        .arg(committed())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&run.stdout).to_string() + &String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "torch_reference.py fixtures failed:\n{text}");
+    eprintln!("{text}");
+    assert_parity(&out);
+    let _ = std::fs::remove_dir_all(&out);
+}
