@@ -35,47 +35,54 @@ struct Cli {
 enum Command {
     /// Search a fake-quantized DARTS supernet and derive a genotype into results/<run>/.
     Search {
-        /// Experiment config (TOML).
-        #[arg(long, default_value = "experiments/default.toml")]
-        config: PathBuf,
+        /// Experiment config (TOML) [default: experiments/default.toml].
+        #[arg(long, conflicts_with = "resume")]
+        config: Option<PathBuf>,
         /// Override a config key, e.g. `--set search.epochs=5`.
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
         overrides: Vec<String>,
-        /// Continue an interrupted run.
+        /// Continue an interrupted run with the config it started with.
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
+        /// With --resume: add this many epochs to the run (recorded in its changes.csv; the
+        /// cosine learning rate is stretched over the new total).
+        #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        extend_epochs: Option<u32>,
         /// Show the dashboard while searching (logs go to the run's debug.log).
         #[arg(long)]
         dashboard: bool,
         #[command(flatten)]
         dash: DashArgs,
         /// Folder of the dataset files (sets `data.path`).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "resume")]
         data: Option<PathBuf>,
         /// Dataset (sets `data.dataset`).
-        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"])]
+        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
         dataset: Option<String>,
     },
     /// Train the discrete network of a genotype with quantization-aware training.
     Train {
-        /// Training config (TOML).
-        #[arg(long, default_value = "experiments/train-default.toml")]
-        config: PathBuf,
+        /// Training config (TOML) [default: experiments/train-default.toml].
+        #[arg(long, conflicts_with = "resume")]
+        config: Option<PathBuf>,
         /// The genotype: a JSON or DARTS-text file, a search run folder, or a shipped name
         /// such as DARTS_V2 (sets `genotype`).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "resume")]
         genotype: Option<String>,
         /// Override a config key, e.g. `--set train.epochs=5`.
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
         overrides: Vec<String>,
-        /// Continue an interrupted training run.
+        /// Continue an interrupted training run with the config it started with.
         #[arg(long, value_name = "RUN_DIR")]
         resume: Option<PathBuf>,
+        /// With --resume: add this many epochs to the run (recorded in its changes.csv).
+        #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        extend_epochs: Option<u32>,
         /// Folder of the dataset files (sets `data.path`).
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "resume")]
         data: Option<PathBuf>,
         /// Dataset (sets `data.dataset`).
-        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"])]
+        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
         dataset: Option<String>,
     },
     /// Freeze a trained run into an integer-only model (<run>/frozen/model.qdf).
@@ -160,6 +167,20 @@ fn data_overrides(overrides: &mut Vec<String>, data: Option<PathBuf>, dataset: O
     }
 }
 
+/// Commands that run on the CPU only (the integer runtime and file exports) refuse another
+/// backend rather than ignore it.
+pub(crate) fn cpu_only(backend: Backend, command: &str) -> anyhow::Result<()> {
+    if backend == Backend::Flex {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "`{command}` runs on the CPU (the integer model, or a file), not on a device: drop \
+             --backend {}",
+            backend.name()
+        )
+    }
+}
+
 fn toml_string(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
@@ -167,31 +188,54 @@ fn toml_string(s: &str) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Search { config, mut overrides, resume, dashboard, dash, data, dataset } => {
+        Command::Search {
+            config,
+            mut overrides,
+            resume,
+            extend_epochs,
+            dashboard,
+            dash,
+            data,
+            dataset,
+        } => {
             data_overrides(&mut overrides, data, dataset);
+            let config = config.unwrap_or_else(|| PathBuf::from("experiments/default.toml"));
             search_cmd::run(&search_cmd::SearchArgs {
                 config: &config,
                 overrides: &overrides,
                 resume: resume.as_deref(),
+                extend_epochs: extend_epochs.map_or(0, |n| n as usize),
                 backend: cli.backend,
                 dashboard,
                 dash: dash.options(),
             })
         }
-        Command::Train { config, genotype, mut overrides, resume, data, dataset } => {
+        Command::Train {
+            config,
+            genotype,
+            mut overrides,
+            resume,
+            extend_epochs,
+            data,
+            dataset,
+        } => {
             data_overrides(&mut overrides, data, dataset);
             if let Some(g) = genotype {
                 overrides.push(format!("genotype={}", toml_string(&g)));
             }
+            let config = config.unwrap_or_else(|| PathBuf::from("experiments/train-default.toml"));
             train_cmd::train(&train_cmd::TrainArgs {
                 config: &config,
                 overrides: &overrides,
                 resume: resume.as_deref(),
+                extend_epochs: extend_epochs.map_or(0, |n| n as usize),
                 backend: cli.backend,
             })
         }
         Command::Freeze { run } => train_cmd::freeze_cmd(&run, cli.backend),
-        Command::Export { run } => train_cmd::export(&run),
+        Command::Export { run } => {
+            cpu_only(cli.backend, "export").and_then(|()| train_cmd::export(&run))
+        }
         Command::Eval { run, threads } => train_cmd::eval(&run, cli.backend, threads.max(1)),
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
         Command::DumpStep { preset, out, with_outputs } => {

@@ -6,14 +6,15 @@ use std::io::IsTerminal;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use qdarts_engine::Progress;
-use qdarts_record::{RunDir, RunLayout};
+use qdarts_engine::{RunError, RunKind};
+use qdarts_record::{CheckpointPart, RunDir, RunLayout};
 use qdarts_search::config::ExperimentConfig;
-use qdarts_search::{SearchOutcome, run_search, run_search_in};
+use qdarts_search::{SearchOutcome, prepare_search, run_prepared, run_search};
 use qdarts_tui::{Exit, SearchControl, SearchPhase};
 
 use crate::backend::Backend;
@@ -28,12 +29,19 @@ pub struct SearchArgs<'a> {
     pub overrides: &'a [String],
     /// `--resume` folder.
     pub resume: Option<&'a Path>,
+    /// `--extend-epochs` (0: none).
+    pub extend_epochs: usize,
     /// Backend.
     pub backend: Backend,
     /// `--dashboard`.
     pub dashboard: bool,
     /// Dashboard settings.
     pub dash: qdarts_tui::Options,
+}
+
+/// The config a run reads: the `--config` file, or a resumed run's own `config.toml`.
+pub(crate) fn config_source(config: &Path, resume: Option<&Path>) -> PathBuf {
+    resume.map_or_else(|| config.to_path_buf(), |dir| RunLayout::new(dir).config())
 }
 
 pub(crate) fn progress_bar() -> ProgressBar {
@@ -67,18 +75,37 @@ fn report(out: &SearchOutcome) {
     }
 }
 
+/// The config of a resumed run: the one it started with (plus `--extend-epochs`); notes when
+/// the run has no checkpoint to resume from.
+pub(crate) fn resumed_config<C>(
+    dir: &Path,
+    kind: RunKind,
+    load: impl Fn(&Path) -> Result<C, qdarts_engine::ConfigError>,
+) -> Result<C> {
+    if !dir.is_dir() {
+        bail!("{}: no such run folder", dir.display());
+    }
+    RunKind::expect(dir, kind)?;
+    let layout = RunLayout::new(dir);
+    let cfg = load(&layout.config())?;
+    if !layout.checkpoint_part(CheckpointPart::State).exists() {
+        eprintln!("note: {} has no checkpoint yet: the run starts over from step 0", dir.display());
+    }
+    Ok(cfg)
+}
+
 /// Runs `qdarts search`.
 pub fn run(args: &SearchArgs<'_>) -> Result<()> {
     // A resumed run continues with the config it was started with.
     let cfg = match args.resume {
         Some(dir) => {
-            if !dir.is_dir() {
-                bail!("{}: no such run folder", dir.display());
-            }
-            ExperimentConfig::load(&RunLayout::new(dir).config(), args.overrides)?
+            let mut cfg = resumed_config(dir, RunKind::Search, |p| ExperimentConfig::load(p, &[]))?;
+            cfg.search.epochs += args.extend_epochs;
+            cfg
         }
         None => ExperimentConfig::load(args.config, args.overrides)?,
     };
+    let source = config_source(args.config, args.resume);
     let device = args.backend.device()?;
     if args.dashboard {
         return with_dashboard(cfg, device, args);
@@ -89,7 +116,7 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
         ControlFlow::Continue(())
     };
     let out = run_search(&cfg, &device, args.resume, &mut on_progress)
-        .with_context(|| format!("search `{}` failed", cfg.name))?;
+        .with_context(|| format!("search `{}` ({}) failed", cfg.name, source.display()))?;
     bar.finish_and_clear();
     report(&out);
     Ok(())
@@ -148,29 +175,32 @@ fn with_dashboard(
             "--dashboard needs a terminal on stdout; run without it and attach with `qdarts dashboard <run>`"
         );
     }
+    // The data is read and checked before the run folder exists.
+    let source = config_source(args.config, args.resume);
+    let prepared = prepare_search(&cfg, &device)
+        .with_context(|| format!("search `{}` ({}) failed", cfg.name, source.display()))?;
     let run = match args.resume {
         Some(dir) => RunDir::open(dir)?,
         None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
     };
     let dir: PathBuf = run.root().to_path_buf();
-    let log = Arc::new(DebugLog::open(&run.debug_log())?);
+    let log = DebugLog::open(&run.debug_log())?;
     log.line(&format!(
         "search `{}` on {} ({})",
         cfg.name,
         args.backend.name(),
         if args.resume.is_some() { "resumed" } else { "new run" }
     ));
-    let shared = Arc::new(Shared {
+    let shared = Shared {
         status: Mutex::new(("starting".into(), SearchPhase::Running)),
         stop: AtomicBool::new(false),
         bar: Mutex::new(None),
-    });
+    };
     let resume = args.resume.is_some();
-    let worker = {
-        let (shared, log) = (Arc::clone(&shared), Arc::clone(&log));
-        std::thread::Builder::new()
+    std::thread::scope(|scope| {
+        let worker = std::thread::Builder::new()
             .name("search".into())
-            .spawn(move || {
+            .spawn_scoped(scope, || {
                 let mut on_progress = |p: &Progress| {
                     shared.set("running".into(), SearchPhase::Running);
                     if p.step == p.steps {
@@ -192,7 +222,7 @@ fn with_dashboard(
                         ControlFlow::Continue(())
                     }
                 };
-                let out = run_search_in(&cfg, &device, run, resume, &mut on_progress);
+                let out = run_prepared(prepared, run, resume, &mut on_progress);
                 match &out {
                     Ok(o) if o.finished => {
                         log.line(&format!("finished: {}", o.genotype.to_darts_text()));
@@ -209,9 +239,20 @@ fn with_dashboard(
                 }
                 out
             })
-            .context("starting the search thread")?
-    };
-    let exit = qdarts_tui::run(&dir, &args.dash, Some(&*shared as &dyn SearchControl));
+            .context("starting the search thread")?;
+        watch(&dir, args, &shared, &log, worker)
+    })
+}
+
+/// Shows the dashboard on the running search, then waits for it and reports.
+fn watch(
+    dir: &Path,
+    args: &SearchArgs<'_>,
+    shared: &Shared,
+    log: &DebugLog,
+    worker: std::thread::ScopedJoinHandle<'_, Result<SearchOutcome, RunError>>,
+) -> Result<()> {
+    let exit = qdarts_tui::run(dir, &args.dash, Some(shared as &dyn SearchControl));
     match &exit {
         Ok(Exit::StopSearch) => {
             log.line("dashboard closed: stop the search");

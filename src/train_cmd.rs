@@ -5,14 +5,17 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use qdarts_engine::Progress;
+use qdarts_engine::RunKind;
 use qdarts_frozen::FrozenModel;
 use qdarts_record::{MetricsRow, Phase, RunDir, RunLayout, read_table, write_atomic};
 use qdarts_train::eval::{evaluate_frozen, input_spec};
 use qdarts_train::freeze::freeze;
-use qdarts_train::{TrainConfig, open_trained, resolve_genotype, run_train_in, test_set};
+use qdarts_train::{
+    TrainConfig, open_trained, prepare_train, resolve_genotype, run_train_prepared, test_set,
+};
 
 use crate::backend::Backend;
-use crate::search_cmd::{progress_bar, show};
+use crate::search_cmd::{config_source, progress_bar, resumed_config, show};
 
 /// What `qdarts train` was asked to do.
 #[derive(Debug)]
@@ -23,32 +26,39 @@ pub struct TrainArgs<'a> {
     pub overrides: &'a [String],
     /// `--resume` folder.
     pub resume: Option<&'a Path>,
+    /// `--extend-epochs` (0: none).
+    pub extend_epochs: usize,
     /// Backend.
     pub backend: Backend,
 }
 
 /// Runs `qdarts train`.
 pub fn train(args: &TrainArgs<'_>) -> Result<()> {
-    let (cfg, genotype, run) = match args.resume {
+    // A resumed run continues with the config and genotype it was started with.
+    let (cfg, genotype) = match args.resume {
         Some(dir) => {
-            if !dir.is_dir() {
-                bail!("{}: no such run folder", dir.display());
-            }
-            let layout = RunLayout::new(dir);
-            let cfg = TrainConfig::load(&layout.config(), args.overrides)?;
-            let g = resolve_genotype(&layout.genotype_json().display().to_string())?;
-            (cfg, g, RunDir::open(dir)?)
+            let mut cfg = resumed_config(dir, RunKind::Train, |p| TrainConfig::load(p, &[]))?;
+            cfg.train.epochs += args.extend_epochs;
+            let g = resolve_genotype(&RunLayout::new(dir).genotype_json().display().to_string())?;
+            (cfg, g)
         }
         None => {
             let cfg = TrainConfig::load(args.config, args.overrides)?;
             let g = resolve_genotype(&cfg.genotype).with_context(|| {
                 format!("{}: genotype `{}`", args.config.display(), cfg.genotype)
             })?;
-            let run = RunDir::create(&cfg.record.results_dir, &cfg.name)?;
-            (cfg, g, run)
+            (cfg, g)
         }
     };
+    let source = config_source(args.config, args.resume);
     let device = args.backend.device()?;
+    // The data is read and checked before the run folder exists.
+    let prepared = prepare_train(&cfg, &genotype, &device)
+        .with_context(|| format!("training `{}` ({}) failed", cfg.name, source.display()))?;
+    let run = match args.resume {
+        Some(dir) => RunDir::open(dir)?,
+        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
+    };
     let dir = run.root().to_path_buf();
     eprintln!("training {} into {}", genotype.to_darts_text(), dir.display());
     let bar = progress_bar();
@@ -56,14 +66,13 @@ pub fn train(args: &TrainArgs<'_>) -> Result<()> {
         show(&bar, p);
         ControlFlow::Continue(())
     };
-    let result =
-        run_train_in(&cfg, &genotype, &device, &run, args.resume.is_some(), &mut on_progress);
+    let result = run_train_prepared(prepared, &run, args.resume.is_some(), &mut on_progress);
     bar.finish_and_clear();
     if result.is_err() && args.resume.is_none() && !run.checkpoint().exists() {
         drop(run);
         let _ = std::fs::remove_dir_all(&dir);
     }
-    result.with_context(|| format!("training `{}` failed", cfg.name))?;
+    result.with_context(|| format!("training `{}` ({}) failed", cfg.name, source.display()))?;
     let rows: Vec<MetricsRow> = read_table(&RunLayout::new(&dir).table::<MetricsRow>())?;
     if let Some(val) = rows.iter().rev().find(|r| r.phase == Phase::Val) {
         eprintln!("last epoch: test loss {:.6}, top-1 {:.2}%", val.loss, 100.0 * val.top1);

@@ -118,7 +118,60 @@ fn searched_genotype_to_integer_model_and_onnx() {
         eprintln!("{text}");
         assert!(out.status.success(), "onnxruntime disagrees with the integer runtime:\n{text}");
     }
+    mismatched_model_is_refused(&d, &run);
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A copy of the trained run whose test images are 32×32 while its frozen model takes 28×28:
+/// `eval` and `bench runtime` refuse it, naming the model and both shapes.
+fn mismatched_model_is_refused(d: &Path, run: &Path) {
+    let data = d.join("mnist32");
+    std::fs::create_dir_all(&data).unwrap();
+    for (prefix, n) in [("train", 64u32), ("t10k", 300)] {
+        let mut img = Vec::new();
+        for v in [0x803u32, n, 32, 32] {
+            img.extend(v.to_be_bytes());
+        }
+        img.extend((0..n * 32 * 32).map(|i| (i * 7 % 251) as u8));
+        let mut lab = Vec::new();
+        for v in [0x801u32, n] {
+            lab.extend(v.to_be_bytes());
+        }
+        lab.extend((0..n).map(|i| (i % 10) as u8));
+        std::fs::write(data.join(format!("{prefix}-images-idx3-ubyte")), img).unwrap();
+        std::fs::write(data.join(format!("{prefix}-labels-idx1-ubyte")), lab).unwrap();
+    }
+    let other = d.join("other-run");
+    std::fs::create_dir_all(other.join("frozen")).unwrap();
+    for f in ["config.toml", "genotype.json", "genotype.txt", "plan.json"] {
+        std::fs::copy(run.join(f), other.join(f)).unwrap();
+    }
+    std::fs::copy(run.join("frozen/model.qdf"), other.join("frozen/model.qdf")).unwrap();
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    copy(&run.join("checkpoint"), &other.join("checkpoint"));
+    let config = std::fs::read_to_string(other.join("config.toml")).unwrap();
+    let config = config.replace(
+        "dataset = \"fashion-mnist\"",
+        &format!("dataset = \"mnist\"\npath = \"{}\"", data.display()),
+    );
+    std::fs::write(other.join("config.toml"), config).unwrap();
+    for args in [&["eval"][..], &["bench", "runtime", "--reps", "1"]] {
+        let out = qdarts().args(args).arg(&other).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("model.qdf")
+                && err.contains("is 1×28×28, but the run's test images are 1×32×32"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
 }
 
 #[test]

@@ -23,6 +23,14 @@ pub enum DataError {
         /// What is wrong.
         message: String,
     },
+    /// Images of a size the network cannot take.
+    #[error("{dataset}: {message}")]
+    Shape {
+        /// The dataset (its folder, or the embedded subset).
+        dataset: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Images and labels disagree.
     #[error("{images} has {n_images} images but {labels} has {n_labels} labels")]
     Mismatch {

@@ -52,6 +52,40 @@ impl ImageSet {
         self.channels * self.height * self.width
     }
 
+    /// Checks that both sides are multiples of `2^reductions`, as a network whose reduction
+    /// cells halve the resolution that many times needs (an odd side would give two states of
+    /// different sizes to add or concatenate); `source` names the dataset in the error.
+    pub fn check_reducible(&self, source: &str, reductions: u32) -> Result<(), DataError> {
+        let m = 1usize << reductions;
+        let (h, w) = (self.height, self.width);
+        if h == 0 || w == 0 || !h.is_multiple_of(m) || !w.is_multiple_of(m) {
+            return Err(DataError::Shape {
+                dataset: source.into(),
+                message: format!(
+                    "images of {h}×{w}: the network halves the resolution {reductions} times, so \
+                     height and width must be multiples of {m} (crop or pad the images)"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `other` (a test set) has this set's image shape.
+    pub fn check_same_shape(&self, other: &ImageSet, source: &str) -> Result<(), DataError> {
+        let a = (self.channels, self.height, self.width);
+        let b = (other.channels, other.height, other.width);
+        if a != b {
+            return Err(DataError::Shape {
+                dataset: source.into(),
+                message: format!(
+                    "training images are {}×{}×{} but test images are {}×{}×{}",
+                    a.0, a.1, a.2, b.0, b.1, b.2
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Keeps the first `n` images.
     pub fn truncate(&mut self, n: usize) {
         let n = n.min(self.len());
@@ -174,6 +208,14 @@ fn find(dir: &Path, stem: &str) -> Result<PathBuf, DataError> {
             format!("neither {stem} nor {stem}.gz exists"),
         ),
     })
+}
+
+/// How errors name a dataset: its folder, or the embedded subset.
+pub fn source_name(kind: DatasetKind, dir: Option<&Path>) -> String {
+    match dir {
+        Some(d) => format!("{} ({kind:?})", d.display()),
+        None => "the embedded Fashion-MNIST subset".into(),
+    }
 }
 
 /// Reads the training or test split of a dataset from `dir` (IDX files named as distributed,

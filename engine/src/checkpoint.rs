@@ -2,8 +2,8 @@
 //! written atomically, read back on resume or rollback, and the tables cut back to it.
 
 use qdarts_record::{
-    AlphaRow, CheckpointPart, GenotypeRow, MetricsRow, NanEventRow, QuantErrorRow, RunDir,
-    write_atomic,
+    AlphaRow, ChangeRow, CheckpointPart, GenotypeRow, MetricsRow, NanEventRow, Plan, QuantErrorRow,
+    RunDir, utc_stamp, write_atomic,
 };
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +36,9 @@ pub struct LoopState {
     /// Of which classified right.
     #[serde(default)]
     pub right: usize,
+    /// Steps whose update the NaN guard skipped.
+    #[serde(default)]
+    pub skipped_steps: usize,
 }
 
 impl LoopState {
@@ -55,6 +58,7 @@ impl LoopState {
             epoch_rng: seed,
             seen: 0,
             right: 0,
+            skipped_steps: 0,
         }
     }
 
@@ -130,4 +134,24 @@ pub fn start<T: EpochTask>(
         save(run, &task, &st)?;
     }
     Ok((task, st))
+}
+
+/// Records in `changes.csv` that a resumed run's epochs (`key`) went from the old plan's to
+/// `new`'s, at the global step it resumed at (`--extend-epochs`).
+pub fn note_epochs_change(
+    run: &RunDir,
+    old: Option<&Plan>,
+    new: &Plan,
+    key: &str,
+    step: usize,
+) -> Result<(), RunError> {
+    let Some(old) = old.filter(|o| o.epochs != new.epochs) else { return Ok(()) };
+    run.writer::<ChangeRow>()?.push(&ChangeRow {
+        utc: utc_stamp(),
+        step,
+        key: key.into(),
+        from: old.epochs.to_string(),
+        to: new.epochs.to_string(),
+    })?;
+    Ok(())
 }

@@ -67,35 +67,150 @@ fn apply_override(doc: &mut toml::Table, item: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses TOML text and applies `key=value` overrides to it.
-pub fn apply_overrides(text: &str, overrides: &[String]) -> Result<toml::Table, String> {
-    let mut doc: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    for o in overrides {
-        apply_override(&mut doc, o).map_err(|m| format!("--set {o}: {m}"))?;
-    }
-    Ok(doc)
+/// The name an error gives to an override: `--set KEY=VALUE`.
+fn override_source(item: &str) -> PathBuf {
+    PathBuf::from(format!("--set {item}"))
 }
 
-/// Parses config text with overrides into `T` (`path` names it in errors); the caller
-/// validates the values.
-pub fn parse_with_overrides<T: DeserializeOwned>(
+/// Whether the override `item` sets `key` or a key inside it.
+fn sets_key(item: &str, key: &str) -> bool {
+    let k = item.split_once('=').map_or(item, |(k, _)| k).trim();
+    let key = key.split_once('[').map_or(key, |(k, _)| k);
+    k == key || k.starts_with(&format!("{key}.")) || key.starts_with(&format!("{k}."))
+}
+
+/// Parses config text with overrides into `T` and validates it with `validate`. An error names
+/// where the bad value came from: the file, or the `--set` argument that gave it.
+pub fn parse_validated<T: DeserializeOwned>(
     text: &str,
     path: &Path,
     overrides: &[String],
+    validate: impl Fn(&T, &Path) -> Result<(), ConfigError>,
 ) -> Result<T, ConfigError> {
-    let parse_err = |message: String| ConfigError::Parse { path: path.into(), message };
-    let doc = apply_overrides(text, overrides).map_err(parse_err)?;
-    doc.try_into().map_err(|e: toml::de::Error| parse_err(e.to_string()))
+    let mut doc: toml::Table = toml::from_str(text)
+        .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+    for o in overrides {
+        apply_override(&mut doc, o)
+            .map_err(|message| ConfigError::Parse { path: override_source(o), message })?;
+    }
+    let cfg: T = match doc.try_into() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            let e: toml::de::Error = e;
+            // The first prefix of the overrides that no longer parses names the culprit.
+            let mut source = path.to_path_buf();
+            let mut partial: toml::Table = toml::from_str(text)
+                .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+            if partial.clone().try_into::<T>().is_ok() {
+                for o in overrides {
+                    let _ = apply_override(&mut partial, o);
+                    if partial.clone().try_into::<T>().is_err() {
+                        source = override_source(o);
+                        break;
+                    }
+                }
+            }
+            return Err(ConfigError::Parse { path: source, message: e.to_string() });
+        }
+    };
+    validate(&cfg, path).map_err(|e| match e {
+        ConfigError::Invalid { key, message, .. } => {
+            let source = overrides
+                .iter()
+                .rev()
+                .find(|o| sets_key(o, &key))
+                .map_or_else(|| path.to_path_buf(), |o| override_source(o));
+            ConfigError::Invalid { path: source, key, message }
+        }
+        other => other,
+    })?;
+    Ok(cfg)
 }
 
-/// Reads a config file, with overrides, into `T` (not yet validated).
-pub fn read_with_overrides<T: DeserializeOwned>(
+/// Reads a config file with overrides into `T` and validates it (see [`parse_validated`]).
+pub fn load_validated<T: DeserializeOwned>(
     path: &Path,
     overrides: &[String],
+    validate: impl Fn(&T, &Path) -> Result<(), ConfigError>,
 ) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|cause| ConfigError::Io { path: path.into(), cause })?;
-    parse_with_overrides(&text, path, overrides)
+    parse_validated(&text, path, overrides, validate)
+}
+
+/// Range checks of numeric keys, naming the key at fault.
+#[derive(Debug, Clone, Copy)]
+pub struct Ranges<'a> {
+    path: &'a Path,
+}
+
+impl<'a> Ranges<'a> {
+    /// Checks for the config read from `path`.
+    pub fn new(path: &'a Path) -> Self {
+        Ranges { path }
+    }
+
+    fn bad(&self, key: &str, message: String) -> Result<(), ConfigError> {
+        Err(ConfigError::invalid(self.path, key, message))
+    }
+
+    /// A finite number in `[lo, hi]`.
+    pub fn within(&self, key: &str, v: f64, lo: f64, hi: f64) -> Result<(), ConfigError> {
+        if v.is_finite() && (lo..=hi).contains(&v) {
+            Ok(())
+        } else {
+            self.bad(key, format!("is {v}; it must be a number in [{lo}, {hi}]"))
+        }
+    }
+
+    /// A finite number above 0.
+    pub fn positive(&self, key: &str, v: f64) -> Result<(), ConfigError> {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            self.bad(key, format!("is {v}; it must be a positive number"))
+        }
+    }
+
+    /// A finite number in `[0, 1)` (a momentum, a beta, a probability).
+    pub fn fraction(&self, key: &str, v: f64) -> Result<(), ConfigError> {
+        if v.is_finite() && (0.0..1.0).contains(&v) {
+            Ok(())
+        } else {
+            self.bad(key, format!("is {v}; it must be a number in [0, 1)"))
+        }
+    }
+
+    /// An integer in `[lo, hi]`.
+    pub fn count(&self, key: &str, v: usize, lo: usize, hi: usize) -> Result<(), ConfigError> {
+        if (lo..=hi).contains(&v) {
+            Ok(())
+        } else {
+            self.bad(key, format!("is {v}; it must be an integer from {lo} to {hi}"))
+        }
+    }
+}
+
+impl RecordConfig {
+    /// Checks the settings' ranges.
+    pub fn validate(&self, r: &Ranges<'_>) -> Result<(), ConfigError> {
+        if self.results_dir.as_os_str().is_empty() {
+            return r.bad("record.results_dir", "is empty".into());
+        }
+        Ok(())
+    }
+}
+
+impl NanGuardConfig {
+    /// Checks the settings' ranges: at least one event before aborting, an injection step
+    /// from 1.
+    pub fn validate(&self, r: &Ranges<'_>) -> Result<(), ConfigError> {
+        r.count("nan_guard.max_events", self.max_events, 1, 1_000_000)?;
+        if let Some(s) = self.inject_step {
+            r.count("nan_guard.inject_step", s, 1, usize::MAX)?;
+        }
+        Ok(())
+    }
 }
 
 /// A resolved config as TOML (the run's `config.toml`).
@@ -148,6 +263,8 @@ pub enum InjectSite {
     Loss,
     /// The weight gradients become NaN.
     Grad,
+    /// The validation (or test) loss of the epoch that holds the step becomes NaN.
+    Val,
 }
 
 /// What the guard does with a non-finite step.
@@ -202,5 +319,44 @@ impl Default for NanGuardConfig {
             inject_step: None,
             inject_site: Self::default_inject_site(),
         }
+    }
+}
+
+/// What kind of run a folder holds, from its `config.toml`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    /// A search (`[search]`).
+    Search,
+    /// A training run (`[train]`).
+    Train,
+}
+
+impl RunKind {
+    /// The kind of the run in `dir`, when its config says.
+    pub fn of(dir: &Path) -> Option<RunKind> {
+        let text = std::fs::read_to_string(qdarts_record::RunLayout::new(dir).config()).ok()?;
+        let doc: toml::Table = toml::from_str(&text).ok()?;
+        if doc.contains_key("search") {
+            Some(RunKind::Search)
+        } else if doc.contains_key("train") {
+            Some(RunKind::Train)
+        } else {
+            None
+        }
+    }
+
+    /// An error when the run in `dir` is not of kind `want`, saying what to do instead.
+    pub fn expect(dir: &Path, want: RunKind) -> Result<(), ConfigError> {
+        let hint = match (RunKind::of(dir), want) {
+            (Some(RunKind::Search), RunKind::Train) => {
+                "is a search run, not a training run: train its genotype with `qdarts train \
+                 --genotype <run>`, then freeze, export or evaluate that training run"
+            }
+            (Some(RunKind::Train), RunKind::Search) => {
+                "is a training run, not a search: continue it with `qdarts train --resume <run>`"
+            }
+            _ => return Ok(()),
+        };
+        Err(ConfigError::Parse { path: dir.into(), message: hint.into() })
     }
 }

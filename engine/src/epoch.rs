@@ -208,8 +208,10 @@ pub fn run_epochs<T: EpochTask>(
             st.step += 1;
             let step = st.step;
             let record_quant = every > 0 && (step.is_multiple_of(every) || i + 1 == steps);
-            let inject =
-                (!injected && guard.inject_step == Some(step)).then_some(guard.inject_site);
+            let inject = (!injected
+                && guard.inject_step == Some(step)
+                && guard.inject_site != InjectSite::Val)
+                .then_some(guard.inject_site);
             injected |= inject.is_some();
             let input =
                 StepInput { epoch, step, index: i, lr, record_quant, inject, rng: &mut rng };
@@ -221,45 +223,18 @@ pub fn run_epochs<T: EpochTask>(
             if events.is_empty() {
                 task = task.commit(lr);
             } else {
-                let rollback = guard.policy == NanPolicy::Rollback;
-                let action = if rollback { NanAction::RolledBack } else { NanAction::Skipped };
-                let total = st.nan_events + events.len();
-                for e in events {
-                    let (site, layer, value) = (e.site, e.layer, e.value);
-                    tables.nan.push(&NanEventRow { epoch, step, site, layer, value, action })?;
+                match guard_events(run, &mut tables, plan, task, &mut st, (epoch, step), events)? {
+                    Guarded::Skipped(t) => {
+                        task = t.discard();
+                        st.skipped_steps += 1;
+                    }
+                    Guarded::RolledBack(t) => {
+                        task = t;
+                        rng = Rng::from_state(st.rng);
+                        epoch = st.epochs_done;
+                        continue 'epochs;
+                    }
                 }
-                if total > guard.max_events {
-                    tables.nan.push(&NanEventRow {
-                        epoch,
-                        step,
-                        site: NanSite::Guard,
-                        layer: "-".into(),
-                        value: total as f64,
-                        action: NanAction::Aborted,
-                    })?;
-                    return Err(RunError::NanAbort(total));
-                }
-                if rollback {
-                    // Back to the last checkpoint, at half the lr.
-                    (task, st) = load(run, task)?;
-                    st.nan_events = total;
-                    st.lr_scale *= 0.5;
-                    truncate_tables(run, &st, true)?;
-                    tables = Tables::open(run)?;
-                    tables.nan.push(&NanEventRow {
-                        epoch,
-                        step,
-                        site: NanSite::Lr,
-                        layer: "-".into(),
-                        value: plan.lr.0 * st.lr_scale,
-                        action: NanAction::LrHalved,
-                    })?;
-                    rng = Rng::from_state(st.rng);
-                    epoch = st.epochs_done;
-                    continue 'epochs;
-                }
-                st.nan_events = total;
-                task = task.discard();
             }
             seen += out.images;
             right += out.correct;
@@ -297,7 +272,27 @@ pub fn run_epochs<T: EpochTask>(
             stop_after_epoch |= stop;
         }
 
-        let val = task.validate()?;
+        let mut val = task.validate()?;
+        if !injected
+            && guard.inject_site == InjectSite::Val
+            && guard.inject_step.is_some_and(|s| s > epoch * steps && s <= (epoch + 1) * steps)
+        {
+            injected = true;
+            val.loss = f64::NAN;
+        }
+        if !val.loss.is_finite() {
+            let events = vec![Event::new(NanSite::Eval, "val", val.loss)];
+            let at = (epoch, st.step);
+            match guard_events(run, &mut tables, plan, task, &mut st, at, events)? {
+                Guarded::Skipped(t) => task = t,
+                Guarded::RolledBack(t) => {
+                    task = t;
+                    rng = Rng::from_state(st.rng);
+                    epoch = st.epochs_done;
+                    continue 'epochs;
+                }
+            }
+        }
         tables.metrics.push(&MetricsRow {
             epoch,
             step: st.step,
@@ -326,5 +321,70 @@ pub fn run_epochs<T: EpochTask>(
             return Ok(LoopEnd { task, finished: false });
         }
     }
+    if st.step > 0 && st.skipped_steps >= st.step {
+        return Err(RunError::NothingTrained(st.step));
+    }
     Ok(LoopEnd { task, finished: true })
+}
+
+/// What the NaN guard did with a step's (or a validation's) non-finite values.
+enum Guarded<T> {
+    /// Logged; the run goes on (the step's update is to be discarded).
+    Skipped(T),
+    /// Logged, and the run went back to its last checkpoint at half the learning rate: the
+    /// task and the state are the checkpoint's.
+    RolledBack(T),
+}
+
+/// The NaN guard: logs the events found at `(epoch, step)`, counts one non-finite step,
+/// aborts past `max_events`, and under the rollback policy reloads the last checkpoint with
+/// the learning rate halved (the NaN log is kept: a rollback must not forget why).
+fn guard_events<T: EpochTask>(
+    run: &RunDir,
+    tables: &mut Tables,
+    plan: &LoopPlan,
+    task: T,
+    st: &mut LoopState,
+    (epoch, step): (usize, usize),
+    events: Vec<Event>,
+) -> Result<Guarded<T>, RunError> {
+    let guard = &plan.nan_guard;
+    let rollback = guard.policy == NanPolicy::Rollback;
+    let action = if rollback { NanAction::RolledBack } else { NanAction::Skipped };
+    for e in events {
+        let (site, layer, value) = (e.site, e.layer, e.value);
+        tables.nan.push(&NanEventRow { epoch, step, site, layer, value, action })?;
+    }
+    let total = st.nan_events + 1;
+    if total > guard.max_events {
+        tables.nan.push(&NanEventRow {
+            epoch,
+            step,
+            site: NanSite::Guard,
+            layer: "-".into(),
+            value: total as f64,
+            action: NanAction::Aborted,
+        })?;
+        return Err(RunError::NanAbort(total));
+    }
+    if !rollback {
+        st.nan_events = total;
+        return Ok(Guarded::Skipped(task));
+    }
+    let (task, mut back) = load(run, task)?;
+    back.nan_events = total;
+    back.lr_scale = st.lr_scale * 0.5;
+    back.skipped_steps = st.skipped_steps;
+    *st = back;
+    truncate_tables(run, st, true)?;
+    *tables = Tables::open(run)?;
+    tables.nan.push(&NanEventRow {
+        epoch,
+        step,
+        site: NanSite::Lr,
+        layer: "-".into(),
+        value: plan.lr.0 * st.lr_scale,
+        action: NanAction::LrHalved,
+    })?;
+    Ok(Guarded::RolledBack(task))
 }

@@ -16,8 +16,8 @@ use burn::optim::ModuleOptimizer;
 use qdarts_record::RecordError;
 use thiserror::Error;
 
-pub use checkpoint::{LoopState, start};
-pub use config::{ConfigError, InjectSite, NanGuardConfig, NanPolicy, RecordConfig};
+pub use checkpoint::{LoopState, note_epochs_change, start};
+pub use config::{ConfigError, InjectSite, NanGuardConfig, NanPolicy, RecordConfig, RunKind};
 pub use epoch::{
     EpochRows, EpochTask, Evaluation, LoopEnd, LoopPlan, Progress, StepInput, StepOutcome,
     cosine_lr, quant_row, run_epochs,
@@ -68,8 +68,31 @@ pub enum RunError {
         message: String,
     },
     /// Too many non-finite values.
-    #[error("aborted after {0} non-finite events (see nan_events.csv)")]
+    #[error("aborted after {0} steps with non-finite values (see nan_events.csv)")]
     NanAbort(usize),
+    /// The NaN guard skipped every step: nothing was trained.
+    #[error("the NaN guard skipped all {0} steps: nothing was trained (see nan_events.csv)")]
+    NothingTrained(usize),
+}
+
+/// Keeps the first `limit` images of `set` (0: all); a limit beyond the set is an error naming
+/// `key`.
+pub fn apply_limit(
+    set: &mut qdarts_data::ImageSet,
+    limit: usize,
+    key: &str,
+) -> Result<(), ConfigError> {
+    if limit > set.len() {
+        return Err(ConfigError::invalid(
+            Path::new("config"),
+            key,
+            format!("is {limit}, more than the {} images of the set (0 uses them all)", set.len()),
+        ));
+    }
+    if limit > 0 {
+        set.truncate(limit);
+    }
+    Ok(())
 }
 
 /// A checkpoint error on `path`.

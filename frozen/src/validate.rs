@@ -22,6 +22,22 @@ pub(crate) fn conv_out(c: &ConvNode, s: Shape) -> Option<(usize, usize)> {
     Some(((hin - kh) / c.stride[0] + 1, (win - kw) / c.stride[1] + 1))
 }
 
+/// A rescale multiplier must be the ratio of the scales it joins (`want`): a multiplier that
+/// disagrees with the model's own scales (a damaged or edited file) would run with a wrong
+/// rescale and no error. The scales are stored as f32: 1e-5 relative covers their rounding.
+fn consistent(m: &FixedMultiplier, want: f64) -> Result<(), String> {
+    if !(want.is_finite() && want >= 0.0) {
+        return Err(format!("the scales give a rescale of {want}"));
+    }
+    let got = m.value();
+    let tiny = 2f64.powi(-30);
+    if (want < tiny && got < tiny) || (got - want).abs() <= 1e-5 * want {
+        Ok(())
+    } else {
+        Err(format!("multiplier {m:?} is {got:e}, but the scales it joins give {want:e}"))
+    }
+}
+
 impl FrozenModel {
     /// The tensor `name`, checked for dtype and shape.
     fn tensor(&self, name: &str, dtype: DType, dims: &[usize]) -> Result<&QTensor, String> {
@@ -125,8 +141,13 @@ impl FrozenModel {
                     let wd = [co, s[0] / c.groups, c.kernel[0], c.kernel[1]];
                     self.tensor(&format!("{}.weight", c.name), DType::I8, &wd)
                         .map_err(|m| bad(i, m))?;
-                    self.tensor(&format!("{}.bias", c.name), DType::I32, &[co])
+                    let bias = self
+                        .tensor(&format!("{}.bias", c.name), DType::I32, &[co])
                         .map_err(|m| bad(i, m))?;
+                    for (ch, (m, unit)) in c.multipliers.iter().zip(&bias.scale).enumerate() {
+                        let want = f64::from(*unit) / f64::from(c.out.scale);
+                        consistent(m, want).map_err(|e| bad(i, format!("channel {ch}: {e}")))?;
+                    }
                     [co, oh, ow]
                 }
                 Node::Pool { input, kernel, stride, padding, .. } => {
@@ -150,6 +171,10 @@ impl FrozenModel {
                     for (v, m) in inputs {
                         let s = image(*v)?;
                         check_mult(m)?;
+                        if let Some(gv) = self.grid_of(*v) {
+                            let want = f64::from(gv.scale) / f64::from(out.scale);
+                            consistent(m, want).map_err(|e| bad(i, format!("operand {v}: {e}")))?;
+                        }
                         if s[1..] != first[1..]
                             || (matches!(node, Node::Add { .. }) && s[0] != first[0])
                         {
@@ -173,7 +198,13 @@ impl FrozenModel {
                 Node::GlobalAvgPool { input, multiplier, out } => {
                     check_grid(out)?;
                     check_mult(multiplier)?;
-                    [image(*input)?[0], 0, 0]
+                    let s = image(*input)?;
+                    if let Some(gv) = self.grid_of(*input) {
+                        let hw = (s[1] * s[2]) as f64;
+                        let want = f64::from(gv.scale) / (hw * f64::from(out.scale));
+                        consistent(multiplier, want).map_err(|e| bad(i, e))?;
+                    }
+                    [s[0], 0, 0]
                 }
                 Node::Linear { name, input, multipliers, logit_scale } => {
                     let s = get(*input)?;
@@ -191,8 +222,13 @@ impl FrozenModel {
                     multipliers.iter().try_for_each(check_mult)?;
                     self.tensor(&format!("{name}.weight"), DType::I8, &[g.classes, s[0]])
                         .map_err(|m| bad(i, m))?;
-                    self.tensor(&format!("{name}.bias"), DType::I32, &[g.classes])
+                    let bias = self
+                        .tensor(&format!("{name}.bias"), DType::I32, &[g.classes])
                         .map_err(|m| bad(i, m))?;
+                    for (c, (m, unit)) in multipliers.iter().zip(&bias.scale).enumerate() {
+                        let want = f64::from(*unit) / f64::from(*logit_scale);
+                        consistent(m, want).map_err(|e| bad(i, format!("class {c}: {e}")))?;
+                    }
                     [g.classes, 0, 0]
                 }
             };

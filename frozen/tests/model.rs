@@ -12,28 +12,31 @@ use qdarts_frozen::qdf::{DType, QTensor, QdfFile};
 use qdarts_frozen::{ActGrid, ConvNode, FrozenModel, Graph, Node, PoolKind, Runtime};
 
 const G8: ActGrid = ActGrid { scale: 0.05, zero_point: 3, qmin: -128, qmax: 127 };
+const G8B: ActGrid = ActGrid { scale: 0.07, zero_point: -2, qmin: -128, qmax: 127 };
+const G8C: ActGrid = ActGrid { scale: 0.035, zero_point: 0, qmin: -128, qmax: 127 };
 const U8: ActGrid = ActGrid { scale: 0.04, zero_point: 120, qmin: 0, qmax: 255 };
+const U8B: ActGrid = ActGrid { scale: 0.03, zero_point: 128, qmin: 0, qmax: 255 };
 
 fn m(v: f64) -> FixedMultiplier {
     FixedMultiplier::new(v).unwrap()
 }
 
-fn tensor(name: &str, dtype: DType, dims: &[u32], data: Vec<u8>) -> QTensor {
-    let c = dims[0] as usize;
+fn tensor(name: &str, dtype: DType, dims: &[u32], scale: Vec<f32>, data: Vec<u8>) -> QTensor {
     QTensor {
         name: name.into(),
         dtype,
         dims: dims.to_vec(),
         axis: Some(0),
-        scale: vec![0.01; c],
-        zero_point: vec![0; c],
+        zero_point: vec![0; scale.len()],
+        scale,
         data,
     }
 }
 
 /// A small graph: input (u8 grid) → conv 3×3 s1 → depthwise dilated conv with ReLU → max pool
 /// s2 → conv 1×1 with input crop (offset 1) and stride 2 …, add, concat, zero, avg pool, GAP,
-/// linear. Weights from `seed`.
+/// linear. Weights from `seed`; every rescale is the ratio of the scales it joins, as freeze
+/// makes them.
 fn model(seed: u64, rounding: Rounding) -> FrozenModel {
     let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut next = move || {
@@ -42,7 +45,7 @@ fn model(seed: u64, rounding: Rounding) -> FrozenModel {
     };
     let mut tensors = BTreeMap::new();
     let mut conv = |name: &str,
-                    input: usize,
+                    (input, s_in): (usize, f32),
                     co: usize,
                     cig: usize,
                     k: [usize; 2],
@@ -58,21 +61,17 @@ fn model(seed: u64, rounding: Rounding) -> FrozenModel {
             (0..co * cig * k[0] * k[1]).map(|_| (next() % 255 - 127) as i8 as u8).collect();
         let b: Vec<u8> =
             (0..co).flat_map(|_| ((next() % 20001 - 10000) as i32).to_le_bytes()).collect();
-        tensors.insert(
-            format!("{name}.weight"),
-            tensor(
-                &format!("{name}.weight"),
-                DType::I8,
-                &[co as u32, cig as u32, k[0] as u32, k[1] as u32],
-                w,
-            ),
-        );
-        tensors.insert(
-            format!("{name}.bias"),
-            tensor(&format!("{name}.bias"), DType::I32, &[co as u32], b),
-        );
-        let multipliers =
-            (0..co).map(|c| m(0.0004 + 0.0003 * c as f64 + (next() % 100) as f64 * 1e-6)).collect();
+        let rescale: Vec<f64> =
+            (0..co).map(|c| 0.0004 + 0.0003 * c as f64 + (next() % 100) as f64 * 1e-6).collect();
+        // The accumulator unit is M·s_out; the weight step is the unit over the input step.
+        let unit: Vec<f32> = rescale.iter().map(|r| (r * f64::from(out.scale)) as f32).collect();
+        let wstep: Vec<f32> = unit.iter().map(|u| u / s_in).collect();
+        let dims = [co as u32, cig as u32, k[0] as u32, k[1] as u32];
+        let wname = format!("{name}.weight");
+        tensors.insert(wname.clone(), tensor(&wname, DType::I8, &dims, wstep, w));
+        let bname = format!("{name}.bias");
+        tensors.insert(bname.clone(), tensor(&bname, DType::I32, &[co as u32], unit.clone(), b));
+        let multipliers = unit.iter().map(|u| m(f64::from(*u) / f64::from(out.scale))).collect();
         Node::Conv(ConvNode {
             name: name.into(),
             input,
@@ -87,37 +86,44 @@ fn model(seed: u64, rounding: Rounding) -> FrozenModel {
             out,
         })
     };
+    let r = |a: ActGrid, b: ActGrid| m(f64::from(a.scale) / f64::from(b.scale));
     let nodes = vec![
         Node::Input { grid: U8 }, // 0: [2,10,10]
-        conv("a", 0, 4, 2, [3, 3], 1, 1, 1, 1, 0, false, G8, &mut next), // 1: [4,10,10]
-        conv("b", 1, 4, 1, [3, 3], 1, 2, 2, 4, 0, true, G8, &mut next), // 2: depthwise dilated
+        conv("a", (0, U8.scale), 4, 2, [3, 3], 1, 1, 1, 1, 0, false, G8, &mut next), // 1: [4,10,10]
+        conv("b", (1, G8.scale), 4, 1, [3, 3], 1, 2, 2, 4, 0, true, G8B, &mut next), // 2: depthwise dilated
         Node::Pool { input: 2, kind: PoolKind::Max, kernel: 3, stride: 2, padding: 1 }, // 3: [4,5,5]
-        conv("c", 1, 2, 4, [1, 1], 2, 0, 1, 1, 0, true, U8, &mut next), // 4: [2,5,5]
-        conv("d", 1, 2, 4, [1, 1], 2, 0, 1, 1, 1, true, U8, &mut next), // 5: crop, [2,5,5]
-        Node::Concat { inputs: vec![(4, m(0.9)), (5, m(1.1))], out: G8 }, // 6: [4,5,5]
-        Node::Zero { input: 1, stride: 2, out: G8 },                    // 7: [4,5,5]
-        Node::Add { inputs: vec![(3, m(0.7)), (6, m(1.3)), (7, m(1.0))], out: U8 }, // 8
+        conv("c", (1, G8.scale), 2, 4, [1, 1], 2, 0, 1, 1, 0, true, U8, &mut next), // 4: [2,5,5]
+        conv("d", (1, G8.scale), 2, 4, [1, 1], 2, 0, 1, 1, 1, true, U8B, &mut next), // 5: crop, [2,5,5]
+        Node::Concat { inputs: vec![(4, r(U8, G8C)), (5, r(U8B, G8C))], out: G8C },  // 6: [4,5,5]
+        Node::Zero { input: 1, stride: 2, out: G8 },                                 // 7: [4,5,5]
+        Node::Add { inputs: vec![(3, r(G8B, U8)), (6, r(G8C, U8)), (7, r(G8, U8))], out: U8 }, // 8
         Node::Pool { input: 8, kind: PoolKind::Avg, kernel: 3, stride: 1, padding: 1 }, // 9
-        conv("e", 9, 6, 2, [1, 3], 1, 1, 1, 2, 0, false, G8, &mut next), // 10: grouped 1×3, pad 1 → [6,7,5]
-        Node::GlobalAvgPool { input: 10, multiplier: m(1.0 / 35.0), out: G8 }, // 11: [6]
+        conv("e", (9, U8.scale), 6, 2, [1, 3], 1, 1, 1, 2, 0, false, G8, &mut next), // 10: grouped 1×3, pad 1 → [6,7,5]
+        Node::GlobalAvgPool { input: 10, multiplier: m(1.0 / 35.0), out: G8 },       // 11: [6]
     ];
     let mut nodes = nodes;
+    let logit_scale = 0.001f32;
+    let fc_rescale = [1.0f64, 1.5, 2.25];
+    let fc_unit: Vec<f32> =
+        fc_rescale.iter().map(|r| (r * f64::from(logit_scale)) as f32).collect();
     let w: Vec<u8> = (0..3 * 6).map(|_| (next() % 255 - 127) as i8 as u8).collect();
-    tensors.insert("fc.weight".into(), tensor("fc.weight", DType::I8, &[3, 6], w));
+    let fc_w: Vec<f32> = fc_unit.iter().map(|u| u / G8.scale).collect();
+    tensors.insert("fc.weight".into(), tensor("fc.weight", DType::I8, &[3, 6], fc_w, w));
     tensors.insert(
         "fc.bias".into(),
         tensor(
             "fc.bias",
             DType::I32,
             &[3],
+            fc_unit.clone(),
             [5i32, -7, 100].iter().flat_map(|v| v.to_le_bytes()).collect(),
         ),
     );
     nodes.push(Node::Linear {
         name: "fc".into(),
         input: 11,
-        multipliers: vec![m(1.0), m(1.5), m(2.25)],
-        logit_scale: 0.001,
+        multipliers: fc_unit.iter().map(|u| m(f64::from(*u) / f64::from(logit_scale))).collect(),
+        logit_scale,
     });
     let genotype = qdarts_genotypes::known("DARTS_V2").unwrap();
     FrozenModel {
@@ -403,9 +409,21 @@ fn inconsistent_graphs_are_refused() {
         out.qmax = 300;
     }
     assert!(m.validate().unwrap_err().to_string().contains("8 bits"));
-    let mut m = base;
+    let mut m = base.clone();
     m.graph.nodes.pop();
     assert!(m.validate().unwrap_err().to_string().contains("classifier"));
+    // A rescale that disagrees with the scales it joins (an edited shift: n = −5).
+    let mut m = base.clone();
+    if let Node::Conv(c) = &mut m.graph.nodes[1] {
+        c.multipliers[0].n = -5;
+    }
+    let err = m.validate().unwrap_err().to_string();
+    assert!(err.contains("channel 0") && err.contains("scales it joins"), "{err}");
+    let mut m = base;
+    if let Node::Add { inputs, .. } = &mut m.graph.nodes[8] {
+        inputs[1].1 = FixedMultiplier { m0: inputs[1].1.m0, n: inputs[1].1.n + 1 };
+    }
+    assert!(m.validate().unwrap_err().to_string().contains("operand 6"));
 }
 
 fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {

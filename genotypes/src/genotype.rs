@@ -48,13 +48,33 @@ pub struct Genotype {
     pub reduce_concat: Vec<usize>,
 }
 
+/// The most intermediate nodes a cell may have (DARTS uses 4; the network's width grows with
+/// the concatenated nodes, so a much larger cell cannot be built anyway).
+pub const MAX_NODES: usize = 64;
+
+/// The most incoming edges one node may have (DARTS keeps 2).
+pub const MAX_EDGES: usize = 16;
+
 fn check_cell(name: &str, nodes: &[Vec<Edge>], concat: &[usize]) -> Result<(), GenotypeError> {
     if nodes.is_empty() {
         return Err(GenotypeError::Invalid(format!("`{name}` has no nodes")));
     }
+    if nodes.len() > MAX_NODES {
+        return Err(GenotypeError::Invalid(format!(
+            "`{name}` has {} nodes; at most {MAX_NODES} are supported",
+            nodes.len()
+        )));
+    }
     for (i, edges) in nodes.iter().enumerate() {
         if edges.is_empty() {
             return Err(GenotypeError::Invalid(format!("`{name}` node {} has no edges", i + 2)));
+        }
+        if edges.len() > MAX_EDGES {
+            return Err(GenotypeError::Invalid(format!(
+                "`{name}` node {} has {} edges; at most {MAX_EDGES} are supported",
+                i + 2,
+                edges.len()
+            )));
         }
         for e in edges {
             if e.input >= i + 2 {
@@ -76,6 +96,12 @@ fn check_cell(name: &str, nodes: &[Vec<Edge>], concat: &[usize]) -> Result<(), G
             "`{name}_concat` names state {s}, but the cell has states 0..{}",
             states - 1
         )));
+    }
+    let mut seen = vec![false; states];
+    for &s in concat {
+        if std::mem::replace(&mut seen[s], true) {
+            return Err(GenotypeError::Invalid(format!("`{name}_concat` names state {s} twice")));
+        }
     }
     Ok(())
 }

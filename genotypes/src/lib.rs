@@ -11,6 +11,6 @@ mod text;
 
 pub use derive::{derive_cell, edge_count, softmax};
 pub use error::GenotypeError;
-pub use genotype::{Edge, Genotype};
+pub use genotype::{Edge, Genotype, MAX_EDGES, MAX_NODES};
 pub use known::{KNOWN, known};
 pub use primitive::{ParsePrimitiveError, Primitive};

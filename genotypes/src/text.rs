@@ -144,7 +144,12 @@ impl Value {
 struct Parser {
     toks: Vec<(Tok, Pos)>,
     at: usize,
+    /// Brackets open around the current value.
+    depth: usize,
 }
+
+/// Deeper nesting than any genotype needs is refused before it can exhaust the stack.
+const MAX_DEPTH: usize = 16;
 
 impl Parser {
     fn peek(&self) -> &(Tok, Pos) {
@@ -190,6 +195,16 @@ impl Parser {
     }
 
     fn value(&mut self) -> Result<Value, GenotypeError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(err(self.peek().1, format!("nested deeper than {MAX_DEPTH} brackets")));
+        }
+        self.depth += 1;
+        let v = self.value_inner();
+        self.depth -= 1;
+        v
+    }
+
+    fn value_inner(&mut self) -> Result<Value, GenotypeError> {
         let (t, pos) = self.next();
         match t {
             Tok::Open('[') => Ok(Value::List(self.items(']')?, pos)),
@@ -282,6 +297,12 @@ fn concat(v: &Value, name: &str) -> Result<Vec<usize>, GenotypeError> {
     match v {
         Value::Range(a, b, pos) => {
             let (a, b) = (to_index(*a, *pos, "range start")?, to_index(*b, *pos, "range end")?);
+            if b.saturating_sub(a) > crate::genotype::MAX_NODES + 2 {
+                return Err(err(
+                    *pos,
+                    format!("`{name}` = range({a}, {b}) names more states than a cell may have"),
+                ));
+            }
             Ok((a..b).collect())
         }
         Value::List(items, _) | Value::Tuple(items, _) => items
@@ -299,7 +320,7 @@ const FIELDS: [&str; 4] = ["normal", "normal_concat", "reduce", "reduce_concat"]
 
 /// Parses the DARTS text form (not validated: see [`Genotype::from_darts_text`]).
 pub fn parse(text: &str) -> Result<Genotype, GenotypeError> {
-    let mut p = Parser { toks: lex(text)?, at: 0 };
+    let mut p = Parser { toks: lex(text)?, at: 0, depth: 0 };
     // Optional `NAME =` as in genotypes.py.
     if matches!(p.peek().0, Tok::Ident(ref n) if n != "Genotype")
         && p.toks.get(p.at + 1).is_some_and(|t| t.0 == Tok::Eq)

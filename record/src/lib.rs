@@ -19,8 +19,8 @@ use thiserror::Error;
 
 pub use layout::{CheckpointPart, RunLayout};
 pub use rows::{
-    AlphaRow, CellType, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase, Plan,
-    QuantErrorRow, Table,
+    AlphaRow, CellType, ChangeRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase,
+    Plan, QuantErrorRow, Table,
 };
 pub use run_dir::{RunDir, lock_owner, utc_stamp, write_atomic};
 pub use table::{
@@ -41,7 +41,7 @@ pub enum RecordError {
         cause: std::io::Error,
     },
     /// Another live process holds the run.
-    #[error("{path} is held by process {pid}, which is still running: wait for it or stop it")]
+    #[error("{path} is held by {}, which is still running: wait for it or stop it", holder(*pid))]
     Locked {
         /// The lock file.
         path: PathBuf,
@@ -67,6 +67,10 @@ pub enum RecordError {
         /// What is wrong.
         message: String,
     },
+}
+
+fn holder(pid: u32) -> String {
+    if pid == 0 { "another process".into() } else { format!("process {pid}") }
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RecordError + '_ {

@@ -215,6 +215,27 @@ impl Table for GenotypeRow {
     const STEPPED: bool = false;
 }
 
+/// `changes.csv`: a setting changed when the run was resumed (`--extend-epochs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChangeRow {
+    /// When (UTC, `YYYYmmdd-HHMMSS`).
+    pub utc: String,
+    /// The global step the run resumed at.
+    pub step: usize,
+    /// The key, e.g. `search.epochs`.
+    pub key: String,
+    /// Its value before.
+    pub from: String,
+    /// Its value from then on.
+    pub to: String,
+}
+
+impl Table for ChangeRow {
+    const FILE: &'static str = "changes.csv";
+    const COLUMNS: &'static [&'static str] = &["utc", "step", "key", "from", "to"];
+    const STEPPED: bool = false;
+}
+
 /// `plan.json`: how long the run is, for progress displays. (Fields in name order, as the
 /// file has always been written; a reader needs only `epochs` and `steps_per_epoch`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

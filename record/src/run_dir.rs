@@ -34,7 +34,8 @@ fn alive(pid: u32) -> bool {
     if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
 }
 
-/// The live process that holds a run folder's lock, if any.
+/// The process that holds a run folder's lock, if any (for display: it reads the pid the
+/// holder wrote, and checks that the process lives, without touching the lock itself).
 pub fn lock_owner(run: &RunLayout) -> Option<u32> {
     let pid: u32 = fs::read_to_string(run.lock()).ok()?.trim().parse().ok()?;
     alive(pid).then_some(pid)
@@ -49,10 +50,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
     fs::rename(&tmp, path).map_err(io_err(path))
 }
 
-/// A run folder held by this process (its lock is released on drop).
+/// A run folder held by this process: an exclusive OS lock (`flock`) on its `lock` file,
+/// released when the process ends, however it ends.
 #[derive(Debug)]
 pub struct RunDir {
     layout: RunLayout,
+    /// The locked file; closing it releases the lock.
+    lock: File,
 }
 
 impl Deref for RunDir {
@@ -83,34 +87,40 @@ impl RunDir {
         Err(RecordError::NotARun(format!("{}: no free run folder name", parent.display())))
     }
 
-    /// Takes the lock of an existing run folder. A lock left by a process that is gone (killed)
-    /// is taken over; a live owner is an error.
+    /// Takes the lock of an existing run folder: an exclusive OS advisory lock on its `lock`
+    /// file, taken atomically (two processes can never both hold it) and released by the OS
+    /// when the holder exits, killed or not. A live holder is an error that names its pid.
     pub fn open(dir: &Path) -> Result<Self, RecordError> {
         if !dir.is_dir() {
             return Err(RecordError::NotARun(format!("{} is not a folder", dir.display())));
         }
         let layout = RunLayout::new(dir);
-        let lock = layout.lock();
-        for _ in 0..2 {
-            match OpenOptions::new().write(true).create_new(true).open(&lock) {
-                Ok(mut f) => {
-                    writeln!(f, "{}", std::process::id()).map_err(io_err(&lock))?;
-                    f.sync_all().map_err(io_err(&lock))?;
-                    return Ok(RunDir { layout });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let text = fs::read_to_string(&lock).unwrap_or_default();
-                    match text.trim().parse::<u32>() {
-                        Ok(pid) if pid != std::process::id() && alive(pid) => {
-                            return Err(RecordError::Locked { path: lock, pid });
-                        }
-                        _ => fs::remove_file(&lock).map_err(io_err(&lock))?,
-                    }
-                }
-                Err(e) => return Err(RecordError::Io { path: lock, cause: e }),
+        let path = layout.lock();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let pid = fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|t| t.split_whitespace().next().and_then(|p| p.parse().ok()))
+                    .unwrap_or(0);
+                return Err(RecordError::Locked { path, pid });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(RecordError::Io { path, cause: e });
             }
         }
-        Err(RecordError::NotARun(format!("{}: could not take the lock", lock.display())))
+        // Held: say who holds it, for `qdarts dashboard` and the error above.
+        file.set_len(0).map_err(io_err(&path))?;
+        writeln!(file, "{}", std::process::id()).map_err(io_err(&path))?;
+        file.sync_all().map_err(io_err(&path))?;
+        Ok(RunDir { layout, lock: file })
     }
 
     /// The paths of the folder.
@@ -171,8 +181,9 @@ fn remove_dir_if_any(dir: &Path) -> Result<(), RecordError> {
 
 impl Drop for RunDir {
     fn drop(&mut self) {
-        // Nothing to report to on drop; a lock left behind is taken over by the next opener
-        // once this process is gone.
-        let _ = fs::remove_file(self.lock());
+        // The file stays (deleting it could let a process that opened it just before lock a
+        // file no one else sees); emptied, it names no holder. Closing it releases the lock.
+        // Nothing to report to on drop: the OS releases the lock anyway.
+        let _ = self.lock.set_len(0);
     }
 }

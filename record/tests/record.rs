@@ -171,16 +171,24 @@ fn lines_are_read_by_column_name_and_malformed_ones_are_refused() {
 }
 
 #[test]
-fn a_second_writer_is_refused_while_the_first_lives() {
+fn a_second_writer_is_refused_while_the_first_holds_the_lock() {
     let parent = scratch("lock");
     let run = RunDir::create(&parent, "t").unwrap();
-    // Our own pid in the lock reads as "taken over" for this process; pid 1 is always alive.
-    fs::write(run.lock(), "1\n").unwrap();
+    // Another holder (another open file: flock conflicts between them, also in one process).
     let err = RunDir::open(run.root()).unwrap_err();
-    assert!(matches!(err, RecordError::Locked { pid: 1, .. }), "{err}");
-    // A lock from a process that is gone is taken over.
-    fs::write(run.lock(), "4000000000\n").unwrap();
-    assert!(RunDir::open(run.root()).is_ok());
+    let me = std::process::id();
+    assert!(matches!(err, RecordError::Locked { pid, .. } if pid == me), "{err}");
+    assert!(err.to_string().contains(&format!("process {me}")), "{err}");
+    assert_eq!(qdarts_record::lock_owner(&RunLayout::new(run.root())), Some(me));
+    let root = run.root().to_path_buf();
+    drop(run);
+    // Released: the file stays, empty, and the next writer takes it.
+    assert_eq!(fs::read_to_string(RunLayout::new(&root).lock()).unwrap(), "");
+    let again = RunDir::open(&root).unwrap();
+    // A pid left in the file by a killed process means nothing: the OS released its lock.
+    drop(again);
+    fs::write(RunLayout::new(&root).lock(), "4000000000\n").unwrap();
+    assert!(RunDir::open(&root).is_ok());
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use qdarts_data::DatasetKind;
-use qdarts_engine::config::{parse_with_overrides, read_with_overrides, to_toml};
+use qdarts_engine::config::{Ranges, load_validated, parse_validated, to_toml};
 use qdarts_engine::{ConfigError, NanGuardConfig, RecordConfig};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::qconfig::QuantConfig;
@@ -197,22 +197,20 @@ pub struct ExperimentConfig {
 }
 
 impl ExperimentConfig {
-    /// Reads a config file, applies `key=value` overrides, and validates.
+    /// Reads a config file, applies `key=value` overrides, and validates; an error names the
+    /// file or the `--set` argument at fault.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let cfg: ExperimentConfig = read_with_overrides(path, overrides)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        load_validated(path, overrides, Self::validate)
     }
 
     /// Parses config text (`path` names it in errors).
     pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let cfg: ExperimentConfig = parse_with_overrides(text, path, overrides)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        parse_validated(text, path, overrides, Self::validate)
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |key: &str, message: &str| Err(ConfigError::invalid(path, key, message));
+        let r = Ranges::new(path);
         let (m, s, d) = (&self.model, &self.search, &self.data);
         if self.name.is_empty() || self.name.contains(['/', '\\']) {
             return bad("name", "must be a non-empty folder name");
@@ -220,18 +218,16 @@ impl ExperimentConfig {
         if m.init_channels < 2 || m.init_channels % 2 != 0 {
             return bad("model.init_channels", "must be even and at least 2");
         }
-        if m.layers < 3 {
-            return bad("model.layers", "must be at least 3 (two reduction cells)");
-        }
+        r.count("model.init_channels", m.init_channels, 2, 4096)?;
+        r.count("model.layers", m.layers, 3, 64)?;
         if m.partial_channels == 0 || !m.init_channels.is_multiple_of(m.partial_channels) {
             return bad(
                 "model.partial_channels",
                 "must be at least 1 and divide model.init_channels (PC-DARTS uses 4)",
             );
         }
-        if m.nodes == 0 || m.stem_multiplier == 0 {
-            return bad("model.nodes", "and model.stem_multiplier must be at least 1");
-        }
+        r.count("model.nodes", m.nodes, 1, 16)?;
+        r.count("model.stem_multiplier", m.stem_multiplier, 1, 16)?;
         if m.primitives.is_empty() || m.primitives.iter().all(|p| *p == Primitive::None) {
             return bad("model.primitives", "needs an op other than none");
         }
@@ -241,24 +237,22 @@ impl ExperimentConfig {
         if seen.len() != m.primitives.len() {
             return bad("model.primitives", "lists an op twice");
         }
-        if s.epochs == 0 || s.batch_size == 0 {
-            return bad("search.epochs", "and search.batch_size must be at least 1");
-        }
+        r.count("search.epochs", s.epochs, 1, 1_000_000)?;
+        r.count("search.batch_size", s.batch_size, 1, 1 << 16)?;
         if !(d.train_portion > 0.0 && d.train_portion < 1.0) {
             return bad("data.train_portion", "must lie in (0, 1)");
         }
-        for (k, v) in [
-            ("search.w_lr", s.w_lr),
-            ("search.alpha_lr", s.alpha_lr),
-            ("search.w_grad_clip", s.w_grad_clip),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(k, "must be a positive number");
-            }
-        }
-        if !(s.w_lr_min >= 0.0 && s.w_lr_min <= s.w_lr) {
-            return bad("search.w_lr_min", "must lie in [0, w_lr]");
-        }
+        r.positive("search.w_lr", s.w_lr)?;
+        r.within("search.w_lr_min", s.w_lr_min, 0.0, s.w_lr)?;
+        r.fraction("search.w_momentum", s.w_momentum)?;
+        r.within("search.w_weight_decay", s.w_weight_decay, 0.0, 1.0)?;
+        r.positive("search.w_grad_clip", s.w_grad_clip)?;
+        r.positive("search.alpha_lr", s.alpha_lr)?;
+        r.fraction("search.alpha_betas[0]", s.alpha_betas[0])?;
+        r.fraction("search.alpha_betas[1]", s.alpha_betas[1])?;
+        r.within("search.alpha_weight_decay", s.alpha_weight_decay, 0.0, 1.0)?;
+        self.record.validate(&r)?;
+        self.nan_guard.validate(&r)?;
         self.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))
     }
 

@@ -10,4 +10,7 @@ pub mod run;
 pub mod step;
 pub mod supernet;
 
-pub use run::{SearchOutcome, derive_genotype, net_shape, run_search, run_search_in};
+pub use run::{
+    PreparedSearch, SearchOutcome, derive_genotype, net_shape, prepare_search, run_prepared,
+    run_search,
+};

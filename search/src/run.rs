@@ -13,15 +13,15 @@ use qdarts_data::{self as data, ImageSet, Rng};
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{Event, correct, cross_entropy};
 use qdarts_engine::{
-    ConfigError, Progress, RunError, Sgd, load_module, load_optim, run_epochs, save_module,
-    save_optim, seeded, start,
+    ConfigError, Progress, RunError, Sgd, apply_limit, load_module, load_optim, note_epochs_change,
+    run_epochs, save_module, save_optim, seeded, start,
 };
 use qdarts_genotypes::{Genotype, softmax};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::quant::lsq;
 use qdarts_record::{
-    AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, write_atomic,
-    write_plan,
+    AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, read_plan,
+    write_atomic, write_plan,
 };
 
 use crate::config::ExperimentConfig;
@@ -202,42 +202,35 @@ impl EpochTask for SearchTask<'_> {
     }
 }
 
-/// Runs (or resumes) a search and writes its run record. `progress` is called after every
-/// step; when it returns `Break` the search saves a checkpoint at that step and returns
-/// (`finished: false`), so that `--resume` continues exactly there.
-pub fn run_search(
-    cfg: &ExperimentConfig,
-    device: &Device,
-    resume: Option<&Path>,
-    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
-) -> Result<SearchOutcome, RunError> {
-    let run = match resume {
-        Some(dir) => RunDir::open(dir)?,
-        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
-    };
-    let dir = run.root().to_path_buf();
-    let out = run_search_in(cfg, device, run, resume.is_some(), progress);
-    if out.is_err() && resume.is_none() {
-        // Failed before writing anything (bad data, say): leave no empty run folder behind.
-        // (`remove_dir` removes only an empty folder.)
-        let _ = std::fs::remove_dir(&dir);
-    }
-    out
+/// A search ready to run: its data loaded and checked, its network built. Nothing is written
+/// yet, so a bad dataset or config is an error before any run folder exists.
+pub struct PreparedSearch<'a> {
+    task: SearchTask<'a>,
+    plan: Plan,
 }
 
-/// [`run_search`] in a run folder the caller holds (so it knows the folder before the first
-/// step, e.g. to show a dashboard on it). `resume`: continue from its checkpoint if it has one.
-pub fn run_search_in(
-    cfg: &ExperimentConfig,
-    device: &Device,
-    run: RunDir,
-    resume: bool,
-    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
-) -> Result<SearchOutcome, RunError> {
-    let mut set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
-    if cfg.data.limit > 0 {
-        set.truncate(cfg.data.limit);
+impl std::fmt::Debug for PreparedSearch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedSearch").field("plan", &self.plan).finish_non_exhaustive()
     }
+}
+
+impl PreparedSearch<'_> {
+    /// Epochs, steps and images.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// Loads and checks a search's data and builds its supernet and optimizers.
+pub fn prepare_search<'a>(
+    cfg: &'a ExperimentConfig,
+    device: &'a Device,
+) -> Result<PreparedSearch<'a>, RunError> {
+    let mut set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
+    let source = data::source_name(cfg.data.dataset, cfg.data.path.as_deref());
+    set.check_reducible(&source, 2)?;
+    apply_limit(&mut set, cfg.data.limit, "data.limit")?;
     let (train_idx, val_idx) = data::darts_split(set.len(), cfg.data.train_portion);
     let bs = cfg.search.batch_size;
     let mut steps = train_idx.len().min(val_idx.len()) / bs;
@@ -251,7 +244,6 @@ pub fn run_search_in(
     if cfg.search.steps_per_epoch > 0 {
         steps = steps.min(cfg.search.steps_per_epoch);
     }
-
     let ad = device.clone().autodiff();
     let shape = net_shape(cfg, &set);
     // The backend's generator is process-wide: hold it from seeding to the last random
@@ -284,12 +276,44 @@ pub fn run_search_in(
         a_optim,
         pending: None,
     };
+    Ok(PreparedSearch { task, plan })
+}
+
+/// Runs (or resumes) a search and writes its run record. `progress` is called after every
+/// step; when it returns `Break` the search saves a checkpoint at that step and returns
+/// (`finished: false`), so that `--resume` continues exactly there. The data is loaded and
+/// checked before the run folder is created.
+pub fn run_search(
+    cfg: &ExperimentConfig,
+    device: &Device,
+    resume: Option<&Path>,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<SearchOutcome, RunError> {
+    let prepared = prepare_search(cfg, device)?;
+    let run = match resume {
+        Some(dir) => RunDir::open(dir)?,
+        None => RunDir::create(&cfg.record.results_dir, &cfg.name)?,
+    };
+    run_prepared(prepared, run, resume.is_some(), progress)
+}
+
+/// Runs a prepared search in `run`. `resume`: continue from its checkpoint if it has one.
+pub fn run_prepared(
+    prepared: PreparedSearch<'_>,
+    run: RunDir,
+    resume: bool,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<SearchOutcome, RunError> {
+    let PreparedSearch { task, plan } = prepared;
+    let cfg = task.cfg;
+    let old = if resume { read_plan(&run) } else { None };
     write_atomic(&run.config(), cfg.to_toml()?.as_bytes())?;
     write_plan(&run, &plan)?;
     let (task, st) = start(&run, task, cfg.seed, resume)?;
+    note_epochs_change(&run, old.as_ref(), &plan, "search.epochs", st.step)?;
     let lp = LoopPlan {
         epochs: cfg.search.epochs,
-        steps,
+        steps: plan.steps_per_epoch,
         lr: (cfg.search.w_lr, cfg.search.w_lr_min),
         quant_error_every: cfg.record.quant_error_every,
         checkpoint_every: cfg.record.checkpoint_every,

@@ -80,7 +80,9 @@ fn a_tiny_search_writes_the_whole_run_record() {
     ] {
         assert!(run.join(f).exists(), "missing {f}");
     }
-    assert!(!run.join("lock").exists(), "lock left behind");
+    // The lock file stays, released and empty: the next process takes it atomically.
+    assert_eq!(read(&run.join("lock")), "", "lock left held");
+    drop(qdarts_record::RunDir::open(run).unwrap());
     // 2 epochs × (2 train steps + 1 validation row), plus the header.
     let metrics = read(&run.join("metrics.csv"));
     assert_eq!(metrics.lines().count(), 7, "{metrics}");
@@ -162,6 +164,58 @@ fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
     let events = read(&out.run_dir.join("nan_events.csv"));
     let row = events.lines().nth(1).unwrap();
     assert!(row.starts_with("1,3,grad,stem.") && row.ends_with(",NaN,skipped"), "{events}");
+}
+
+#[test]
+fn a_nan_validation_loss_is_an_event() {
+    // Skip: the event is logged and the run goes on.
+    let cfg = tiny(&scratch("nan-val"), "[nan_guard]\ninject_step = 2\ninject_site = \"val\"");
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let events = read(&out.run_dir.join("nan_events.csv"));
+    assert_eq!(events, "epoch,step,site,layer,value,action\n0,2,eval,val,NaN,skipped\n");
+    assert!(out.finished);
+    // One event is within `max_events = 1`.
+    let cfg = tiny(
+        &scratch("nan-val-abort"),
+        "[nan_guard]\ninject_step = 4\ninject_site = \"val\"\nmax_events = 1\npolicy = \"skip\"",
+    );
+    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    assert!(out.finished);
+    assert_eq!(read(&out.run_dir.join("nan_events.csv")).lines().count(), 2);
+}
+
+#[test]
+fn a_run_whose_every_step_was_skipped_is_an_error() {
+    let mut cfg = tiny(&scratch("all-skipped"), "[nan_guard]\ninject_step = 1");
+    cfg.search.epochs = 1;
+    cfg.search.steps_per_epoch = 1;
+    let err = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(()));
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("skipped all 1 steps"), "{err}");
+}
+
+#[test]
+fn the_guard_aborts_on_the_first_event_past_max_events() {
+    // A learning rate that overflows f32 makes every step after the first non-finite.
+    let results = scratch("abort");
+    let mut cfg = tiny(&results, "[nan_guard]\nmax_events = 3");
+    cfg.search.w_lr = 1e38;
+    cfg.search.w_lr_min = 0.0;
+    cfg.search.epochs = 4;
+    let err = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(()));
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("aborted after 4 steps"), "{err}");
+    let dir = std::fs::read_dir(&results).unwrap().next().unwrap().unwrap().path();
+    let events = read(&dir.join("nan_events.csv"));
+    // An event is a step, or a validation, with non-finite values (however many values).
+    let groups: std::collections::BTreeSet<(&str, bool)> = events
+        .lines()
+        .skip(1)
+        .filter(|l| !l.contains(",guard,"))
+        .map(|l| (l.split(',').nth(1).unwrap(), l.contains(",eval,")))
+        .collect();
+    assert_eq!(groups.len(), 4, "three tolerated events and the aborting one:\n{events}");
+    assert!(events.trim_end().ends_with(",guard,-,4,aborted"), "{events}");
 }
 
 #[test]
@@ -265,10 +319,10 @@ fn bad_configs_name_the_key() {
     .unwrap();
     let err =
         ExperimentConfig::parse(&base, p, &["search.epohcs=3".into()]).unwrap_err().to_string();
-    assert!(err.contains("exp.toml") && err.contains("epohcs"), "{err}");
+    assert!(err.starts_with("--set search.epohcs=3: ") && err.contains("epohcs"), "{err}");
     let err =
         ExperimentConfig::parse(&base, p, &["model.layers=2".into()]).unwrap_err().to_string();
-    assert!(err.contains("model.layers"), "{err}");
+    assert!(err.starts_with("--set model.layers=2: `model.layers`"), "{err}");
     let err = ExperimentConfig::parse(
         &base,
         p,

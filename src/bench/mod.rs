@@ -226,6 +226,7 @@ impl SearchRequest {
 pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
     match cmd {
         BenchCommand::Runtime { run, reps, csv } => {
+            crate::cpu_only(backend, "bench runtime")?;
             runtime::runtime_bench(&run, reps, csv.as_deref())
         }
         BenchCommand::Quant { shape, reps, csv } => {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use qdarts_frozen::Runtime;
 use qdarts_record::RunLayout;
-use qdarts_train::eval::normalized;
+use qdarts_train::eval::{check_input, normalized};
 use qdarts_train::{TrainConfig, test_set};
 
 use super::timing::write_csv;
@@ -22,6 +22,7 @@ pub fn runtime_bench(run: &Path, reps: usize, csv: Option<&Path>) -> Result<()> 
     let model = crate::train_cmd::load_frozen(run)?;
     let cfg = TrainConfig::load(&layout.config(), &[])?;
     let set = test_set(&cfg)?;
+    check_input(&model, &set, &qdf.display().to_string())?;
     let rt = Runtime::new(&model)?;
     let images = normalized(&set, &model);
     let n = set.len();

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use qdarts_data::DatasetKind;
-use qdarts_engine::config::{read_with_overrides, to_toml};
+use qdarts_engine::config::{Ranges, load_validated, parse_validated, to_toml};
 use qdarts_engine::{ConfigError, NanGuardConfig, RecordConfig};
 use qdarts_ops::qconfig::QuantConfig;
 use serde::{Deserialize, Serialize};
@@ -142,15 +142,20 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// Reads a config file, applies `key=value` overrides, and validates.
+    /// Reads a config file, applies `key=value` overrides, and validates; an error names the
+    /// file or the `--set` argument at fault.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let cfg: TrainConfig = read_with_overrides(path, overrides)?;
-        cfg.validate(path)?;
-        Ok(cfg)
+        load_validated(path, overrides, Self::validate)
+    }
+
+    /// Parses config text (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        parse_validated(text, path, overrides, Self::validate)
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |key: &str, message: &str| Err(ConfigError::invalid(path, key, message));
+        let r = Ranges::new(path);
         let (m, t) = (&self.model, &self.train);
         if self.name.is_empty() || self.name.contains(['/', '\\']) {
             return bad("name", "must be a non-empty folder name");
@@ -158,24 +163,21 @@ impl TrainConfig {
         if m.init_channels < 2 || m.init_channels % 2 != 0 {
             return bad("model.init_channels", "must be even and at least 2");
         }
-        if m.layers < 3 || m.stem_multiplier == 0 {
-            return bad("model.layers", "must be at least 3 (two reduction cells)");
-        }
-        if !(0.0..1.0).contains(&m.drop_path_prob) {
-            return bad("model.drop_path_prob", "must lie in [0, 1)");
-        }
-        if !(m.auxiliary_weight.is_finite() && m.auxiliary_weight >= 0.0) {
-            return bad("model.auxiliary_weight", "must be a non-negative number");
-        }
-        if t.epochs == 0 || t.batch_size == 0 {
-            return bad("train.epochs", "and train.batch_size must be at least 1");
-        }
-        if !(t.lr.is_finite() && t.lr > 0.0 && t.grad_clip.is_finite() && t.grad_clip > 0.0) {
-            return bad("train.lr", "and train.grad_clip must be positive numbers");
-        }
-        if !(t.lr_min >= 0.0 && t.lr_min <= t.lr) {
-            return bad("train.lr_min", "must lie in [0, lr]");
-        }
+        r.count("model.init_channels", m.init_channels, 2, 4096)?;
+        r.count("model.layers", m.layers, 3, 64)?;
+        r.count("model.stem_multiplier", m.stem_multiplier, 1, 16)?;
+        r.fraction("model.drop_path_prob", m.drop_path_prob)?;
+        r.within("model.auxiliary_weight", m.auxiliary_weight, 0.0, 100.0)?;
+        r.count("train.epochs", t.epochs, 1, 1_000_000)?;
+        r.count("train.batch_size", t.batch_size, 1, 1 << 16)?;
+        r.positive("train.lr", t.lr)?;
+        r.within("train.lr_min", t.lr_min, 0.0, t.lr)?;
+        r.fraction("train.momentum", t.momentum)?;
+        r.within("train.weight_decay", t.weight_decay, 0.0, 1.0)?;
+        r.positive("train.grad_clip", t.grad_clip)?;
+        r.count("train.cutout_length", t.cutout_length, 0, 4096)?;
+        self.record.validate(&r)?;
+        self.nan_guard.validate(&r)?;
         self.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))
     }
 

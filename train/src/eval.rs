@@ -28,6 +28,25 @@ pub fn input_spec(cfg: &TrainConfig, set: &ImageSet) -> InputSpec {
     }
 }
 
+/// Checks that a frozen model takes the images of `set` (its input shape is theirs); `what`
+/// names the model in the error.
+pub fn check_input(model: &FrozenModel, set: &ImageSet, what: &str) -> Result<(), RunError> {
+    let want = model.graph.input_shape;
+    let got = [set.channels, set.height, set.width];
+    if want != got {
+        return Err(RunError::Config(qdarts_engine::ConfigError::invalid(
+            std::path::Path::new(what),
+            "input shape",
+            format!(
+                "is {}×{}×{}, but the run's test images are {}×{}×{} (a model frozen from \
+                 another run?)",
+                want[0], want[1], want[2], got[0], got[1], got[2]
+            ),
+        )));
+    }
+    Ok(())
+}
+
 /// Normalized float images of a set, `[N, C, H, W]` flattened, as the fake-quant model sees
 /// them (the integer runtime's input).
 pub fn normalized(set: &ImageSet, model: &FrozenModel) -> Vec<f32> {
@@ -129,6 +148,7 @@ pub fn evaluate_frozen(
         what: "the frozen model".into(),
         message: e.to_string(),
     };
+    check_input(model, set, "frozen/model.qdf")?;
     let kind = trained.cfg.data.dataset;
     let n = set.len();
     let classes = model.graph.classes;

@@ -11,5 +11,6 @@ pub mod run;
 
 pub use config::TrainConfig;
 pub use run::{
-    TrainedRun, eval_shape, evaluate, open_trained, resolve_genotype, run_train_in, test_set,
+    PreparedTrain, TrainedRun, eval_shape, evaluate, open_trained, prepare_train, resolve_genotype,
+    run_train_in, run_train_prepared, test_set,
 };

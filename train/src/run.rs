@@ -14,13 +14,13 @@ use qdarts_data::{self as data, DatasetKind, ImageSet, Rng};
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{correct, cross_entropy, guarded_backward};
 use qdarts_engine::{
-    ConfigError, LoopState, Progress, RunError, Sgd, checkpoint_error, load_module, run_epochs,
-    save_module, seeded, start,
+    ConfigError, LoopState, Progress, RunError, RunKind, Sgd, apply_limit, checkpoint_error,
+    load_module, note_epochs_change, run_epochs, save_module, seeded, start,
 };
 use qdarts_genotypes::Genotype;
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::quant::lsq;
-use qdarts_record::{CheckpointPart, Plan, RunDir, RunLayout, write_atomic, write_plan};
+use qdarts_record::{CheckpointPart, Plan, RunDir, RunLayout, read_plan, write_atomic, write_plan};
 
 use crate::config::TrainConfig;
 use crate::network::{EvalNetwork, EvalShape};
@@ -65,9 +65,7 @@ pub fn eval_shape(cfg: &TrainConfig, set: &ImageSet) -> EvalShape {
 /// The test set of a config (with `test_limit`).
 pub fn test_set(cfg: &TrainConfig) -> Result<ImageSet, RunError> {
     let mut set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), false)?;
-    if cfg.data.test_limit > 0 {
-        set.truncate(cfg.data.test_limit);
-    }
+    apply_limit(&mut set, cfg.data.test_limit, "data.test_limit")?;
     Ok(set)
 }
 
@@ -111,11 +109,10 @@ pub fn open_trained(dir: &Path, device: &Device) -> Result<TrainedRun, RunError>
     if !dir.is_dir() {
         return Err(checkpoint_error(dir, "no such run folder"));
     }
+    RunKind::expect(dir, RunKind::Train)?;
     let run = RunLayout::new(dir);
     let cfg = TrainConfig::load(&run.config(), &[])?;
-    let gpath = run.genotype_json();
-    let text = std::fs::read_to_string(&gpath).map_err(|e| checkpoint_error(&gpath, e))?;
-    let genotype = Genotype::from_json(&text).map_err(|e| checkpoint_error(&gpath, e))?;
+    let genotype = resolve_genotype(&run.genotype_json().display().to_string())?;
     let st = LoopState::read(&run).map_err(|e| match e {
         RunError::Checkpoint { path, message } => RunError::Checkpoint {
             path,
@@ -225,21 +222,50 @@ impl EpochTask for TrainTask<'_> {
     }
 }
 
-/// Runs (or resumes) QAT of a genotype's evaluation network in `run`. `progress` is called
-/// after every step; `Break` saves a checkpoint there and returns `Ok(false)`.
-pub fn run_train_in(
-    cfg: &TrainConfig,
-    genotype: &Genotype,
-    device: &Device,
-    run: &RunDir,
-    resume: bool,
-    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
-) -> Result<bool, RunError> {
-    let mut train_set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
-    if cfg.data.limit > 0 {
-        train_set.truncate(cfg.data.limit);
+/// A training run ready to start: its data loaded and checked, its network built. Nothing is
+/// written yet, so a bad dataset or config is an error before any run folder exists.
+pub struct PreparedTrain<'a> {
+    task: TrainTask<'a>,
+    genotype: &'a Genotype,
+    plan: Plan,
+}
+
+impl std::fmt::Debug for PreparedTrain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedTrain").field("plan", &self.plan).finish_non_exhaustive()
     }
+}
+
+impl PreparedTrain<'_> {
+    /// Epochs, steps and images.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// Loads and checks a training run's data and builds the genotype's evaluation network.
+pub fn prepare_train<'a>(
+    cfg: &'a TrainConfig,
+    genotype: &'a Genotype,
+    device: &'a Device,
+) -> Result<PreparedTrain<'a>, RunError> {
+    let mut train_set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
+    let source = data::source_name(cfg.data.dataset, cfg.data.path.as_deref());
+    train_set.check_reducible(&source, 2)?;
+    apply_limit(&mut train_set, cfg.data.limit, "data.limit")?;
     let test = test_set(cfg)?;
+    train_set.check_same_shape(&test, &source)?;
+    // The auxiliary head pools 5×5 and convolves 2×2 at a quarter of the resolution.
+    if cfg.model.auxiliary && train_set.height.min(train_set.width) < 24 {
+        return Err(RunError::Config(ConfigError::invalid(
+            Path::new("config"),
+            "model.auxiliary",
+            format!(
+                "needs images of at least 24×24 (these are {}×{}): set it to false",
+                train_set.height, train_set.width
+            ),
+        )));
+    }
     let t = &cfg.train;
     let bs = t.batch_size;
     let mut steps = train_set.len() / bs;
@@ -275,14 +301,42 @@ pub fn run_train_in(
         optim,
         pending: None,
     };
+    Ok(PreparedTrain { task, genotype, plan })
+}
+
+/// Runs (or resumes) QAT of a genotype's evaluation network in `run`. `progress` is called
+/// after every step; `Break` saves a checkpoint there and returns `Ok(false)`.
+pub fn run_train_in(
+    cfg: &TrainConfig,
+    genotype: &Genotype,
+    device: &Device,
+    run: &RunDir,
+    resume: bool,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<bool, RunError> {
+    run_train_prepared(prepare_train(cfg, genotype, device)?, run, resume, progress)
+}
+
+/// Runs a prepared training run in `run`. `resume`: continue from its checkpoint if it has one.
+pub fn run_train_prepared(
+    prepared: PreparedTrain<'_>,
+    run: &RunDir,
+    resume: bool,
+    progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
+) -> Result<bool, RunError> {
+    let PreparedTrain { task, genotype, plan } = prepared;
+    let cfg = task.cfg;
+    let t = &cfg.train;
+    let old = if resume { read_plan(run) } else { None };
     let (task, st) = start(run, task, cfg.seed, resume)?;
+    note_epochs_change(run, old.as_ref(), &plan, "train.epochs", st.step)?;
     write_atomic(&run.config(), cfg.to_toml()?.as_bytes())?;
     write_atomic(&run.genotype_json(), &genotype.to_json())?;
     write_atomic(&run.genotype_text(), format!("{}\n", genotype.to_darts_text()).as_bytes())?;
     write_plan(run, &plan)?;
     let lp = LoopPlan {
         epochs: t.epochs,
-        steps,
+        steps: plan.steps_per_epoch,
         lr: (t.lr, t.lr_min),
         quant_error_every: cfg.record.quant_error_every,
         checkpoint_every: cfg.record.checkpoint_every,

@@ -26,6 +26,9 @@ fn every_shipped_training_experiment_parses() {
 fn bad_training_values_name_the_key() {
     let path = experiments().join("train-default.toml");
     let err = TrainConfig::load(&path, &["model.layers=2".into()]).unwrap_err().to_string();
+    assert!(err.starts_with("--set model.layers=2: `model.layers`"), "{err}");
+    let text = std::fs::read_to_string(&path).unwrap().replace("layers = 5", "layers = 2");
+    let err = TrainConfig::parse(&text, &path, &[]).unwrap_err().to_string();
     assert!(err.contains("train-default.toml") && err.contains("model.layers"), "{err}");
     let err = TrainConfig::load(&path, &["train.lr_min=1".into()]).unwrap_err().to_string();
     assert!(err.contains("train.lr_min"), "{err}");

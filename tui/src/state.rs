@@ -211,7 +211,7 @@ impl DashboardState {
     /// counted and skipped.
     pub fn apply(&mut self, source: Source, header: &csv::StringRecord, line: &str) {
         let ok = match source {
-            Source::Metrics => parse_line(header, line).map(|r| self.apply_metrics(r)),
+            Source::Metrics => parse_line(header, line).and_then(|r| self.apply_metrics(r)),
             Source::Nan => parse_line(header, line).map(|r| self.nan.push(r)),
             Source::Quant => parse_line(header, line).map(|r| self.apply_quant(r)),
             Source::Alphas => parse_line(header, line).and_then(|r| self.apply_alpha(r)),
@@ -222,8 +222,14 @@ impl DashboardState {
         }
     }
 
-    fn apply_metrics(&mut self, r: MetricsRow) {
+    /// A row whose accuracy is not a fraction, or whose learning rate is not a non-negative
+    /// number, is not one the run wrote: it is refused (and counted) rather than plotted.
+    fn apply_metrics(&mut self, r: MetricsRow) -> Option<()> {
         let (epoch, step, loss, top1) = (r.epoch, r.step, r.loss, r.top1);
+        let rate = |x: f64| x.is_finite() && x >= 0.0;
+        if !(0.0..=1.0).contains(&top1) || !rate(r.lr) || !rate(r.arch_lr) {
+            return None;
+        }
         match r.phase {
             Phase::Train => self.train.push(TrainPoint {
                 epoch,
@@ -236,6 +242,7 @@ impl DashboardState {
             }),
             Phase::Val => self.val.push(ValPoint { epoch, step, loss, top1 }),
         }
+        Some(())
     }
 
     fn apply_quant(&mut self, r: QuantErrorRow) {

@@ -65,13 +65,19 @@ fn malformed_rows_are_skipped_and_counted() {
     append(&m, "0,3,train,2.1\n");
     append(&m, "0,\"open quote,train,2.1,0.1,0.025,0.01,3.0\n");
     append(&m, "0,4,train,2.0,0.1,0.025,0.01,4.0\n");
+    // Well-formed but impossible: top-1 of −500 %, a negative or NaN learning rate.
+    append(&m, "0,5,train,2.0,-5.0,0.025,0.01,5.0\n");
+    append(&m, "0,6,val,2.0,1.5,0.025,0.01,6.0\n");
+    append(&m, "0,7,train,2.0,0.5,-0.025,0.01,7.0\n");
+    append(&m, "0,8,train,2.0,0.5,NaN,0.01,8.0\n");
     std::fs::write(d.join("genotypes.csv"), "epoch,genotype\n0,\"Genotype(normal=[], x\"\n")
         .unwrap();
     let mut r = RunReader::open(&d).unwrap();
     r.poll().unwrap();
     let s = r.state();
     assert_eq!(s.train.iter().map(|t| t.step).collect::<Vec<_>>(), [1, 4]);
-    assert_eq!(s.skipped_rows, 3);
+    assert!(s.val.is_empty());
+    assert_eq!(s.skipped_rows, 7);
     // A genotype that does not parse is kept as text (the panel shows it raw).
     assert_eq!(s.genotypes.len(), 1);
 }

@@ -1,0 +1,344 @@
+//! Run safety as a user meets it: bad data, bad hyperparameters and misused `--resume` are
+//! clear errors (exit 1, no run folder left behind); `--extend-epochs` is the one allowed
+//! change to a run and is recorded; simultaneous `--resume` of one run lets exactly one in.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn qdarts() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_qdarts"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qdarts-safety-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Exit 1 with every one of `needles` in the message.
+fn refused(out: &Output, needles: &[&str]) {
+    let err = text(out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The run folders under `dir/results`.
+fn runs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir.join("results"))
+        .map(|rd| rd.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
+fn write_config(dir: &Path, file: &str, text: &str) -> PathBuf {
+    let p = dir.join(file);
+    let results = dir.join("results");
+    std::fs::write(&p, format!("{text}results_dir = \"{}\"\n", results.display())).unwrap();
+    p
+}
+
+const SEARCH: &str = r#"
+name = "safe"
+seed = 3
+[data]
+dataset = "fashion-mnist"
+limit = 64
+[model]
+init_channels = 2
+layers = 3
+nodes = 2
+stem_multiplier = 1
+[search]
+epochs = 2
+batch_size = 8
+steps_per_epoch = 2
+[record]
+quant_error_every = 1
+checkpoint_every = 1
+"#;
+
+const TRAIN: &str = r#"
+name = "safe-train"
+seed = 3
+genotype = "DARTS_V2"
+[data]
+dataset = "fashion-mnist"
+limit = 64
+test_limit = 32
+[model]
+init_channels = 2
+layers = 3
+auxiliary = false
+[train]
+epochs = 1
+batch_size = 8
+steps_per_epoch = 2
+[record]
+checkpoint_every = 1
+"#;
+
+/// Writes an MNIST-style IDX pair (`prefix`-images/labels) of `n` random `h`×`w` images.
+fn write_idx(dir: &Path, prefix: &str, n: usize, h: usize, w: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut x = 12345u32;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x
+    };
+    let mut img = Vec::new();
+    for v in [0x803u32, n as u32, h as u32, w as u32] {
+        img.extend(v.to_be_bytes());
+    }
+    img.extend((0..n * h * w).map(|_| next() as u8));
+    let mut lab = Vec::new();
+    for v in [0x801u32, n as u32] {
+        lab.extend(v.to_be_bytes());
+    }
+    lab.extend((0..n).map(|_| (next() % 10) as u8));
+    std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte")), img).unwrap();
+    std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), lab).unwrap();
+}
+
+#[test]
+fn image_shapes_the_network_cannot_take_are_refused_before_a_run_folder() {
+    let d = scratch("shapes");
+    let (search, train) = (write_config(&d, "s.toml", SEARCH), write_config(&d, "t.toml", TRAIN));
+    for side in [30, 27, 5, 3, 1] {
+        let data = d.join(format!("side{side}"));
+        write_idx(&data, "train", 80, side, side);
+        write_idx(&data, "t10k", 40, side, side);
+        for cfg in [&search, &train] {
+            let sub = if cfg == &search { "search" } else { "train" };
+            let out = qdarts()
+                .args([sub, "--dataset", "mnist", "--config"])
+                .arg(cfg)
+                .arg("--data")
+                .arg(&data)
+                .output()
+                .unwrap();
+            refused(&out, &[&format!("images of {side}×{side}"), "multiples of 4"]);
+            assert!(runs(&d).is_empty(), "{sub} on {side}×{side} left a run folder");
+        }
+    }
+    // Training images 28×28 with test images 32×32.
+    let mix = d.join("mix");
+    write_idx(&mix, "train", 80, 28, 28);
+    write_idx(&mix, "t10k", 40, 32, 32);
+    let out = qdarts()
+        .args(["train", "--dataset", "mnist", "--config"])
+        .arg(&train)
+        .arg("--data")
+        .arg(&mix)
+        .output()
+        .unwrap();
+    refused(&out, &["training images are 1×28×28 but test images are 1×32×32"]);
+    // A limit beyond the set.
+    let out =
+        qdarts().args(["search", "--set", "data.limit=1000000", "--config"]).arg(&search).output();
+    refused(&out.unwrap(), &["`data.limit` is 1000000, more than the 10000 images"]);
+    assert!(runs(&d).is_empty());
+}
+
+#[test]
+fn hyperparameters_that_make_nan_are_refused_naming_the_override() {
+    let d = scratch("nan-hyper");
+    let (search, train) = (write_config(&d, "s.toml", SEARCH), write_config(&d, "t.toml", TRAIN));
+    let cases = [
+        (&search, "search", "search.w_weight_decay=nan"),
+        (&search, "search", "search.alpha_betas=[2.0,-1.0]"),
+        (&search, "search", "search.w_momentum=-5"),
+        (&search, "search", "nan_guard.max_events=0"),
+        (&search, "search", "search.w_lr=inf"),
+        (&train, "train", "train.momentum=nan"),
+        (&train, "train", "train.weight_decay=-1"),
+    ];
+    for (cfg, sub, set) in cases {
+        let out = qdarts().args([sub, "--set", set, "--config"]).arg(cfg).output().unwrap();
+        let key = set.split_once('=').unwrap().0;
+        refused(&out, &[&format!("--set {set}"), key]);
+    }
+    assert!(runs(&d).is_empty());
+}
+
+#[test]
+fn a_training_run_with_a_nan_test_loss_logs_it_and_exits_nonzero_when_it_aborts() {
+    let d = scratch("nan-test");
+    let cfg = write_config(&d, "t.toml", TRAIN);
+    let nan = ["--set", "nan_guard.inject_step=2", "--set", "nan_guard.inject_site=\"val\""];
+    let out = qdarts().args(["train", "--config"]).arg(&cfg).args(nan).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let run = runs(&d).pop().unwrap();
+    let events = std::fs::read_to_string(run.join("nan_events.csv")).unwrap();
+    assert_eq!(events.lines().nth(1), Some("0,2,eval,val,NaN,skipped"), "{events}");
+    // An overflowing learning rate: every step after the first is non-finite.
+    let d = scratch("nan-abort");
+    let cfg = write_config(&d, "t.toml", TRAIN);
+    let out = qdarts()
+        .args(["train", "--set", "train.lr=1e38", "--set", "train.epochs=4"])
+        .args(["--set", "nan_guard.max_events=2", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    refused(&out, &["aborted after 3 steps with non-finite values"]);
+}
+
+/// A finished search run in `d/results`.
+fn finished_search(d: &Path) -> PathBuf {
+    let cfg = write_config(d, "s.toml", SEARCH);
+    let out = qdarts().args(["search", "--config"]).arg(&cfg).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    runs(d).pop().unwrap()
+}
+
+#[test]
+fn resume_keeps_the_run_config_and_only_extend_epochs_changes_it() {
+    let d = scratch("resume");
+    let run = finished_search(&d);
+    let config_before = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    // Anything that would change the run is refused by the command line.
+    for extra in [
+        &["--set", "search.batch_size=4"][..],
+        &["--set", "search.epochs=5"],
+        &["--config", "experiments/default.toml"],
+        &["--data", "/tmp"],
+        &["--dataset", "mnist"],
+    ] {
+        let out = qdarts().args(["search", "--resume"]).arg(&run).args(extra).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out));
+        assert!(text(&out).contains("cannot be used with"), "{}", text(&out));
+    }
+    let out = qdarts().args(["search", "--extend-epochs", "2"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "--extend-epochs needs --resume");
+    assert_eq!(std::fs::read_to_string(run.join("config.toml")).unwrap(), config_before);
+
+    // The allowed change: two more epochs, recorded.
+    let out =
+        qdarts().args(["search", "--extend-epochs", "2", "--resume"]).arg(&run).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let changes = std::fs::read_to_string(run.join("changes.csv")).unwrap();
+    let rows: Vec<&str> = changes.lines().collect();
+    assert_eq!(rows[0], "utc,step,key,from,to");
+    assert_eq!(rows.len(), 2, "{changes}");
+    assert!(rows[1].ends_with(",4,search.epochs,2,4"), "{changes}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("epochs = 4"), "{config}");
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let vals: Vec<&str> = metrics.lines().filter(|l| l.contains(",val,")).collect();
+    assert_eq!(vals.len(), 4, "{metrics}");
+    assert!(vals[3].starts_with("3,8,val,"), "{metrics}");
+
+    // A search run is not a training run, and the reverse.
+    let out = qdarts().args(["train", "--resume"]).arg(&run).output().unwrap();
+    refused(&out, &["is a search run, not a training run"]);
+    for sub in ["freeze", "eval"] {
+        let out = qdarts().arg(sub).arg(&run).output().unwrap();
+        refused(&out, &["is a search run, not a training run"]);
+    }
+    // A run without its checkpoint starts over, and says so.
+    std::fs::remove_dir_all(run.join("checkpoint")).unwrap();
+    let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("has no checkpoint yet: the run starts over from step 0"));
+}
+
+#[test]
+fn device_flags_on_cpu_only_commands_are_refused() {
+    for args in [
+        &["--backend", "wgpu", "export", "/nonexistent"][..],
+        &["--backend", "wgpu", "bench", "runtime", "/nonexistent"],
+    ] {
+        let out = qdarts().args(args).output().unwrap();
+        // Without the wgpu feature the backend itself is refused; with it, the command is.
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        let err = text(&out);
+        assert!(err.contains("runs on the CPU") || err.contains("wgpu"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// Starts `n` `qdarts search --resume run` at once; waits until all but one have exited and
+/// checks that each of those was refused by the lock; kills the one left (the holder).
+fn race(run: &Path, n: usize) {
+    let mut children: Vec<Child> = (0..n)
+        .map(|_| {
+            qdarts()
+                .args(["search", "--resume"])
+                .arg(run)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut exited = Vec::new();
+    while exited.len() < n - 1 {
+        assert!(Instant::now() < deadline, "{} of {n} still running", n - exited.len());
+        let mut i = 0;
+        while i < children.len() {
+            if children[i].try_wait().unwrap().is_some() {
+                exited.push(children.remove(i).wait_with_output().unwrap());
+            } else {
+                i += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for out in &exited {
+        refused(out, &["is held by", "which is still running"]);
+    }
+    assert_eq!(children.len(), 1);
+    let mut holder = children.pop().unwrap();
+    assert!(holder.try_wait().unwrap().is_none(), "the holder must still be running");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn simultaneous_resumes_of_one_run_let_exactly_one_in() {
+    let d = scratch("race");
+    // A search long enough that the holder is still running when the others try.
+    let long = SEARCH.replace("epochs = 2", "epochs = 100000");
+    let cfg = write_config(&d, "long.toml", &long);
+    let mut first = qdarts()
+        .args(["search", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let run = loop {
+        if let Some(run) = runs(&d).pop()
+            && run.join("checkpoint").join("state.json").exists()
+        {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    first.kill().unwrap();
+    first.wait().unwrap();
+    for _ in 0..20 {
+        race(&run, 2);
+    }
+    for _ in 0..20 {
+        race(&run, 5);
+    }
+    // The run is still whole: it resumes and its record has no torn rows.
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(metrics.lines().all(|l| l.split(',').count() == 8), "{metrics}");
+}
