@@ -84,18 +84,102 @@ impl FixedMultiplier {
             }
             Rounding::TiesToEven => {
                 let shift = 31 + self.n;
-                let p = i128::from(x) * i128::from(self.m0);
-                let v = if shift <= 0 {
-                    p << (-shift).min(64)
-                } else if shift >= 100 {
-                    0
-                } else {
-                    let floor = p >> shift;
-                    let rem = p - (floor << shift);
-                    let half = 1i128 << (shift - 1);
-                    floor + i128::from(rem > half || (rem == half && floor & 1 == 1))
-                };
-                v.clamp(i128::from(i32::MIN), i128::from(i32::MAX)) as i32
+                // |x·M0| < 2^62: the product is exact in i64, and so is every shift below 63.
+                let p = i64::from(x) * i64::from(self.m0);
+                let v =
+                    if shift <= 0 {
+                        return i32::try_from(i128::from(p) << (-shift).min(64))
+                            .unwrap_or(if p < 0 { i32::MIN } else { i32::MAX });
+                    } else if shift >= 63 {
+                        // |p| < 2^62 ≤ half the divisor: rounds to 0 (a tie only at p = 0).
+                        0
+                    } else {
+                        let floor = p >> shift;
+                        let rem = p - (floor << shift);
+                        let half = 1i64 << (shift - 1);
+                        floor + i64::from(rem > half || (rem == half && floor & 1 == 1))
+                    };
+                v.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
+            }
+        }
+    }
+}
+
+/// A multiplier prepared for [`FixedMultiplier::apply`] over many values: the same integers,
+/// computed without branches so that a loop over a slice vectorizes.
+#[derive(Debug, Clone, Copy)]
+pub struct Lanes {
+    m0: i64,
+    /// Ties to even: right shift of the product, in `1..=63`.
+    shift: u32,
+    /// gemmlowp: left shift before the high multiply, in `0..=30`.
+    left: u32,
+    /// gemmlowp: right shift after it, in `0..=31`, and whether it is 32 or more.
+    right: u32,
+    right_zero: bool,
+    rounding: Rounding,
+    /// Outside the range a model's validation allows (`n` in `-30..=62`): use `apply`.
+    exact: Option<FixedMultiplier>,
+}
+
+impl FixedMultiplier {
+    /// This multiplier prepared for [`Lanes::apply`].
+    pub fn lanes(self, rounding: Rounding) -> Lanes {
+        let in_range = (-30..=62).contains(&self.n) && self.m0 >= 0;
+        Lanes {
+            m0: i64::from(self.m0),
+            shift: (31 + self.n).clamp(1, 63) as u32,
+            left: (-self.n).clamp(0, 30) as u32,
+            right: self.n.clamp(0, 31) as u32,
+            right_zero: self.n >= 32,
+            rounding,
+            exact: (!in_range).then_some(self),
+        }
+    }
+}
+
+impl Lanes {
+    /// Whether [`Lanes::ties_to_even`] applies this multiplier.
+    #[inline(always)]
+    pub fn is_ties_to_even(&self) -> bool {
+        self.exact.is_none() && self.rounding == Rounding::TiesToEven
+    }
+
+    /// `FixedMultiplier::apply(x, TiesToEven)` for a multiplier in a validated model's range
+    /// (see [`Lanes::is_ties_to_even`]): no branch at all.
+    #[inline(always)]
+    pub fn ties_to_even(&self, x: i32) -> i32 {
+        // |x·M0| < 2^62; a shift of 63 leaves 0 (see `apply`).
+        let p = i64::from(x) * self.m0;
+        let floor = p >> self.shift;
+        let rem = p.wrapping_sub(floor.wrapping_shl(self.shift));
+        let half = 1i64 << (self.shift - 1);
+        let up = (rem > half) | ((rem == half) & (floor & 1 == 1));
+        (floor + i64::from(up)).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
+    }
+
+    /// `FixedMultiplier::apply(x, rounding)`.
+    #[inline(always)]
+    pub fn apply(&self, x: i32) -> i32 {
+        if let Some(m) = self.exact {
+            return m.apply(x, self.rounding);
+        }
+        match self.rounding {
+            Rounding::TiesToEven => self.ties_to_even(x),
+            Rounding::TiesAwayFromZero => {
+                let shifted =
+                    (i64::from(x) << self.left).clamp(i64::from(i32::MIN), i64::from(i32::MAX));
+                // SaturatingRoundingDoublingHighMul (M0 ≥ 0: no saturation case).
+                let ab = shifted * self.m0;
+                let nudge = if ab >= 0 { 1i64 << 30 } else { 1 - (1i64 << 30) };
+                let t = ab + nudge;
+                let high = (t + ((t >> 63) & ((1i64 << 31) - 1))) >> 31;
+                // RoundingDivideByPOT.
+                let mask = (1i64 << self.right) - 1;
+                let rem = high & mask;
+                let threshold = (mask >> 1) + i64::from(high < 0);
+                let v = (high >> self.right) + i64::from(rem > threshold);
+                if self.right_zero { 0 } else { v as i32 }
             }
         }
     }

@@ -36,3 +36,64 @@ proptest! {
         }
     }
 }
+
+/// The ties-to-even path as first written, in i128: the oracle for its i64 form.
+fn ties_to_even_i128(x: i32, f: FixedMultiplier) -> i32 {
+    let shift = 31 + f.n;
+    let p = i128::from(x) * i128::from(f.m0);
+    let v = if shift <= 0 {
+        p << (-shift).min(64)
+    } else if shift >= 100 {
+        0
+    } else {
+        let floor = p >> shift;
+        let rem = p - (floor << shift);
+        let half = 1i128 << (shift - 1);
+        floor + i128::from(rem > half || (rem == half && floor & 1 == 1))
+    };
+    v.clamp(i128::from(i32::MIN), i128::from(i32::MAX)) as i32
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 20000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(103),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn ties_to_even_in_i64_equals_i128_over_every_input(
+        x in any::<i32>(),
+        m0 in prop_oneof![Just(0i32), Just(i32::MAX), (1i32 << 30)..=i32::MAX],
+        n in -40i32..110,
+        small in any::<bool>(),
+    ) {
+        // Ties (exact halves) are frequent for small x and small shifts.
+        let x = if small { x % 64 } else { x };
+        let f = FixedMultiplier { m0, n };
+        prop_assert_eq!(f.apply(x, Rounding::TiesToEven), ties_to_even_i128(x, f));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 20000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(104),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn lanes_apply_equals_apply_for_both_roundings(
+        x in any::<i32>(),
+        m0 in prop_oneof![Just(0i32), Just(i32::MAX), Just(1i32 << 30), (1i32 << 30)..=i32::MAX],
+        n in -45i32..110,
+        small in 0u8..3,
+    ) {
+        // Ties are frequent for small x; the extremes for the saturations.
+        let x = match small { 0 => x % 64, 1 => x, _ => if x < 0 { i32::MIN + (x & 7) } else { i32::MAX - (x & 7) } };
+        let f = FixedMultiplier { m0, n };
+        for r in [Rounding::TiesToEven, Rounding::TiesAwayFromZero] {
+            prop_assert_eq!(f.lanes(r).apply(x), f.apply(x, r), "{:?} {:?} x={}", f, r, x);
+        }
+    }
+}

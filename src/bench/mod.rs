@@ -91,13 +91,20 @@ pub enum BenchCommand {
         csv: Option<PathBuf>,
     },
     /// Integer-runtime throughput (images/s) of a frozen model on its run's test images,
-    /// single-threaded and on every core.
+    /// single-threaded and on every core, beside onnxruntime on the run's exported
+    /// frozen/model.onnx over the same images when Python has onnxruntime.
     Runtime {
         /// Training run folder with frozen/model.qdf.
         run: PathBuf,
         /// Timed passes over the test set per row (after one warm-up).
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Also time the direct (reference) convolution kernel.
+        #[arg(long)]
+        direct: bool,
+        /// Python interpreter for the onnxruntime column (`none` leaves it out).
+        #[arg(long, default_value = "python3")]
+        python: String,
         /// Also write the table as CSV.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -225,9 +232,10 @@ impl SearchRequest {
 /// Runs a benchmark command.
 pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
     match cmd {
-        BenchCommand::Runtime { run, reps, csv } => {
+        BenchCommand::Runtime { run, reps, direct, python, csv } => {
             crate::cpu_only(backend, "bench runtime")?;
-            runtime::runtime_bench(&run, reps, csv.as_deref())
+            let python = (python != "none").then_some(python.as_str());
+            runtime::runtime_bench(&run, reps, direct, python, csv.as_deref())
         }
         BenchCommand::Quant { shape, reps, csv } => {
             if reps == 0 {

@@ -1,0 +1,479 @@
+//! Integer-only inference of a [`FrozenModel`] on the CPU: i8 activations, i32 accumulators,
+//! fixed-point requantization; images of a batch run on parallel threads.
+//!
+//! Two convolution kernels give the same integers: [`Kernels::Fast`] (im2col and a blocked
+//! matrix product, [`fast`]) runs by default; [`Kernels::Direct`] (a direct loop over the
+//! zero-padded, zero-point-subtracted input, [`direct`]) is the plain reading of the arithmetic
+//! that the fast one is tested against.
+
+mod direct;
+mod fast;
+mod simd;
+
+use crate::fixed::{FixedMultiplier, Rounding, requantize};
+use crate::model::{ActGrid, FrozenModel, ModelError, Node, PoolKind, Shape};
+use crate::qdf::QTensor;
+
+/// Time spent in one kind of node ([`Runtime::profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeProfile {
+    /// Node kind, e.g. `conv 1×1` or `pool avg`.
+    pub kind: String,
+    /// Seconds over all images.
+    pub seconds: f64,
+    /// Multiply-accumulates over all images.
+    pub macs: u64,
+}
+
+fn node_kind(node: &Node) -> String {
+    match node {
+        Node::Input { .. } => "input".into(),
+        Node::Conv(c) if c.kernel == [1, 1] && c.groups == 1 => "conv 1×1".into(),
+        Node::Conv(c) if c.groups > 1 && c.groups == c.multipliers.len() => {
+            format!("depthwise {}×{}", c.kernel[0], c.kernel[1])
+        }
+        Node::Conv(c) => format!("conv {}×{}", c.kernel[0], c.kernel[1]),
+        Node::Pool { kind: PoolKind::Max, .. } => "pool max".into(),
+        Node::Pool { kind: PoolKind::Avg, .. } => "pool avg".into(),
+        Node::Add { .. } => "add".into(),
+        Node::Concat { .. } => "concat".into(),
+        Node::Zero { .. } => "zero".into(),
+        Node::GlobalAvgPool { .. } => "global avg".into(),
+        Node::Linear { .. } => "linear".into(),
+    }
+}
+
+/// Which convolution kernel a [`Runtime`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// im2col and a blocked i16×i16→i32 matrix product, vectorized for the CPU it runs on.
+    Fast,
+    /// A direct loop over the padded input: the reference the fast kernel is tested against.
+    Direct,
+}
+
+/// Weights widened once for the kernels.
+#[derive(Debug)]
+enum Prepared {
+    None,
+    Weights { w: Vec<i32>, bias: Vec<i32>, plan: Option<fast::ConvPlan> },
+}
+
+/// A model ready to run: shapes checked, weights widened.
+#[derive(Debug)]
+pub struct Runtime<'a> {
+    model: &'a FrozenModel,
+    shapes: Vec<Shape>,
+    prepared: Vec<Prepared>,
+    kernels: Kernels,
+    /// Last node that reads each value (its buffer is freed after).
+    last_use: Vec<usize>,
+}
+
+/// Int8 weights widened to i32, each output channel (axis 0) negated where its scale is
+/// negative (a flipped channel whose integers include −128).
+fn i8s(t: &QTensor) -> Vec<i32> {
+    let per = t.data.len() / t.scale.len().max(1);
+    t.data
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            let v = i32::from(b as i8);
+            if t.scale.get(i / per.max(1)).is_some_and(|s| *s < 0.0) { -v } else { v }
+        })
+        .collect()
+}
+
+fn i32s(t: &QTensor) -> Vec<i32> {
+    t.data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn inputs_of(node: &Node) -> Vec<usize> {
+    match node {
+        Node::Input { .. } => vec![],
+        Node::Conv(c) => vec![c.input],
+        Node::Pool { input, .. } | Node::Zero { input, .. } => vec![*input],
+        Node::GlobalAvgPool { input, .. } | Node::Linear { input, .. } => vec![*input],
+        Node::Add { inputs, .. } | Node::Concat { inputs, .. } => {
+            inputs.iter().map(|(v, _)| *v).collect()
+        }
+    }
+}
+
+/// `round(num/den)` for `den > 0`, ties as `r` says.
+fn div_round(num: i32, den: i32, r: Rounding) -> i32 {
+    let q = num.div_euclid(den);
+    let rem = num.rem_euclid(den);
+    let twice = 2 * rem;
+    let up = match r {
+        Rounding::TiesToEven => twice > den || (twice == den && q & 1 == 1),
+        Rounding::TiesAwayFromZero => twice > den || (twice == den && q >= 0),
+    };
+    q + i32::from(up)
+}
+
+/// Rounds a float as the model's rounding says.
+pub fn round_f32(x: f32, r: Rounding) -> f32 {
+    match r {
+        Rounding::TiesToEven => x.round_ties_even(),
+        Rounding::TiesAwayFromZero => x.round(),
+    }
+}
+
+fn store(q: i32, g: &ActGrid) -> i8 {
+    (q.clamp(g.qmin, g.qmax) - g.offset()) as i8
+}
+
+/// Accumulators of one output channel requantized onto `out` and stored.
+fn store_requantized(acc: &[i32], m: FixedMultiplier, out: &ActGrid, r: Rounding, dst: &mut [i8]) {
+    simd::requantize(acc, m.lanes(r), out, dst);
+}
+
+/// Never used: validation gives every value an image node reads a grid.
+const FALLBACK_GRID: ActGrid = ActGrid { scale: 1.0, zero_point: 0, qmin: -128, qmax: 127 };
+
+impl<'a> Runtime<'a> {
+    /// Validates the model and prepares the fast kernels.
+    pub fn new(model: &'a FrozenModel) -> Result<Self, ModelError> {
+        Self::with_kernels(model, Kernels::Fast)
+    }
+
+    /// Validates the model and prepares the given kernels.
+    pub fn with_kernels(model: &'a FrozenModel, kernels: Kernels) -> Result<Self, ModelError> {
+        let shapes = model.validate()?;
+        let nodes = &model.graph.nodes;
+        let mut last_use: Vec<usize> = (0..nodes.len()).collect();
+        for (i, n) in nodes.iter().enumerate() {
+            for v in inputs_of(n) {
+                last_use[v] = last_use[v].max(i);
+            }
+        }
+        let prepared = nodes
+            .iter()
+            .map(|n| match n {
+                Node::Conv(c) => {
+                    let t = |s: &str| &model.tensors[&format!("{}.{s}", c.name)];
+                    let (w, bias) = (i8s(t("weight")), i32s(t("bias")));
+                    let plan = (kernels == Kernels::Fast).then(|| {
+                        let g = model.grid_of(c.input).unwrap_or(FALLBACK_GRID);
+                        fast::ConvPlan::new(c, &w, &bias, g.zero_point - g.offset())
+                    });
+                    Prepared::Weights { w, bias, plan }
+                }
+                Node::Linear { name, .. } => {
+                    let t = |s: &str| &model.tensors[&format!("{name}.{s}")];
+                    Prepared::Weights { w: i8s(t("weight")), bias: i32s(t("bias")), plan: None }
+                }
+                _ => Prepared::None,
+            })
+            .collect();
+        Ok(Runtime { model, shapes, prepared, kernels, last_use })
+    }
+
+    /// Values per image of the input.
+    pub fn input_len(&self) -> usize {
+        self.model.graph.input_shape.iter().product()
+    }
+
+    /// Classes.
+    pub fn classes(&self) -> usize {
+        self.model.graph.classes
+    }
+
+    /// Value of one logit unit.
+    pub fn logit_scale(&self) -> f32 {
+        match self.model.graph.nodes.last() {
+            Some(Node::Linear { logit_scale, .. }) => *logit_scale,
+            _ => 1.0,
+        }
+    }
+
+    /// The int32 logits of one normalized float image `[C, H, W]` (the only float step is the
+    /// input's quantization).
+    ///
+    /// # Panics
+    /// If `image` is not `input_len()` long.
+    pub fn run_image(&self, image: &[f32]) -> Vec<i32> {
+        self.run_image_keep(image, false).0
+    }
+
+    /// The logits and every intermediate value (i8 storage; subtract nothing: add the grid's
+    /// offset to get `q`) of one image, for inspection.
+    ///
+    /// # Panics
+    /// If `image` is not `input_len()` long.
+    pub fn run_image_values(&self, image: &[f32]) -> (Vec<i32>, Vec<Vec<i8>>) {
+        self.run_image_keep(image, true)
+    }
+
+    fn run_image_keep(&self, image: &[f32], keep: bool) -> (Vec<i32>, Vec<Vec<i8>>) {
+        assert_eq!(image.len(), self.input_len(), "image size");
+        let nodes = &self.model.graph.nodes;
+        let mut values: Vec<Vec<i8>> = vec![Vec::new(); nodes.len()];
+        let mut logits = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let out = self.eval_node(i, image, &values, &mut logits);
+            values[i] = out;
+            for v in inputs_of(node) {
+                if self.last_use[v] == i && !keep {
+                    values[v] = Vec::new();
+                }
+            }
+        }
+        (logits, values)
+    }
+
+    /// Where one thread's time goes: seconds per node kind (`input`, `conv 1×1`, `conv k×k`,
+    /// `depthwise k×k`, `pool max`, `pool avg`, `add`, `concat`, `zero`, `global avg`,
+    /// `linear`) over `images`, and their MACs, in order of first appearance.
+    pub fn profile(&self, images: &[f32]) -> Vec<NodeProfile> {
+        let nodes = &self.model.graph.nodes;
+        let mut rows: Vec<NodeProfile> = Vec::new();
+        for image in images.chunks_exact(self.input_len()) {
+            let mut values: Vec<Vec<i8>> = vec![Vec::new(); nodes.len()];
+            let mut logits = Vec::new();
+            for (i, node) in nodes.iter().enumerate() {
+                let t0 = std::time::Instant::now();
+                values[i] = self.eval_node(i, image, &values, &mut logits);
+                let seconds = t0.elapsed().as_secs_f64();
+                let kind = node_kind(node);
+                let macs = match node {
+                    Node::Conv(c) => {
+                        let per = self.shapes[c.input][0] / c.groups * c.kernel[0] * c.kernel[1];
+                        (per * self.shapes[i].iter().product::<usize>()) as u64
+                    }
+                    _ => 0,
+                };
+                match rows.iter_mut().find(|r| r.kind == kind) {
+                    Some(r) => {
+                        r.seconds += seconds;
+                        r.macs += macs;
+                    }
+                    None => rows.push(NodeProfile { kind, seconds, macs }),
+                }
+            }
+        }
+        rows
+    }
+
+    /// Node `i` of one image, from the values before it (a classifier writes `logits` and
+    /// returns no value).
+    fn eval_node(
+        &self,
+        i: usize,
+        image: &[f32],
+        values: &[Vec<i8>],
+        logits: &mut Vec<i32>,
+    ) -> Vec<i8> {
+        let r = self.model.graph.rounding;
+        match &self.model.graph.nodes[i] {
+            Node::Input { grid } => {
+                let inv = 1.0 / grid.scale;
+                image
+                    .iter()
+                    .map(|&x| {
+                        let q = round_f32(x * inv, r).clamp(-1e9, 1e9) as i32;
+                        store(q.saturating_add(grid.zero_point), grid)
+                    })
+                    .collect()
+            }
+            Node::Conv(c) => {
+                let Prepared::Weights { w, bias, plan } = &self.prepared[i] else { unreachable!() };
+                let (x, s) = (&values[c.input], self.shapes[c.input]);
+                match plan {
+                    Some(plan) => plan.run(c, x, s, self.shapes[i], r),
+                    None => direct::conv(c, x, s, self.grid(c.input), w, bias, r),
+                }
+            }
+            Node::Pool { input, kind, kernel, stride, padding }
+                if self.kernels == Kernels::Fast =>
+            {
+                let g = self.grid(*input);
+                let ([c, h, w], [_, oh, ow]) = (self.shapes[*input], self.shapes[i]);
+                let (mut rows, mut acc) = (vec![0i32; h * ow], vec![0i32; oh * ow]);
+                let mut out = vec![0i8; c * oh * ow];
+                for (plane, dst) in
+                    values[*input].chunks_exact(h * w).zip(out.chunks_exact_mut(oh * ow))
+                {
+                    simd::pool_plane(
+                        plane,
+                        [h, w],
+                        [oh, ow],
+                        [*kernel, *stride, *padding],
+                        *kind == PoolKind::Max,
+                        g.zero_point - g.offset(),
+                        r == Rounding::TiesToEven,
+                        &mut rows,
+                        &mut acc,
+                        dst,
+                    );
+                }
+                out
+            }
+            Node::Pool { input, kind, kernel, stride, padding } => {
+                let g = self.grid(*input);
+                pool(
+                    &values[*input],
+                    self.shapes[*input],
+                    self.shapes[i],
+                    *kind,
+                    [*kernel, *stride, *padding],
+                    g,
+                    r,
+                )
+            }
+            Node::Add { inputs, out } => {
+                let n = values[inputs[0].0].len();
+                let mut acc = vec![0i32; n];
+                for (v, m) in inputs {
+                    let g = self.grid(*v);
+                    let z = g.zero_point - g.offset();
+                    simd::add_scaled(&mut acc, &values[*v], z, m.lanes(r));
+                }
+                let mut y = vec![0i8; n];
+                // The sum is on the output grid already: a unit multiplier.
+                let unit = FixedMultiplier { m0: 1 << 30, n: -1 };
+                simd::requantize(&acc, unit.lanes(r), out, &mut y);
+                y
+            }
+            Node::Concat { inputs, out } => {
+                let mut y = vec![0i8; inputs.iter().map(|(v, _)| values[*v].len()).sum()];
+                let mut at = 0;
+                for (v, m) in inputs {
+                    let g = self.grid(*v);
+                    let z = g.zero_point - g.offset();
+                    let x = &values[*v];
+                    simd::rescale(x, z, m.lanes(r), out, &mut y[at..at + x.len()]);
+                    at += x.len();
+                }
+                y
+            }
+            Node::Zero { out, .. } => {
+                vec![store(out.zero_point, out); self.shapes[i].iter().product()]
+            }
+            Node::GlobalAvgPool { input, multiplier, out } => {
+                let g = self.grid(*input);
+                let z = g.zero_point - g.offset();
+                let [c, h, w] = self.shapes[*input];
+                let x = &values[*input];
+                (0..c)
+                    .map(|ch| {
+                        let s: i32 =
+                            x[ch * h * w..(ch + 1) * h * w].iter().map(|&q| i32::from(q) - z).sum();
+                        store(
+                            requantize(s, *multiplier, out.zero_point, out.qmin, out.qmax, r),
+                            out,
+                        )
+                    })
+                    .collect()
+            }
+            Node::Linear { input, multipliers, .. } => {
+                let Prepared::Weights { w, bias, .. } = &self.prepared[i] else { unreachable!() };
+                let g = self.grid(*input);
+                let z = g.zero_point - g.offset();
+                let x: Vec<i32> = values[*input].iter().map(|&q| i32::from(q) - z).collect();
+                let k = x.len();
+                *logits = multipliers
+                    .iter()
+                    .enumerate()
+                    .map(|(o, m)| {
+                        let acc: i32 =
+                            w[o * k..(o + 1) * k].iter().zip(&x).map(|(a, b)| a * b).sum();
+                        m.apply(acc.saturating_add(bias[o]), r)
+                    })
+                    .collect();
+                Vec::new()
+            }
+        }
+    }
+
+    fn grid(&self, v: usize) -> ActGrid {
+        // Validated: every value an image node reads has a grid.
+        self.model.grid_of(v).unwrap_or(FALLBACK_GRID)
+    }
+
+    /// The kernels this runtime uses.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// Logits of `n` images (`images` is `n·input_len()` normalized floats) on `threads`
+    /// threads (images split between them). Returns `n·classes` int32 logits.
+    pub fn run(&self, images: &[f32], threads: usize) -> Vec<i32> {
+        let len = self.input_len();
+        let n = images.len() / len;
+        let threads = threads.clamp(1, n.max(1));
+        let per = n.div_ceil(threads).max(1);
+        let mut out = vec![0i32; n * self.classes()];
+        std::thread::scope(|scope| {
+            for (imgs, dst) in images.chunks(per * len).zip(out.chunks_mut(per * self.classes())) {
+                scope.spawn(move || {
+                    for (img, d) in imgs.chunks_exact(len).zip(dst.chunks_exact_mut(self.classes()))
+                    {
+                        d.copy_from_slice(&self.run_image(img));
+                    }
+                });
+            }
+        });
+        out
+    }
+}
+
+/// Pooling on the input's grid: max of the window (padding ignored), or the average of the
+/// window's in-image values rounded as the model rounds. The direct form, per output; the
+/// fast kernels pool rows then columns ([`simd::pool_plane`]).
+fn pool(
+    x: &[i8],
+    s: Shape,
+    o: Shape,
+    kind: PoolKind,
+    [k, st, p]: [usize; 3],
+    g: ActGrid,
+    r: Rounding,
+) -> Vec<i8> {
+    let [c, h, w] = s;
+    let z = g.zero_point - g.offset();
+    let mut out = Vec::with_capacity(o.iter().product());
+    for ch in 0..c {
+        let plane = &x[ch * h * w..(ch + 1) * h * w];
+        for oy in 0..o[1] {
+            for ox in 0..o[2] {
+                let (y0, x0) = ((oy * st) as isize - p as isize, (ox * st) as isize - p as isize);
+                let (mut best, mut sum, mut cnt) = (i32::MIN, 0i32, 0i32);
+                for y in y0.max(0)..(y0 + k as isize).min(h as isize) {
+                    for xx in x0.max(0)..(x0 + k as isize).min(w as isize) {
+                        let q = i32::from(plane[y as usize * w + xx as usize]);
+                        best = best.max(q);
+                        sum += q - z;
+                        cnt += 1;
+                    }
+                }
+                let q = match kind {
+                    PoolKind::Max => best,
+                    PoolKind::Avg => div_round(sum, cnt.max(1), r) + z,
+                };
+                out.push(q.clamp(-128, 127) as i8);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn division_rounds_as_asked() {
+        assert_eq!(div_round(5, 2, Rounding::TiesToEven), 2);
+        assert_eq!(div_round(7, 2, Rounding::TiesToEven), 4);
+        assert_eq!(div_round(-5, 2, Rounding::TiesToEven), -2);
+        assert_eq!(div_round(5, 2, Rounding::TiesAwayFromZero), 3);
+        assert_eq!(div_round(-5, 2, Rounding::TiesAwayFromZero), -3);
+        assert_eq!(div_round(-7, 4, Rounding::TiesAwayFromZero), -2);
+        assert_eq!(div_round(10, 4, Rounding::TiesAwayFromZero), 3);
+        assert_eq!(div_round(10, 4, Rounding::TiesToEven), 2);
+        assert_eq!(div_round(4, 9, Rounding::TiesToEven), 0);
+        assert_eq!(div_round(5, 9, Rounding::TiesToEven), 1);
+    }
+}
