@@ -118,6 +118,15 @@ fn searched_genotype_to_integer_model_and_onnx() {
         eprintln!("{text}");
         assert!(out.status.success(), "onnxruntime disagrees with the integer runtime:\n{text}");
     }
+    // The runtime benchmark: both kernels, the profile, and onnxruntime beside when it is there.
+    let python = if ready { py.to_string_lossy().to_string() } else { "none".to_string() };
+    let bench = ok(qdarts()
+        .args(["bench", "runtime", "--reps", "1", "--direct", "--python", &python])
+        .arg(&run));
+    for row in ["node kind", "conv 1×1", "qdarts (direct kernel)", "vs qdarts"] {
+        assert!(bench.contains(row), "`{row}` missing:\n{bench}");
+    }
+    assert_eq!(bench.contains("onnxruntime (graph optimizations on)"), ready, "{bench}");
     mismatched_model_is_refused(&d, &run);
     let _ = std::fs::remove_dir_all(&d);
 }
