@@ -118,6 +118,9 @@ pub struct Lanes {
     right: u32,
     right_zero: bool,
     rounding: Rounding,
+    /// `M0` and `2^-shift` as f64 (both exact).
+    m0f: f64,
+    scale: f64,
     /// Outside the range a model's validation allows (`n` in `-30..=62`): use `apply`.
     exact: Option<FixedMultiplier>,
 }
@@ -133,12 +136,17 @@ impl FixedMultiplier {
             right: self.n.clamp(0, 31) as u32,
             right_zero: self.n >= 32,
             rounding,
+            m0f: f64::from(self.m0),
+            scale: 2f64.powi(-(31 + self.n).clamp(1, 63)),
             exact: (!in_range).then_some(self),
         }
     }
 }
 
 impl Lanes {
+    /// Inputs below this magnitude may use [`Lanes::ties_to_even_f64`].
+    pub const F64_EXACT: i32 = 1 << 22;
+
     /// Whether [`Lanes::ties_to_even`] applies this multiplier.
     #[inline(always)]
     pub fn is_ties_to_even(&self) -> bool {
@@ -156,6 +164,14 @@ impl Lanes {
         let half = 1i64 << (self.shift - 1);
         let up = (rem > half) | ((rem == half) & (floor & 1 == 1));
         (floor + i64::from(up)).clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
+    }
+
+    /// `FixedMultiplier::apply(x, TiesToEven)` in f64, for `|x| <` [`Lanes::F64_EXACT`] and a
+    /// multiplier in a validated model's range: `x·M0 < 2^53` is exact, the power-of-two scale
+    /// is exact, and `round_ties_even` is the rounding itself. Not clamped to i32.
+    #[inline(always)]
+    pub fn ties_to_even_f64(&self, x: i32) -> f64 {
+        (f64::from(x) * self.m0f * self.scale).round_ties_even()
     }
 
     /// `FixedMultiplier::apply(x, rounding)`.

@@ -97,3 +97,27 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 20000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(105),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_f64_path_equals_apply_below_its_bound(
+        x in -(1i32 << 22) + 1..(1i32 << 22),
+        m0 in prop_oneof![Just(0i32), Just(i32::MAX), Just(1i32 << 30), (1i32 << 30)..=i32::MAX],
+        n in -30i32..=62,
+        small in any::<bool>(),
+    ) {
+        let x = if small { x % 64 } else { x };
+        let f = FixedMultiplier { m0, n };
+        let l = f.lanes(Rounding::TiesToEven);
+        prop_assert!(l.is_ties_to_even());
+        let want = f64::from(f.apply(x, Rounding::TiesToEven));
+        let got = l.ties_to_even_f64(x).clamp(f64::from(i32::MIN), f64::from(i32::MAX));
+        prop_assert_eq!(got, want, "{:?} x={}", f, x);
+    }
+}

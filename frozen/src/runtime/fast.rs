@@ -86,17 +86,14 @@ impl ConvPlan {
                     self.bias[co],
                     &mut acc,
                 );
-                let m = c.multipliers[co];
-                let dst = &mut out[co * p..(co + 1) * p];
-                for oy in 0..oh {
-                    store_requantized(
-                        &acc[oy * wp..oy * wp + ow],
-                        m,
-                        &c.out,
-                        r,
-                        &mut dst[oy * ow..(oy + 1) * ow],
-                    );
+                // Keep the valid columns, then requantize the channel at once.
+                if wp != ow {
+                    for oy in 1..oh {
+                        acc.copy_within(oy * wp..oy * wp + ow, oy * ow);
+                    }
                 }
+                let dst = &mut out[co * p..(co + 1) * p];
+                store_requantized(&acc[..p], c.multipliers[co], &c.out, r, dst);
             }
             return out;
         }

@@ -331,9 +331,7 @@ impl<'a> Runtime<'a> {
                     simd::add_scaled(&mut acc, &values[*v], z, m.lanes(r));
                 }
                 let mut y = vec![0i8; n];
-                // The sum is on the output grid already: a unit multiplier.
-                let unit = FixedMultiplier { m0: 1 << 30, n: -1 };
-                simd::requantize(&acc, unit.lanes(r), out, &mut y);
+                simd::store_sum(&acc, out, &mut y);
                 y
             }
             Node::Concat { inputs, out } => {

@@ -31,7 +31,15 @@ impl WithSimd for Requantize<'_> {
         let z = self.out.zero_point;
         // One loop per rounding, so that each is branch-free.
         let l = self.lanes;
-        if l.is_ties_to_even() {
+        let small =
+            self.acc.iter().fold(0u32, |m, a| m.max(a.unsigned_abs())) < Lanes::F64_EXACT as u32;
+        if l.is_ties_to_even() && small {
+            let (zf, lo, hi) = (f64::from(z), f64::from(self.out.qmin), f64::from(self.out.qmax));
+            let off = self.out.offset();
+            for (o, &a) in self.dst.iter_mut().zip(self.acc) {
+                *o = (((l.ties_to_even_f64(a) + zf).clamp(lo, hi) as i32) - off) as i8;
+            }
+        } else if l.is_ties_to_even() {
             for (o, &a) in self.dst.iter_mut().zip(self.acc) {
                 *o = store(l.ties_to_even(a).saturating_add(z), self.out);
             }
@@ -61,7 +69,15 @@ impl WithSimd for Rescale<'_> {
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
         let (zo, l) = (self.out.zero_point, self.lanes);
-        if l.is_ties_to_even() {
+        // x − z is at most 9 bits: always in the f64 path's range.
+        if l.is_ties_to_even() && self.z.unsigned_abs() < 1 << 20 {
+            let (zf, lo, hi) = (f64::from(zo), f64::from(self.out.qmin), f64::from(self.out.qmax));
+            let off = self.out.offset();
+            for (o, &q) in self.dst.iter_mut().zip(self.x) {
+                let v = l.ties_to_even_f64(i32::from(q) - self.z) + zf;
+                *o = ((v.clamp(lo, hi) as i32) - off) as i8;
+            }
+        } else if l.is_ties_to_even() {
             for (o, &q) in self.dst.iter_mut().zip(self.x) {
                 *o = store(l.ties_to_even(i32::from(q) - self.z).saturating_add(zo), self.out);
             }
@@ -78,6 +94,28 @@ pub(crate) fn rescale(x: &[i8], z: i32, lanes: Lanes, out: &ActGrid, dst: &mut [
     pulp::Arch::new().dispatch(Rescale { x, z, lanes, out, dst });
 }
 
+struct StoreSum<'a> {
+    acc: &'a [i32],
+    out: &'a ActGrid,
+    dst: &'a mut [i8],
+}
+
+impl WithSimd for StoreSum<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let z = self.out.zero_point;
+        for (o, &a) in self.dst.iter_mut().zip(self.acc) {
+            *o = store(a.saturating_add(z), self.out);
+        }
+    }
+}
+
+/// `dst = store(acc + z_out)`: a sum already on the grid `out`, stored.
+pub(crate) fn store_sum(acc: &[i32], out: &ActGrid, dst: &mut [i8]) {
+    pulp::Arch::new().dispatch(StoreSum { acc, out, dst });
+}
+
 struct AddScaled<'a> {
     acc: &'a mut [i32],
     x: &'a [i8],
@@ -90,7 +128,13 @@ impl WithSimd for AddScaled<'_> {
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
         let l = self.lanes;
-        if l.is_ties_to_even() {
+        if l.is_ties_to_even() && self.z.unsigned_abs() < 1 << 20 {
+            let (lo, hi) = (f64::from(i32::MIN), f64::from(i32::MAX));
+            for (a, &q) in self.acc.iter_mut().zip(self.x) {
+                let v = l.ties_to_even_f64(i32::from(q) - self.z).clamp(lo, hi) as i32;
+                *a = a.saturating_add(v);
+            }
+        } else if l.is_ties_to_even() {
             for (a, &q) in self.acc.iter_mut().zip(self.x) {
                 *a = a.saturating_add(l.ties_to_even(i32::from(q) - self.z));
             }
@@ -307,10 +351,15 @@ impl WithSimd for Pool<'_> {
         }
         // Average over the in-image elements: round((Σq − n·z)/n) + z, with n the window's
         // rows in the image times its columns in the image.
+        // Columns in the image per output column (scratch: the first row of `rows`).
+        let cw = &mut rows[..ow];
+        for (ox, c) in cw.iter_mut().enumerate() {
+            *c = tap_count(w, window, ox) as i32;
+        }
         for oy in 0..oh {
-            let rn = tap_count(h, window, oy);
+            let rn = tap_count(h, window, oy) as i32;
             for ox in 0..ow {
-                let n = (rn * tap_count(w, window, ox)) as i32;
+                let n = rn * cw[ox];
                 let sum = acc[oy * ow + ox] - n * z;
                 let n = n.max(1);
                 // floor of the correctly rounded quotient is exact: |sum| < 2^20, n ≤ 256.
