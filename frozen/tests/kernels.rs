@@ -6,25 +6,17 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
+
+use common::tensor;
 
 use proptest::prelude::*;
 use qdarts_frozen::fixed::{FixedMultiplier, Rounding};
-use qdarts_frozen::qdf::{DType, QTensor};
+use qdarts_frozen::qdf::DType;
 use qdarts_frozen::runtime::Kernels;
 use qdarts_frozen::{ActGrid, ConvNode, FrozenModel, Graph, Node, PoolKind, Runtime};
-
-fn tensor(name: &str, dtype: DType, dims: &[u32], scale: Vec<f32>, data: Vec<u8>) -> QTensor {
-    QTensor {
-        name: name.into(),
-        dtype,
-        dims: dims.to_vec(),
-        axis: Some(0),
-        zero_point: vec![0; scale.len()],
-        scale,
-        data,
-    }
-}
 
 /// One convolution's parameters.
 #[derive(Debug, Clone)]

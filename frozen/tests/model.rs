@@ -4,7 +4,11 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
+
+use common::tensor;
 
 use proptest::prelude::*;
 use qdarts_frozen::fixed::{FixedMultiplier, Rounding};
@@ -19,18 +23,6 @@ const U8B: ActGrid = ActGrid { scale: 0.03, zero_point: 128, qmin: 0, qmax: 255 
 
 fn m(v: f64) -> FixedMultiplier {
     FixedMultiplier::new(v).unwrap()
-}
-
-fn tensor(name: &str, dtype: DType, dims: &[u32], scale: Vec<f32>, data: Vec<u8>) -> QTensor {
-    QTensor {
-        name: name.into(),
-        dtype,
-        dims: dims.to_vec(),
-        axis: Some(0),
-        zero_point: vec![0; scale.len()],
-        scale,
-        data,
-    }
 }
 
 /// A small graph: input (u8 grid) → conv 3×3 s1 → depthwise dilated conv with ReLU → max pool
