@@ -6,50 +6,19 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-fn qdarts() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qdarts"))
-}
+mod common;
+
+use common::{qdarts, tiny_search, write_config};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-const TINY: &str = r#"
-name = "tiny"
-seed = 11
-[data]
-dataset = "fashion-mnist"
-limit = 64
-[model]
-init_channels = 2
-layers = 3
-nodes = 2
-stem_multiplier = 1
-[search]
-epochs = 6
-batch_size = 8
-steps_per_epoch = 2
-[record]
-quant_error_every = 1
-checkpoint_every = 1
-"#;
-
-/// Writes `text` as `dir/file`, with the run record going to `dir/results`.
-fn write_config(dir: &Path, file: &str, text: &str) -> PathBuf {
-    let p = dir.join(file);
-    let results = dir.join("results");
-    std::fs::write(&p, format!("{text}results_dir = \"{}\"\n", results.display())).unwrap();
-    p
+    common::scratch("cli", name)
 }
 
 fn config(dir: &Path) -> PathBuf {
-    write_config(dir, "tiny.toml", TINY)
+    write_config(dir, "tiny.toml", &tiny_search("tiny", 11, 6))
 }
 
 fn only_run(dir: &Path) -> PathBuf {

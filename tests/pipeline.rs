@@ -9,15 +9,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn qdarts() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qdarts"))
-}
+mod common;
+
+use common::qdarts;
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-pipe-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("pipe", name)
 }
 
 fn ok(cmd: &mut Command) -> String {

@@ -6,18 +6,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn qdarts() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qdarts"))
-}
+mod common;
+
+use common::{qdarts, tiny_search, write_config};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-safety-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("safety", name)
 }
 
 fn text(out: &Output) -> String {
@@ -41,32 +38,10 @@ fn runs(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-fn write_config(dir: &Path, file: &str, text: &str) -> PathBuf {
-    let p = dir.join(file);
-    let results = dir.join("results");
-    std::fs::write(&p, format!("{text}results_dir = \"{}\"\n", results.display())).unwrap();
-    p
+/// The search config of these tests.
+fn search_config() -> String {
+    tiny_search("safe", 3, 2)
 }
-
-const SEARCH: &str = r#"
-name = "safe"
-seed = 3
-[data]
-dataset = "fashion-mnist"
-limit = 64
-[model]
-init_channels = 2
-layers = 3
-nodes = 2
-stem_multiplier = 1
-[search]
-epochs = 2
-batch_size = 8
-steps_per_epoch = 2
-[record]
-quant_error_every = 1
-checkpoint_every = 1
-"#;
 
 const TRAIN: &str = r#"
 name = "safe-train"
@@ -115,7 +90,8 @@ fn write_idx(dir: &Path, prefix: &str, n: usize, h: usize, w: usize) {
 #[test]
 fn image_shapes_the_network_cannot_take_are_refused_before_a_run_folder() {
     let d = scratch("shapes");
-    let (search, train) = (write_config(&d, "s.toml", SEARCH), write_config(&d, "t.toml", TRAIN));
+    let (search, train) =
+        (write_config(&d, "s.toml", &search_config()), write_config(&d, "t.toml", TRAIN));
     for side in [30, 27, 5, 3, 1] {
         let data = d.join(format!("side{side}"));
         write_idx(&data, "train", 80, side, side);
@@ -155,7 +131,8 @@ fn image_shapes_the_network_cannot_take_are_refused_before_a_run_folder() {
 #[test]
 fn hyperparameters_that_make_nan_are_refused_naming_the_override() {
     let d = scratch("nan-hyper");
-    let (search, train) = (write_config(&d, "s.toml", SEARCH), write_config(&d, "t.toml", TRAIN));
+    let (search, train) =
+        (write_config(&d, "s.toml", &search_config()), write_config(&d, "t.toml", TRAIN));
     let cases = [
         (&search, "search", "search.w_weight_decay=nan"),
         (&search, "search", "search.alpha_betas=[2.0,-1.0]"),
@@ -197,7 +174,7 @@ fn a_training_run_with_a_nan_test_loss_logs_it_and_exits_nonzero_when_it_aborts(
 
 /// A finished search run in `d/results`.
 fn finished_search(d: &Path) -> PathBuf {
-    let cfg = write_config(d, "s.toml", SEARCH);
+    let cfg = write_config(d, "s.toml", &search_config());
     let out = qdarts().args(["search", "--config"]).arg(&cfg).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     runs(d).pop().unwrap()
@@ -311,7 +288,7 @@ fn race(run: &Path, n: usize) {
 fn simultaneous_resumes_of_one_run_let_exactly_one_in() {
     let d = scratch("race");
     // A search long enough that the holder is still running when the others try.
-    let long = SEARCH.replace("epochs = 2", "epochs = 100000");
+    let long = tiny_search("safe", 3, 100000);
     let cfg = write_config(&d, "long.toml", &long);
     let mut first = qdarts()
         .args(["search", "--config"])
