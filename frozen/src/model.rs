@@ -228,6 +228,11 @@ pub enum ModelError {
 /// A value's shape: `[C, H, W]`, or a vector `[C]` (`h = w = 0`).
 pub type Shape = [usize; 3];
 
+/// Multiply-accumulates of a convolution from input shape `s` to output shape `o`.
+pub(crate) fn conv_macs(c: &ConvNode, s: Shape, o: Shape) -> u64 {
+    (s[0] / c.groups * c.kernel[0] * c.kernel[1] * o.iter().product::<usize>()) as u64
+}
+
 impl FrozenModel {
     /// The grid of value `v` (`None` for the logits).
     pub fn grid_of(&self, v: usize) -> Option<ActGrid> {
@@ -299,14 +304,8 @@ impl FrozenModel {
         for (i, node) in self.graph.nodes.iter().enumerate() {
             match node {
                 Node::Conv(c) => {
-                    let s = shapes[c.input];
-                    let per_out = (s[0] / c.groups * c.kernel[0] * c.kernel[1]) as u64;
-                    let o = shapes[i];
-                    out.push((
-                        per_out * (o[0] * o[1] * o[2]) as u64,
-                        8,
-                        bits(self.grid_of(c.input)),
-                    ));
+                    let macs = conv_macs(c, shapes[c.input], shapes[i]);
+                    out.push((macs, 8, bits(self.grid_of(c.input))));
                 }
                 Node::Linear { input, .. } => {
                     out.push((

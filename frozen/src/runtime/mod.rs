@@ -11,7 +11,7 @@ mod fast;
 mod simd;
 
 use crate::fixed::{FixedMultiplier, Rounding, requantize};
-use crate::model::{ActGrid, FrozenModel, ModelError, Node, PoolKind, Shape};
+use crate::model::{ActGrid, ConvNode, FrozenModel, ModelError, Node, PoolKind, Shape, conv_macs};
 use crate::qdf::QTensor;
 
 /// Time spent in one kind of node ([`Runtime::profile`]).
@@ -56,7 +56,13 @@ pub enum Kernels {
 #[derive(Debug)]
 enum Prepared {
     None,
-    Weights { w: Vec<i32>, bias: Vec<i32>, plan: Option<fast::ConvPlan> },
+    /// Widened weights and biases: the classifier, and convolutions on the direct kernel.
+    Weights {
+        w: Vec<i32>,
+        bias: Vec<i32>,
+    },
+    /// A convolution on the fast kernels.
+    Plan(fast::ConvPlan),
 }
 
 /// A model ready to run: shapes checked, weights widened.
@@ -151,18 +157,21 @@ impl<'a> Runtime<'a> {
         let prepared = nodes
             .iter()
             .map(|n| match n {
-                Node::Conv(c) => {
-                    let t = |s: &str| &model.tensors[&format!("{}.{s}", c.name)];
-                    let (w, bias) = (i8s(t("weight")), i32s(t("bias")));
-                    let plan = (kernels == Kernels::Fast).then(|| {
-                        let g = model.grid_of(c.input).unwrap_or(FALLBACK_GRID);
-                        fast::ConvPlan::new(c, &w, &bias, g.zero_point - g.offset())
-                    });
-                    Prepared::Weights { w, bias, plan }
-                }
-                Node::Linear { name, .. } => {
+                Node::Conv(ConvNode { name, .. }) | Node::Linear { name, .. } => {
                     let t = |s: &str| &model.tensors[&format!("{name}.{s}")];
-                    Prepared::Weights { w: i8s(t("weight")), bias: i32s(t("bias")), plan: None }
+                    let (w, bias) = (i8s(t("weight")), i32s(t("bias")));
+                    match n {
+                        Node::Conv(c) if kernels == Kernels::Fast => {
+                            let g = model.grid_of(c.input).unwrap_or(FALLBACK_GRID);
+                            Prepared::Plan(fast::ConvPlan::new(
+                                c,
+                                &w,
+                                &bias,
+                                g.zero_point - g.offset(),
+                            ))
+                        }
+                        _ => Prepared::Weights { w, bias },
+                    }
                 }
                 _ => Prepared::None,
             })
@@ -238,10 +247,7 @@ impl<'a> Runtime<'a> {
                 let seconds = t0.elapsed().as_secs_f64();
                 let kind = node_kind(node);
                 let macs = match node {
-                    Node::Conv(c) => {
-                        let per = self.shapes[c.input][0] / c.groups * c.kernel[0] * c.kernel[1];
-                        (per * self.shapes[i].iter().product::<usize>()) as u64
-                    }
+                    Node::Conv(c) => conv_macs(c, self.shapes[c.input], self.shapes[i]),
                     _ => 0,
                 };
                 match rows.iter_mut().find(|r| r.kind == kind) {
@@ -278,11 +284,13 @@ impl<'a> Runtime<'a> {
                     .collect()
             }
             Node::Conv(c) => {
-                let Prepared::Weights { w, bias, plan } = &self.prepared[i] else { unreachable!() };
                 let (x, s) = (&values[c.input], self.shapes[c.input]);
-                match plan {
-                    Some(plan) => plan.run(c, x, s, self.shapes[i], r),
-                    None => direct::conv(c, x, s, self.grid(c.input), w, bias, r),
+                match &self.prepared[i] {
+                    Prepared::Plan(plan) => plan.run(c, x, s, self.shapes[i], r),
+                    Prepared::Weights { w, bias } => {
+                        direct::conv(c, x, s, self.grid(c.input), w, bias, r)
+                    }
+                    Prepared::None => unreachable!("every convolution is prepared"),
                 }
             }
             Node::Pool { input, kind, kernel, stride, padding }
@@ -366,7 +374,7 @@ impl<'a> Runtime<'a> {
                     .collect()
             }
             Node::Linear { input, multipliers, .. } => {
-                let Prepared::Weights { w, bias, .. } = &self.prepared[i] else { unreachable!() };
+                let Prepared::Weights { w, bias } = &self.prepared[i] else { unreachable!() };
                 let g = self.grid(*input);
                 let z = g.zero_point - g.offset();
                 let x: Vec<i32> = values[*input].iter().map(|&q| i32::from(q) - z).collect();
