@@ -7,6 +7,7 @@ mod error;
 mod genotype;
 mod known;
 mod primitive;
+mod random;
 mod text;
 
 pub use derive::{derive_cell, edge_count, softmax};
@@ -14,3 +15,4 @@ pub use error::GenotypeError;
 pub use genotype::{Edge, Genotype, MAX_EDGES, MAX_NODES};
 pub use known::{KNOWN, known};
 pub use primitive::{ParsePrimitiveError, Primitive};
+pub use random::random_genotype;
