@@ -90,3 +90,11 @@ pub fn write_plan(run: &RunLayout, plan: &Plan) -> Result<(), RecordError> {
 pub fn read_plan(run: &RunLayout) -> Option<Plan> {
     serde_json::from_slice(&std::fs::read(run.plan()).ok()?).ok()
 }
+
+/// Epochs of a run that have their validation row, and the epochs its plan asks for (`None`
+/// without a plan): a run is finished when the first reaches the second.
+pub fn epochs_done(run: &RunLayout) -> (usize, Option<usize>) {
+    let rows: Vec<MetricsRow> = read_table(&run.table::<MetricsRow>()).unwrap_or_default();
+    let done = rows.iter().filter(|r| r.phase == Phase::Val).count();
+    (done, read_plan(run).map(|p| p.epochs))
+}

@@ -1,0 +1,598 @@
+//! Many run records side by side: what each run's config changed, its seed, how far it got,
+//! its final top-1, genotype, integer-model cost when evaluated, wall time; runs that differ
+//! only in their seed grouped with mean ± std; how often each edge and op was chosen across
+//! the search runs of a group (genotype stability); and, against a random-genotype baseline,
+//! how the searched genotypes compare.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use qdarts_genotypes::{Edge, Genotype, Primitive};
+use qdarts_record::{MetricsRow, Phase, RunLayout, read_plan, read_table};
+
+use crate::trials::SweepDir;
+use crate::{SweepError, invalid, io_err};
+
+/// What `qdarts eval` measured on a training run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalSummary {
+    /// Integer model top-1.
+    pub integer_top1: f64,
+    /// Top-1 agreement of the integer and the fake-quant model.
+    pub agreement: f64,
+    /// Bit operations per image.
+    pub bitops: u64,
+    /// Bytes of integer parameters.
+    pub param_bytes: u64,
+}
+
+/// One run, read from its folder.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `search` or `train` (from the config's sections).
+    pub kind: &'static str,
+    /// The config, flattened to `section.key` → TOML value text.
+    pub config: BTreeMap<String, String>,
+    /// Epochs with a validation row.
+    pub epochs_done: usize,
+    /// Epochs planned (`plan.json`).
+    pub epochs_planned: Option<usize>,
+    /// The last step recorded.
+    pub steps: usize,
+    /// Top-1 of the last validation (search: the α split; training: the test set).
+    pub top1: Option<f64>,
+    /// Wall-clock seconds over all of the run's processes (restarts included).
+    pub seconds: f64,
+    /// The final genotype, when written.
+    pub genotype: Option<Genotype>,
+    /// `eval.json`, when present.
+    pub eval: Option<EvalSummary>,
+    /// Part of the random-genotype baseline (`compare --baseline`).
+    pub baseline: bool,
+}
+
+impl RunSummary {
+    /// Whether every planned epoch has its validation row.
+    pub fn finished(&self) -> bool {
+        self.epochs_planned.is_some_and(|p| self.epochs_done >= p)
+    }
+
+    /// Its seed, from the config.
+    pub fn seed(&self) -> Option<&str> {
+        self.config.get("seed").map(String::as_str)
+    }
+
+    /// The folder's last component.
+    pub fn name(&self) -> String {
+        self.dir
+            .file_name()
+            .map_or_else(|| self.dir.display().to_string(), |f| f.to_string_lossy().into())
+    }
+}
+
+fn flatten(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, String>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(t) => flatten(&key, t, out),
+            // Strings bare (`float`, a genotype path), everything else as TOML writes it.
+            toml::Value::String(s) => {
+                out.insert(key, s.clone());
+            }
+            other => {
+                out.insert(key, other.to_string());
+            }
+        }
+    }
+}
+
+/// Wall-clock seconds of a run whose `seconds` column restarts at 0 with each process.
+fn wall_seconds(rows: &[MetricsRow]) -> f64 {
+    let mut total = 0.0;
+    let mut last = 0.0f64;
+    for r in rows {
+        if r.seconds < last {
+            total += last;
+        }
+        last = r.seconds;
+    }
+    total + last
+}
+
+fn read_eval(path: &Path) -> Result<Option<EvalSummary>, SweepError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| invalid(path, e.to_string()))?;
+    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    let u = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    match (f("integer_top1"), f("agreement"), u("bitops"), u("param_bytes")) {
+        (Some(integer_top1), Some(agreement), Some(bitops), Some(param_bytes)) => {
+            Ok(Some(EvalSummary { integer_top1, agreement, bitops, param_bytes }))
+        }
+        _ => Err(invalid(path, "lacks integer_top1, agreement, bitops or param_bytes")),
+    }
+}
+
+/// Reads one run folder.
+pub fn read_run(dir: &Path) -> Result<RunSummary, SweepError> {
+    let layout = RunLayout::new(dir);
+    let config_path = layout.config();
+    let text = std::fs::read_to_string(&config_path).map_err(io_err(&config_path))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| invalid(&config_path, e.to_string()))?;
+    let kind = if table.contains_key("search") {
+        "search"
+    } else if table.contains_key("train") {
+        "train"
+    } else {
+        return Err(invalid(&config_path, "has neither [search] nor [train]: not a qdarts run"));
+    };
+    let mut config = BTreeMap::new();
+    flatten("", &table, &mut config);
+    let metrics = layout.table::<MetricsRow>();
+    let rows: Vec<MetricsRow> = if metrics.exists() {
+        read_table(&metrics).map_err(|e| SweepError::Other(e.to_string()))?
+    } else {
+        Vec::new()
+    };
+    let vals: Vec<&MetricsRow> = rows.iter().filter(|r| r.phase == Phase::Val).collect();
+    let genotype_path = layout.genotype_json();
+    let genotype = if genotype_path.exists() {
+        let text = std::fs::read_to_string(&genotype_path).map_err(io_err(&genotype_path))?;
+        Some(Genotype::from_json(&text).map_err(|e| invalid(&genotype_path, e.to_string()))?)
+    } else {
+        None
+    };
+    Ok(RunSummary {
+        dir: dir.to_path_buf(),
+        kind,
+        config,
+        epochs_done: vals.len(),
+        epochs_planned: read_plan(&layout).map(|p| p.epochs),
+        steps: rows.last().map_or(0, |r| r.step),
+        top1: vals.last().map(|r| r.top1),
+        seconds: wall_seconds(&rows),
+        genotype,
+        eval: read_eval(&layout.eval_report())?,
+        baseline: false,
+    })
+}
+
+/// The run folders a path names: a run, a sweep (its trials that have started), or a folder
+/// of runs (such as `results/`).
+pub fn expand(path: &Path) -> Result<Vec<PathBuf>, SweepError> {
+    if !path.is_dir() {
+        return Err(invalid(path, "is not a folder (give run or sweep folders)"));
+    }
+    if let Ok(sweep) = SweepDir::open(path) {
+        return Ok((0..sweep.len())
+            .map(|n| sweep.trial_dir(n))
+            .filter(|d| RunLayout::new(d).config().exists())
+            .collect());
+    }
+    if RunLayout::new(path).looks_like_run() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(io_err(path))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| RunLayout::new(p).config().exists())
+        .collect();
+    runs.sort();
+    if runs.is_empty() {
+        return Err(invalid(path, "holds no run (no config.toml in it or in its folders)"));
+    }
+    Ok(runs)
+}
+
+/// Keys every run sets differently by construction, never a "difference".
+const IGNORED: [&str; 2] = ["name", "record.results_dir"];
+
+/// Runs that differ only in their seed.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// The varying keys' values (seed excluded), as `key=value`.
+    pub label: String,
+    /// Indices into [`Comparison::runs`].
+    pub members: Vec<usize>,
+    /// Mean and sample standard deviation of the final top-1 over members that have one.
+    pub top1: Option<Stats>,
+}
+
+/// Mean, sample standard deviation and count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// Mean.
+    pub mean: f64,
+    /// Sample standard deviation (n − 1); 0 for one value.
+    pub std: f64,
+    /// Values.
+    pub n: usize,
+}
+
+impl Stats {
+    /// Of some values; `None` when there are none.
+    pub fn of(values: &[f64]) -> Option<Stats> {
+        let n = values.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = values.iter().sum::<f64>() / n as f64;
+        let var = if n > 1 {
+            values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+        } else {
+            0.0
+        };
+        Some(Stats { mean, std: var.sqrt(), n })
+    }
+
+    /// `mean ± std % (n)` of a fraction.
+    pub fn percent(&self) -> String {
+        if self.n > 1 {
+            format!("{:.2} ± {:.2} % (n={})", 100.0 * self.mean, 100.0 * self.std, self.n)
+        } else {
+            format!("{:.2} % (n=1)", 100.0 * self.mean)
+        }
+    }
+}
+
+/// The comparison of some runs.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// The runs, in the order given.
+    pub runs: Vec<RunSummary>,
+    /// Config keys whose values differ between runs (seed included when it differs).
+    pub varying: Vec<String>,
+    /// Runs grouped by everything that varies but the seed (baseline runs apart).
+    pub groups: Vec<Group>,
+}
+
+impl Comparison {
+    /// Compares runs (already read).
+    pub fn new(runs: Vec<RunSummary>) -> Comparison {
+        let keys: BTreeSet<&String> = runs.iter().flat_map(|r| r.config.keys()).collect();
+        let varying: Vec<String> = keys
+            .into_iter()
+            .filter(|k| !IGNORED.contains(&k.as_str()))
+            .filter(|k| {
+                let mut values = runs.iter().map(|r| r.config.get(*k));
+                let first = values.next().flatten();
+                values.any(|v| v != first)
+            })
+            .cloned()
+            .collect();
+        let mut groups: Vec<Group> = Vec::new();
+        for (i, r) in runs.iter().enumerate() {
+            let mut parts: Vec<String> = varying
+                .iter()
+                .filter(|k| k.as_str() != "seed")
+                .map(|k| format!("{k}={}", r.config.get(k).map_or("-", String::as_str)))
+                .collect();
+            if r.baseline {
+                parts.insert(0, "baseline".into());
+            }
+            let label = if parts.is_empty() { "all".into() } else { parts.join(" ") };
+            match groups.iter_mut().find(|g| g.label == label) {
+                Some(g) => g.members.push(i),
+                None => groups.push(Group { label, members: vec![i], top1: None }),
+            }
+        }
+        for g in &mut groups {
+            let v: Vec<f64> = g.members.iter().filter_map(|&i| runs[i].top1).collect();
+            g.top1 = Stats::of(&v);
+        }
+        Comparison { runs, varying, groups }
+    }
+
+    /// The group a run belongs to.
+    pub fn group_of(&self, run: usize) -> usize {
+        self.groups.iter().position(|g| g.members.contains(&run)).unwrap_or(0)
+    }
+}
+
+/// A short code per op for tables (legend printed with them).
+pub fn op_code(p: Primitive) -> &'static str {
+    match p {
+        Primitive::None => "none",
+        Primitive::MaxPool3x3 => "max3",
+        Primitive::AvgPool3x3 => "avg3",
+        Primitive::SkipConnect => "skip",
+        Primitive::SepConv3x3 => "sep3",
+        Primitive::SepConv5x5 => "sep5",
+        Primitive::DilConv3x3 => "dil3",
+        Primitive::DilConv5x5 => "dil5",
+        Primitive::SepConv7x7 => "sep7",
+        Primitive::Conv7x1_1x7 => "c7x1",
+    }
+}
+
+/// A cell in one short line: `node: op(input) op(input); …`.
+pub fn cell_short(nodes: &[Vec<Edge>]) -> String {
+    nodes
+        .iter()
+        .map(|edges| {
+            edges
+                .iter()
+                .map(|e| format!("{}({})", op_code(e.op), e.input))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// How often each edge (node, input, op) and each op was chosen over some genotypes.
+#[derive(Debug, Clone, Default)]
+pub struct Stability {
+    /// Genotypes counted.
+    pub runs: usize,
+    /// Distinct genotypes among them.
+    pub distinct: usize,
+    /// Per cell (`normal`, `reduce`): (node state, input, op) → count.
+    pub edges: BTreeMap<&'static str, BTreeMap<(usize, usize, Primitive), usize>>,
+    /// Per cell: op → count over all kept edges.
+    pub ops: BTreeMap<&'static str, BTreeMap<Primitive, usize>>,
+}
+
+impl Stability {
+    /// Counts over genotypes.
+    pub fn of<'a>(genotypes: impl IntoIterator<Item = &'a Genotype>) -> Stability {
+        let mut s = Stability::default();
+        let mut seen: Vec<&Genotype> = Vec::new();
+        for g in genotypes {
+            s.runs += 1;
+            if !seen.contains(&g) {
+                seen.push(g);
+            }
+            for (cell, nodes) in [("normal", &g.normal), ("reduce", &g.reduce)] {
+                for (i, edges) in nodes.iter().enumerate() {
+                    for e in edges {
+                        *s.edges
+                            .entry(cell)
+                            .or_default()
+                            .entry((i + 2, e.input, e.op))
+                            .or_default() += 1;
+                        *s.ops.entry(cell).or_default().entry(e.op).or_default() += 1;
+                    }
+                }
+            }
+        }
+        s.distinct = seen.len();
+        s
+    }
+
+    /// Lines for the report.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!("  {} genotypes, {} distinct", self.runs, self.distinct)];
+        for cell in ["normal", "reduce"] {
+            let Some(edges) = self.edges.get(cell) else { continue };
+            let mut by_node: BTreeMap<usize, Vec<(usize, usize, Primitive)>> = BTreeMap::new();
+            for (&(node, input, op), &n) in edges {
+                by_node.entry(node).or_default().push((n, input, op));
+            }
+            for (node, mut list) in by_node {
+                list.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+                let items: Vec<String> = list
+                    .iter()
+                    .map(|(n, input, op)| format!("{}({input}) {n}/{}", op_code(*op), self.runs))
+                    .collect();
+                out.push(format!("  {cell:<6} node {node}: {}", items.join(", ")));
+            }
+            if let Some(ops) = self.ops.get(cell) {
+                let total: usize = ops.values().sum();
+                let mut list: Vec<(&Primitive, &usize)> = ops.iter().collect();
+                list.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+                let items: Vec<String> = list
+                    .iter()
+                    .map(|(op, n)| {
+                        format!("{} {:.0}%", op_code(**op), 100.0 * **n as f64 / total as f64)
+                    })
+                    .collect();
+                out.push(format!("  {cell:<6} ops: {}", items.join(", ")));
+            }
+        }
+        out
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{:.2}", 100.0 * v))
+}
+
+/// The report: a table of runs, the groups with mean ± std, genotype stability, and the
+/// searched-versus-baseline summary when there is a baseline.
+pub fn report(c: &Comparison) -> String {
+    let mut out = String::new();
+    let headers = [
+        "run",
+        "group",
+        "kind",
+        "seed",
+        "epochs",
+        "steps",
+        "top-1 %",
+        "int top-1 %",
+        "agree %",
+        "GBitOPs",
+        "param B",
+        "wall s",
+        "normal cell",
+        "reduce cell",
+    ];
+    // Folder names, or whole paths where two runs share a name (trials of two sweeps).
+    let names: Vec<String> = c.runs.iter().map(RunSummary::name).collect();
+    let unique = names.iter().collect::<BTreeSet<_>>().len() == names.len();
+    let rows: Vec<Vec<String>> = c
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let e = r.eval;
+            vec![
+                if unique { names[i].clone() } else { r.dir.display().to_string() },
+                format!("G{}", c.group_of(i) + 1),
+                r.kind.to_string(),
+                r.seed().unwrap_or("-").to_string(),
+                format!(
+                    "{}/{}",
+                    r.epochs_done,
+                    r.epochs_planned.map_or_else(|| "?".into(), |p| p.to_string())
+                ),
+                r.steps.to_string(),
+                pct(r.top1),
+                pct(e.map(|e| e.integer_top1)),
+                pct(e.map(|e| e.agreement)),
+                e.map_or_else(|| "-".into(), |e| format!("{:.4}", e.bitops as f64 / 1e9)),
+                e.map_or_else(|| "-".into(), |e| e.param_bytes.to_string()),
+                format!("{:.1}", r.seconds),
+                r.genotype.as_ref().map_or_else(|| "-".into(), |g| cell_short(&g.normal)),
+                r.genotype.as_ref().map_or_else(|| "-".into(), |g| cell_short(&g.reduce)),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = w - cell.chars().count();
+            // Text columns left, numbers right.
+            if matches!(i, 0..=2 | 12 | 13) {
+                s.push_str(cell);
+                s.push_str(&" ".repeat(pad));
+            } else {
+                s.push_str(&" ".repeat(pad));
+                s.push_str(cell);
+            }
+            s.push_str("  ");
+        }
+        s.trim_end().to_string()
+    };
+    let head: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    let _ = writeln!(out, "{}", line(&head));
+    for row in &rows {
+        let _ = writeln!(out, "{}", line(row));
+    }
+    let _ = writeln!(
+        out,
+        "\nops: max3/avg3 pooling, skip, sep3/sep5 separable, dil3/dil5 dilated conv; op(input state)"
+    );
+    if c.varying.is_empty() {
+        let _ = writeln!(out, "configs: identical");
+    } else {
+        let _ = writeln!(out, "configs differ in: {}", c.varying.join(", "));
+    }
+    let _ = writeln!(out, "\ngroups (runs that differ only in their seed):");
+    for (gi, g) in c.groups.iter().enumerate() {
+        let stats = g.top1.map_or_else(|| "no finished epoch".into(), |s| s.percent());
+        let _ = writeln!(out, "  G{}  {}: top-1 {stats}", gi + 1, g.label);
+    }
+    for (gi, g) in c.groups.iter().enumerate() {
+        let genos: Vec<&Genotype> = g
+            .members
+            .iter()
+            .filter(|&&i| c.runs[i].kind == "search")
+            .filter_map(|&i| c.runs[i].genotype.as_ref())
+            .collect();
+        if genos.len() >= 2 {
+            let _ = writeln!(out, "\ngenotype stability, G{}:", gi + 1);
+            for l in Stability::of(genos).lines() {
+                let _ = writeln!(out, "{l}");
+            }
+        }
+    }
+    if let Some(b) = baseline_summary(c) {
+        let _ = writeln!(out, "\n{b}");
+    }
+    out
+}
+
+/// Searched genotypes against the random baseline: each side's mean ± std over runs, the
+/// difference, and how many baseline genotypes (their seed means) the searched mean beats.
+pub fn baseline_summary(c: &Comparison) -> Option<String> {
+    let top = |base: bool| -> Vec<f64> {
+        c.runs.iter().filter(|r| r.baseline == base).filter_map(|r| r.top1).collect()
+    };
+    let (searched, random) = (Stats::of(&top(false))?, Stats::of(&top(true))?);
+    let baseline_means: Vec<f64> = c
+        .groups
+        .iter()
+        .filter(|g| g.members.iter().all(|&i| c.runs[i].baseline))
+        .filter_map(|g| g.top1.map(|s| s.mean))
+        .collect();
+    let beaten = baseline_means.iter().filter(|&&m| searched.mean > m).count();
+    Some(format!(
+        "searched vs random baseline (final top-1 over runs):\n  searched {}\n  random   {}\n  \
+         difference {:+.2} points; the searched mean beats {beaten} of {} random genotypes' seed means",
+        searched.percent(),
+        random.percent(),
+        100.0 * (searched.mean - random.mean),
+        baseline_means.len()
+    ))
+}
+
+/// The comparison as CSV: one row per run.
+pub fn csv(c: &Comparison) -> Result<String, SweepError> {
+    let mut w = csv_writer();
+    let mut head: Vec<String> =
+        ["run", "dir", "group", "baseline", "kind"].iter().map(|s| s.to_string()).collect();
+    head.extend(c.varying.iter().cloned());
+    head.extend(
+        [
+            "epochs_done",
+            "epochs_planned",
+            "steps",
+            "top1",
+            "integer_top1",
+            "agreement",
+            "bitops",
+            "param_bytes",
+            "seconds",
+            "genotype",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    w.write_record(&head).map_err(|e| SweepError::Other(e.to_string()))?;
+    for (i, r) in c.runs.iter().enumerate() {
+        let opt = |v: Option<String>| v.unwrap_or_default();
+        let mut row = vec![
+            r.name(),
+            r.dir.display().to_string(),
+            format!("G{}", c.group_of(i) + 1),
+            r.baseline.to_string(),
+            r.kind.to_string(),
+        ];
+        row.extend(c.varying.iter().map(|k| r.config.get(k).cloned().unwrap_or_default()));
+        row.extend([
+            r.epochs_done.to_string(),
+            opt(r.epochs_planned.map(|p| p.to_string())),
+            r.steps.to_string(),
+            opt(r.top1.map(|v| format!("{v:.6}"))),
+            opt(r.eval.map(|e| format!("{:.6}", e.integer_top1))),
+            opt(r.eval.map(|e| format!("{:.6}", e.agreement))),
+            opt(r.eval.map(|e| e.bitops.to_string())),
+            opt(r.eval.map(|e| e.param_bytes.to_string())),
+            format!("{:.3}", r.seconds),
+            opt(r.genotype.as_ref().map(Genotype::to_darts_text)),
+        ]);
+        w.write_record(&row).map_err(|e| SweepError::Other(e.to_string()))?;
+    }
+    let bytes = w.into_inner().map_err(|e| SweepError::Other(e.to_string()))?;
+    String::from_utf8(bytes).map_err(|e| SweepError::Other(e.to_string()))
+}
+
+fn csv_writer() -> csv::Writer<Vec<u8>> {
+    csv::WriterBuilder::new().from_writer(Vec::new())
+}
