@@ -5,9 +5,11 @@
 mod alloc;
 mod backend;
 mod bench;
+mod compare_cmd;
 mod dashboard_cmd;
 mod debug_log;
 mod search_cmd;
+mod sweep_cmd;
 mod train_cmd;
 
 use std::path::PathBuf;
@@ -59,6 +61,8 @@ enum Command {
         /// Dataset (sets `data.dataset`).
         #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
         dataset: Option<String>,
+        #[command(flatten)]
+        trial: TrialArgs,
     },
     /// Train the discrete network of a genotype with quantization-aware training.
     Train {
@@ -84,6 +88,8 @@ enum Command {
         /// Dataset (sets `data.dataset`).
         #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
         dataset: Option<String>,
+        #[command(flatten)]
+        trial: TrialArgs,
     },
     /// Freeze a trained run into an integer-only model (<run>/frozen/model.qdf).
     Freeze {
@@ -116,6 +122,55 @@ enum Command {
         #[arg(long)]
         with_outputs: bool,
     },
+    /// Expand a sweep file (a grid or list over config keys, and seeds) into numbered trials
+    /// in results/<sweep>/; write Slurm / Kubernetes files that run them, or run them here.
+    Sweep {
+        #[command(flatten)]
+        args: sweep_cmd::SweepArgs,
+    },
+    /// Runs side by side: config differences, seed, top-1, genotype, cost, wall time; mean ±
+    /// std over seeds; how often each edge was chosen; searched vs random genotypes.
+    Compare {
+        /// Run folders, sweep folders, or folders of runs (such as results/).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Runs of the random-genotype baseline (training runs of `qdarts sample` genotypes).
+        #[arg(long, num_args = 1.., value_name = "RUN")]
+        baseline: Vec<PathBuf>,
+        /// Also write the table as CSV.
+        #[arg(long, value_name = "FILE")]
+        csv: Option<PathBuf>,
+        /// Also draw the across-run figures (SVG and PNG) into this folder.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<PathBuf>,
+    },
+    /// Draw a run: its cells (graphviz when installed), loss / top-1 curves, α per edge over
+    /// epochs, per-layer quantization error; SVG and PNG into <run>/plots/.
+    Plot {
+        /// Run folder.
+        run: PathBuf,
+        /// Output folder [default: <run>/plots].
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Cell layout: graphviz `dot` when installed (auto), `dot`, or the built-in one.
+        #[arg(long, value_enum, default_value = "auto")]
+        cells: compare_cmd::CellRenderer,
+    },
+    /// Write random genotypes of a search space (the random-search baseline).
+    Sample {
+        /// How many.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        random: u32,
+        /// Seed of the draw.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Search config whose space (nodes, primitives) is sampled.
+        #[arg(long, default_value = "experiments/default.toml")]
+        config: PathBuf,
+        /// Folder of the genotype files (random-000.json, .txt, ...).
+        #[arg(long, default_value = "results/random")]
+        out: PathBuf,
+    },
     /// Watch a run record in the terminal (live, finished or copied).
     Dashboard {
         /// Run folder, e.g. results/default-20261122-014901.
@@ -131,6 +186,18 @@ enum Command {
         #[command(flatten)]
         suite: bench::suite::SuiteArgs,
     },
+}
+
+/// Running one trial of a sweep.
+#[derive(Debug, Clone, clap::Args)]
+struct TrialArgs {
+    /// Run a trial of this sweep folder (made by `qdarts sweep`); its folder is resumed when
+    /// it has a checkpoint.
+    #[arg(long, value_name = "SWEEP_DIR", conflicts_with_all = ["config", "overrides", "resume", "data", "dataset"])]
+    sweep: Option<PathBuf>,
+    /// The trial [default: $SLURM_ARRAY_TASK_ID, else $JOB_COMPLETION_INDEX].
+    #[arg(long, value_name = "N", requires = "sweep")]
+    trial: Option<usize>,
 }
 
 /// Dashboard settings.
@@ -197,7 +264,22 @@ fn main() -> ExitCode {
             dash,
             data,
             dataset,
+            trial,
         } => {
+            if let Some(dir) = trial.sweep {
+                if dashboard {
+                    eprintln!(
+                        "qdarts: error: --dashboard does not go with --sweep; attach one with `qdarts dashboard <trial folder>`"
+                    );
+                    return ExitCode::from(2);
+                }
+                return finish(sweep_cmd::run_trial(
+                    &dir,
+                    trial.trial,
+                    qdarts_sweep::TrialKind::Search,
+                    cli.backend,
+                ));
+            }
             data_overrides(&mut overrides, data, dataset);
             let config = config.unwrap_or_else(|| PathBuf::from("experiments/default.toml"));
             search_cmd::run(&search_cmd::SearchArgs {
@@ -218,7 +300,22 @@ fn main() -> ExitCode {
             extend_epochs,
             data,
             dataset,
+            trial,
         } => {
+            if let Some(dir) = trial.sweep {
+                if genotype.is_some() {
+                    eprintln!(
+                        "qdarts: error: --genotype does not go with --sweep: the sweep's trials set it"
+                    );
+                    return ExitCode::from(2);
+                }
+                return finish(sweep_cmd::run_trial(
+                    &dir,
+                    trial.trial,
+                    qdarts_sweep::TrialKind::Train,
+                    cli.backend,
+                ));
+            }
             data_overrides(&mut overrides, data, dataset);
             if let Some(g) = genotype {
                 overrides.push(format!("genotype={}", toml_string(&g)));
@@ -241,9 +338,21 @@ fn main() -> ExitCode {
         Command::DumpStep { preset, out, with_outputs } => {
             search_cmd::dump_step(preset.into(), &out, with_outputs, cli.backend)
         }
+        Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
+        Command::Compare { runs, baseline, csv, plot } => {
+            compare_cmd::compare(&runs, &baseline, csv.as_deref(), plot.as_deref())
+        }
+        Command::Plot { run, out, cells } => compare_cmd::plot(&run, out.as_deref(), cells),
+        Command::Sample { random, seed, config, out } => {
+            compare_cmd::sample(random as usize, seed, &config, &out)
+        }
         Command::Bench { what: Some(what), .. } => bench::run(what, cli.backend),
         Command::Bench { what: None, suite } => bench::suite::run(&suite, cli.backend),
     };
+    finish(result)
+}
+
+fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

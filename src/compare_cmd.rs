@@ -1,0 +1,108 @@
+//! `qdarts compare` (many run records in one table) and `qdarts sample` (random genotypes of
+//! a search space, the baseline a search must beat).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use qdarts_data::Rng;
+use qdarts_genotypes::random_genotype;
+use qdarts_plot::across::plot_comparison;
+use qdarts_plot::cell::Renderer;
+use qdarts_plot::run::plot_run;
+use qdarts_record::write_atomic;
+use qdarts_search::config::ExperimentConfig;
+use qdarts_sweep::compare::{Comparison, csv, expand, read_run, report};
+
+/// How `qdarts plot` lays out cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CellRenderer {
+    /// graphviz `dot` when it is installed, else the built-in layout.
+    Auto,
+    /// graphviz `dot` (an error when it is missing).
+    Dot,
+    /// The built-in layout.
+    Builtin,
+}
+
+/// Runs `qdarts plot`.
+pub fn plot(run: &Path, out: Option<&Path>, cells: CellRenderer) -> Result<()> {
+    let out = out.map_or_else(|| run.join("plots"), Path::to_path_buf);
+    let renderer = match cells {
+        CellRenderer::Auto => Renderer::Auto,
+        CellRenderer::Dot => Renderer::Dot,
+        CellRenderer::Builtin => Renderer::Builtin,
+    };
+    for f in plot_run(run, &out, renderer)? {
+        println!("{}", f.display());
+    }
+    Ok(())
+}
+
+/// Runs `qdarts compare`.
+pub fn compare(
+    paths: &[PathBuf],
+    baseline: &[PathBuf],
+    csv_out: Option<&Path>,
+    plot_out: Option<&Path>,
+) -> Result<()> {
+    let mut runs = Vec::new();
+    for (list, is_baseline) in [(paths, false), (baseline, true)] {
+        for p in list {
+            for dir in expand(p)? {
+                let mut r = read_run(&dir)?;
+                r.baseline = is_baseline;
+                runs.push(r);
+            }
+        }
+    }
+    if runs.is_empty() {
+        bail!("no run to compare (the sweeps given have no started trial yet)");
+    }
+    let c = Comparison::new(runs);
+    print!("{}", report(&c));
+    if let Some(path) = csv_out {
+        write_atomic(path, csv(&c)?.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(dir) = plot_out {
+        for f in plot_comparison(&c, dir)? {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `qdarts sample --random N`: random genotypes of the search space of `config`,
+/// `random-000.json` / `.txt`, … in `out`.
+pub fn sample(count: usize, seed: u64, config: &Path, out: &Path) -> Result<()> {
+    let cfg = ExperimentConfig::load(config, &[])?;
+    let mut rng = Rng::new(seed);
+    let mut below = |n: usize| rng.below(n);
+    let width = count.saturating_sub(1).to_string().len().max(3);
+    let mut files = Vec::new();
+    for i in 0..count {
+        let g = random_genotype(cfg.model.nodes, &cfg.model.primitives, &mut below)
+            .with_context(|| format!("{}: the search space", config.display()))?;
+        let stem = out.join(format!("random-{i:0width$}"));
+        files.push((stem, g));
+    }
+    for (stem, _) in &files {
+        let json = stem.with_extension("json");
+        if json.exists() {
+            bail!("{} exists: choose another --out, or remove it", json.display());
+        }
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for (stem, g) in &files {
+        write_atomic(&stem.with_extension("txt"), format!("{}\n", g.to_darts_text()).as_bytes())?;
+        write_atomic(&stem.with_extension("json"), &g.to_json())?;
+        println!("{}", stem.with_extension("json").display());
+    }
+    eprintln!(
+        "{count} random genotypes of {} ({} nodes, ops {}), seed {seed}",
+        config.display(),
+        cfg.model.nodes,
+        cfg.model.primitives.iter().map(|p| p.name()).collect::<Vec<_>>().join(" ")
+    );
+    Ok(())
+}
