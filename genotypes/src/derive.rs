@@ -30,6 +30,66 @@ pub fn derive_cell(
     nodes: usize,
     k: usize,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
+    derive_cell_excluding(alpha, primitives, nodes, k, &[])
+}
+
+/// [`derive_cell`] with at most `max_skip` skip_connect edges kept, as P-DARTS (Chen et al.,
+/// 2019, §3.3) limits them: while the derived cell has more, the skip_connect of the lowest
+/// softmax weight among the kept ones is taken off its edge, and the cell is derived again
+/// (that edge then offers its next-best op, or loses its place to another edge).
+pub fn derive_cell_limited(
+    alpha: &[Vec<f32>],
+    primitives: &[Primitive],
+    nodes: usize,
+    k: usize,
+    max_skip: usize,
+) -> Result<Vec<Vec<Edge>>, GenotypeError> {
+    let Some(skip) = primitives.iter().position(|p| *p == Primitive::SkipConnect) else {
+        return derive_cell(alpha, primitives, nodes, k);
+    };
+    let mut excluded: Vec<usize> = Vec::new();
+    loop {
+        let cell = derive_cell_excluding(alpha, primitives, nodes, k, &excluded)?;
+        // (edge index, skip weight) of the kept skip_connect edges.
+        let mut kept = Vec::new();
+        let mut start = 0;
+        for (i, edges) in cell.iter().enumerate() {
+            for e in edges.iter().filter(|e| e.op == Primitive::SkipConnect) {
+                let edge = start + e.input;
+                kept.push((edge, softmax(&alpha[edge])[skip]));
+            }
+            start += i + 2;
+        }
+        if kept.len() <= max_skip {
+            for (i, edges) in cell.iter().enumerate() {
+                if edges.len() < k.min(i + 2) {
+                    return Err(GenotypeError::Weights(format!(
+                        "node {} cannot keep {k} edges with at most {max_skip} skip_connect: \
+                         the search space has no other op for its inputs",
+                        i + 2
+                    )));
+                }
+            }
+            return Ok(cell);
+        }
+        // The weakest; ties to the later edge, so that the earlier keeps its skip.
+        let weakest = kept
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|&(edge, _)| edge)
+            .unwrap_or(0);
+        excluded.push(weakest);
+    }
+}
+
+/// [`derive_cell`] where the edges in `no_skip` may not take skip_connect.
+fn derive_cell_excluding(
+    alpha: &[Vec<f32>],
+    primitives: &[Primitive],
+    nodes: usize,
+    k: usize,
+    no_skip: &[usize],
+) -> Result<Vec<Vec<Edge>>, GenotypeError> {
     let want = edge_count(nodes);
     if alpha.len() != want {
         return Err(GenotypeError::Weights(format!(
@@ -58,15 +118,18 @@ pub fn derive_cell(
         let inputs = i + 2;
         // (input, best op index, its weight)
         let mut best: Vec<(usize, usize, f32)> = (0..inputs)
-            .map(|j| {
+            .filter_map(|j| {
                 let w = softmax(&alpha[start + j]);
-                let mut kb = candidates[0];
-                for &c in &candidates[1..] {
-                    if w[c] > w[kb] {
-                        kb = c;
+                let allowed = |c: usize| {
+                    !(primitives[c] == Primitive::SkipConnect && no_skip.contains(&(start + j)))
+                };
+                let mut kb: Option<usize> = None;
+                for &c in candidates.iter().filter(|&&c| allowed(c)) {
+                    if kb.is_none_or(|b| w[c] > w[b]) {
+                        kb = Some(c);
                     }
                 }
-                (j, kb, w[kb])
+                kb.map(|kb| (j, kb, w[kb]))
             })
             .collect();
         best.sort_by(|a, b| b.2.total_cmp(&a.2)); // stable: ties keep the lower input first
@@ -82,6 +145,23 @@ pub fn derive_cell(
 }
 
 impl Genotype {
+    /// [`Genotype::derive`] with P-DARTS' limit on the normal cell's skip_connect edges
+    /// ([`derive_cell_limited`]); `None` is no limit.
+    pub fn derive_limited(
+        alpha_normal: &[Vec<f32>],
+        alpha_reduce: &[Vec<f32>],
+        primitives: &[Primitive],
+        nodes: usize,
+        k: usize,
+        max_skip: Option<usize>,
+    ) -> Result<Genotype, GenotypeError> {
+        let mut g = Self::derive(alpha_normal, alpha_reduce, primitives, nodes, k)?;
+        if let Some(m) = max_skip {
+            g.normal = derive_cell_limited(alpha_normal, primitives, nodes, k, m)?;
+        }
+        Ok(g)
+    }
+
     /// The genotype of raw α for the normal and the reduction cell (`[edges][ops]` each), keeping
     /// `k` edges per node and concatenating every intermediate node.
     pub fn derive(

@@ -142,6 +142,30 @@ impl Genotype {
         crate::text::write(self)
     }
 
+    /// The share of the normal cell's kept edges whose op has no weights (pooling,
+    /// skip_connect): the symptom of DARTS' collapse when it passes one half.
+    pub fn param_free_share(&self) -> f64 {
+        let edges: Vec<&Edge> = self.normal.iter().flatten().collect();
+        if edges.is_empty() {
+            return 0.0;
+        }
+        edges.iter().filter(|e| !e.op.has_weights()).count() as f64 / edges.len() as f64
+    }
+
+    /// The collapse alert: a line saying so when more than half of the normal cell's kept
+    /// edges are parameter-free, else `None`.
+    pub fn collapse_alert(&self) -> Option<String> {
+        let share = self.param_free_share();
+        (share > 0.5).then(|| {
+            let n = self.normal.iter().flatten().count();
+            let free = (share * n as f64).round() as usize;
+            format!(
+                "collapse: {free} of the normal cell's {n} edges are parameter-free (pooling or \
+                 skip_connect); see the collapse guards in [search.guards]"
+            )
+        })
+    }
+
     /// The op names used by this genotype, sorted and deduplicated.
     pub fn primitives(&self) -> Vec<Primitive> {
         let mut ops: Vec<Primitive> =

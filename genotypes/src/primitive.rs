@@ -60,6 +60,19 @@ impl Primitive {
         Primitive::Conv7x1_1x7,
     ];
 
+    /// Whether the op has weights of its own (convolutions); pooling, skip_connect and none
+    /// have none. (At stride 2, skip_connect is a FactorizedReduce, which has weights; a
+    /// cell's parameter-free share is asked of the normal cell, where it is an identity.)
+    pub fn has_weights(&self) -> bool {
+        !matches!(
+            self,
+            Primitive::None
+                | Primitive::MaxPool3x3
+                | Primitive::AvgPool3x3
+                | Primitive::SkipConnect
+        )
+    }
+
     /// The name DARTS uses.
     pub fn name(&self) -> &'static str {
         match self {

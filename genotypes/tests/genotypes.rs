@@ -183,3 +183,83 @@ fn ties_keep_the_lower_index_and_bad_shapes_are_errors() {
     nan[0][3] = f32::NAN;
     assert!(qdarts_genotypes::derive_cell(&nan, &p, 1, 2).is_err());
 }
+
+mod skip_limit {
+    use qdarts_genotypes::{Edge, Genotype, Primitive, derive_cell, derive_cell_limited};
+
+    const OPS: [Primitive; 4] =
+        [Primitive::None, Primitive::MaxPool3x3, Primitive::SkipConnect, Primitive::SepConv3x3];
+
+    /// α rows of a 3-node cell (9 edges): `skip[e]` is edge e's skip_connect logit, sep_conv
+    /// 1.0 and max_pool 0.5 everywhere, none −5.
+    fn alpha(skip: [f32; 9]) -> Vec<Vec<f32>> {
+        skip.iter().map(|&s| vec![-5.0, 0.5, s, 1.0]).collect()
+    }
+
+    fn e(op: Primitive, input: usize) -> Edge {
+        Edge { op, input }
+    }
+
+    #[test]
+    fn p_darts_takes_skip_off_the_weakest_edges_until_the_limit_holds() {
+        use Primitive::{SepConv3x3 as S, SkipConnect as K};
+        // Edges (node, input): 0:(2,0) 1:(2,1) 2:(3,0) 3:(3,1) 4:(3,2) 5:(4,0) 6:(4,1) 7:(4,2) 8:(4,3).
+        let a = alpha([5.0, 4.0, 3.0, 6.0, 0.0, 2.5, 0.0, 0.0, 7.0]);
+        let plain = derive_cell(&a, &OPS, 3, 2).expect("derived");
+        // Unlimited: six skip edges.
+        assert_eq!(plain, [vec![e(K, 0), e(K, 1)], vec![e(K, 1), e(K, 0)], vec![e(K, 3), e(K, 0)]]);
+        // At most 2: the four weakest skips (logits 2.5, 3, 4, 5) go one by one. An edge that
+        // lost its skip offers sep_conv at its softmax weight, which is smaller the stronger
+        // its skip was, so in each node an edge whose skip was weak (logit 0) wins the place:
+        // node 4 keeps skip(3) and takes sep(1) (edges 6 and 7 tie; the lower input wins),
+        // node 3 keeps skip(1) and takes sep(2), node 2 loses both skips (sep(1) before
+        // sep(0): edge 1's skip was the weaker). The two strongest skips (7, 6) stay.
+        let limited = derive_cell_limited(&a, &OPS, 3, 2, 2).expect("limited");
+        assert_eq!(
+            limited,
+            [vec![e(S, 1), e(S, 0)], vec![e(K, 1), e(S, 2)], vec![e(K, 3), e(S, 1)]]
+        );
+        let skips = limited.iter().flatten().filter(|x| x.op == K).count();
+        assert_eq!(skips, 2);
+        // A limit that already holds changes nothing; 0 removes every skip.
+        assert_eq!(derive_cell_limited(&a, &OPS, 3, 2, 6).expect("six"), plain);
+        let none = derive_cell_limited(&a, &OPS, 3, 2, 0).expect("zero");
+        assert!(none.iter().flatten().all(|x| x.op != K), "{none:?}");
+    }
+
+    #[test]
+    fn only_the_normal_cell_is_limited_and_a_space_without_other_ops_is_an_error() {
+        let a = alpha([5.0; 9]);
+        let g = Genotype::derive_limited(&a, &a, &OPS, 3, 2, Some(1)).expect("derived");
+        assert_eq!(g.normal.iter().flatten().filter(|x| x.op == Primitive::SkipConnect).count(), 1);
+        assert_eq!(g.reduce.iter().flatten().filter(|x| x.op == Primitive::SkipConnect).count(), 6);
+        assert_eq!(
+            Genotype::derive_limited(&a, &a, &OPS, 3, 2, None).expect("plain"),
+            Genotype::derive(&a, &a, &OPS, 3, 2).expect("plain")
+        );
+        let only_skip = [Primitive::None, Primitive::SkipConnect];
+        let a2: Vec<Vec<f32>> = (0..9).map(|_| vec![0.0, 1.0]).collect();
+        let err = derive_cell_limited(&a2, &only_skip, 3, 2, 1).expect_err("no other op");
+        assert!(err.to_string().contains("no other op"), "{err}");
+    }
+
+    #[test]
+    fn the_collapse_alert_counts_parameter_free_edges_of_the_normal_cell() {
+        let g = qdarts_genotypes::known("DARTS_V2").expect("known");
+        // DARTS_V2's normal cell: 6 sep/dil convs, 2 skip_connect.
+        assert!((g.param_free_share() - 0.25).abs() < 1e-12);
+        assert!(g.collapse_alert().is_none());
+        let mut pooled = g.clone();
+        for edges in &mut pooled.normal {
+            for x in edges.iter_mut().take(2).skip(1) {
+                x.op = Primitive::MaxPool3x3;
+            }
+        }
+        // Four edges turned to pooling, two skips: 5 of 8 (one node had a skip in slot 1).
+        let share = pooled.param_free_share();
+        assert!(share > 0.5, "{share}");
+        let alert = pooled.collapse_alert().expect("alert");
+        assert!(alert.contains("of the normal cell's 8 edges"), "{alert}");
+        assert!(Primitive::SepConv3x3.has_weights() && !Primitive::SkipConnect.has_weights());
+    }
+}

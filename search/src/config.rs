@@ -120,6 +120,38 @@ pub struct SearchConfig {
     /// Weight decay of α.
     #[serde(default = "SearchConfig::default_alpha_weight_decay")]
     pub alpha_weight_decay: f64,
+    /// Guards against DARTS' collapse to parameter-free cells (all off by default).
+    #[serde(default)]
+    pub guards: GuardConfig,
+}
+
+/// `[search.guards]`: guards against the collapse of DARTS' normal cell to parameter-free ops
+/// (skip_connect, pooling). All off by default, which is the search as DARTS defines it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardConfig {
+    /// DARTS- (Chu et al., ICLR 2021): `β·x` added to every stride-1 edge of the supernet, an
+    /// auxiliary skip connection outside the softmax, so that skip_connect's own weight need
+    /// not carry the residual path; β decays linearly from this value to 0 over the search
+    /// (DARTS- uses 1; 0 is off). The derived network has no such term.
+    #[serde(default)]
+    pub aux_skip: f64,
+    /// P-DARTS (Chen et al., ICCV 2019): at most this many skip_connect edges in the derived
+    /// normal cell (P-DARTS uses 2); unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_skip: Option<usize>,
+}
+
+impl GuardConfig {
+    /// β of the auxiliary skip at global step `step` (1-based) of `total`: linear from
+    /// `aux_skip` at the first step to 0 after the last.
+    pub fn aux_skip_at(&self, step: usize, total: usize) -> f32 {
+        if self.aux_skip == 0.0 || total == 0 {
+            return 0.0;
+        }
+        let done = (step.saturating_sub(1) as f64 / total as f64).clamp(0.0, 1.0);
+        (self.aux_skip * (1.0 - done)) as f32
+    }
 }
 
 impl SearchConfig {
@@ -138,6 +170,7 @@ impl SearchConfig {
             alpha_lr: Self::default_alpha_lr(),
             alpha_betas: Self::default_alpha_betas(),
             alpha_weight_decay: Self::default_alpha_weight_decay(),
+            guards: GuardConfig::default(),
         }
     }
 
@@ -251,6 +284,19 @@ impl ExperimentConfig {
         r.fraction("search.alpha_betas[0]", s.alpha_betas[0])?;
         r.fraction("search.alpha_betas[1]", s.alpha_betas[1])?;
         r.within("search.alpha_weight_decay", s.alpha_weight_decay, 0.0, 1.0)?;
+        r.within("search.guards.aux_skip", s.guards.aux_skip, 0.0, 10.0)?;
+        if let Some(max) = s.guards.max_skip {
+            // Two edges per node are kept.
+            r.count("search.guards.max_skip", max, 0, 2 * m.nodes)?;
+            let others =
+                m.primitives.iter().any(|p| !matches!(p, Primitive::None | Primitive::SkipConnect));
+            if !others {
+                return bad(
+                    "search.guards.max_skip",
+                    "needs an op other than none and skip_connect in model.primitives",
+                );
+            }
+        }
         self.record.validate(&r)?;
         self.nan_guard.validate(&r)?;
         self.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))

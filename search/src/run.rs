@@ -57,7 +57,17 @@ pub fn net_shape(cfg: &ExperimentConfig, set: &ImageSet) -> NetShape {
 /// The genotype of the current α.
 pub fn derive_genotype(cfg: &ExperimentConfig, alphas: &Alphas) -> Result<Genotype, RunError> {
     let (an, ar) = alphas.to_rows()?;
-    Ok(Genotype::derive(&an, &ar, &cfg.model.primitives, cfg.model.nodes, 2)?)
+    derive_rows(cfg, &an, &ar)
+}
+
+/// The genotype of α rows, with the configured limit on skip connections (P-DARTS).
+fn derive_rows(
+    cfg: &ExperimentConfig,
+    an: &[Vec<f32>],
+    ar: &[Vec<f32>],
+) -> Result<Genotype, RunError> {
+    let m = &cfg.model;
+    Ok(Genotype::derive_limited(an, ar, &m.primitives, m.nodes, 2, cfg.search.guards.max_skip)?)
 }
 
 /// What the weight step left pending.
@@ -101,6 +111,8 @@ impl EpochTask for SearchTask<'_> {
         let tb = data::batch(&self.set, kind, ti, Some(&mut *rng), &self.ad);
         let vb = data::batch(&self.set, kind, vi, Some(&mut *rng), &self.ad);
 
+        // DARTS-' β for this step, the same in the architecture and the weight step.
+        self.net.aux_skip = s.guards.aux_skip_at(input.step, self.steps * s.epochs);
         let alphas_before = self.alphas.clone();
         let optims = (&mut self.a_optim, &self.w_optim);
         self.alphas = arch_step(&self.net, self.alphas.clone(), optims, (&tb, &vb), input.lr, s);
@@ -177,7 +189,7 @@ impl EpochTask for SearchTask<'_> {
                 }
             }
         }
-        let genotype = Genotype::derive(&an, &ar, primitives, self.cfg.model.nodes, 2)?;
+        let genotype = derive_rows(self.cfg, &an, &ar)?;
         let genotypes = vec![GenotypeRow { epoch, genotype: genotype.to_darts_text() }];
         Ok(EpochRows { alphas, genotypes })
     }

@@ -94,22 +94,32 @@ impl SearchCell {
         })
     }
 
+    /// `aux_skip` is DARTS-' β: when positive, `β·h` joins the node sum for every stride-1
+    /// edge reading state `h` (in a reduction cell, the edges between intermediate nodes).
+    ///
     /// # Shapes
     /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]` (s0 at twice the resolution after a
     ///   reduction); weights: one `[K]` row per edge; output: `[N, nodes·C, H', W']`.
-    pub fn forward(&self, s0: QTensor, s1: QTensor, weights: &[Tensor<1>]) -> QTensor {
+    pub fn forward(
+        &self,
+        s0: QTensor,
+        s1: QTensor,
+        weights: &[Tensor<1>],
+        aux_skip: f32,
+    ) -> QTensor {
         let s0 = self.preproc0.forward(s0);
         let mut states = vec![s0, self.preproc1.forward(s1)];
         let mut k = 0;
         for add in &self.adds {
-            let terms: Vec<QTensor> = states
-                .iter()
-                .map(|h| {
-                    let y = self.edges[k].forward(h.clone(), weights[k].clone());
-                    k += 1;
-                    y
-                })
-                .collect();
+            let mut terms: Vec<QTensor> = Vec::with_capacity(2 * states.len());
+            for (j, h) in states.iter().enumerate() {
+                terms.push(self.edges[k].forward(h.clone(), weights[k].clone()));
+                k += 1;
+                let stride1 = !(self.reduction && j < 2);
+                if aux_skip > 0.0 && stride1 {
+                    terms.push(QTensor::float(h.value.clone().mul_scalar(aux_skip)));
+                }
+            }
             states.push(add.forward(terms));
         }
         self.concat.forward(states.split_off(2))

@@ -50,6 +50,9 @@ pub struct SearchNetwork {
     pub gap_act: Option<FakeQuantizer>,
     /// Classifier (`classifier`).
     pub classifier: QLinear,
+    /// DARTS-' β of the auxiliary skip connections at the current step (0: none); set by the
+    /// search loop, not a weight (not saved: the loop sets it again from the step).
+    pub aux_skip: f32,
 }
 
 impl SearchNetwork {
@@ -89,6 +92,7 @@ impl SearchNetwork {
             cells,
             gap_act: ctx("gap", "classifier").quantizer(Site::Act, "act", 1)?,
             classifier: QLinear::new(c_p, s.classes, &ctx("classifier", "classifier"))?,
+            aux_skip: 0.0,
         })
     }
 
@@ -106,7 +110,7 @@ impl SearchNetwork {
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
         for cell in &self.cells {
             let w = if cell.reduction { &reduce } else { &normal };
-            let out = cell.forward(s0, s1.clone(), w);
+            let out = cell.forward(s0, s1.clone(), w, self.aux_skip);
             (s0, s1) = (s1, out);
         }
         let [n, c, _, _] = s1.dims();
