@@ -63,9 +63,17 @@ pub(crate) fn show(bar: &ProgressBar, p: &Progress) {
     bar.set_message(format!("loss {:.3} top1 {:.1}%", p.loss, 100.0 * p.top1));
 }
 
+/// The collapse warning of a derived genotype, on stderr.
+pub(crate) fn warn_collapse(g: &qdarts_genotypes::Genotype) {
+    if let Some(alert) = g.collapse_alert() {
+        eprintln!("warning: {alert}");
+    }
+}
+
 fn report(out: &SearchOutcome) {
     if out.finished {
         println!("{}", out.genotype.to_darts_text());
+        warn_collapse(&out.genotype);
         eprintln!("run record: {}", out.run_dir.display());
     } else {
         eprintln!(
@@ -226,6 +234,9 @@ fn with_dashboard(
                 match &out {
                     Ok(o) if o.finished => {
                         log.line(&format!("finished: {}", o.genotype.to_darts_text()));
+                        if let Some(alert) = o.genotype.collapse_alert() {
+                            log.line(&format!("warning: {alert}"));
+                        }
                         shared.set("finished".into(), SearchPhase::Done);
                     }
                     Ok(_) => {

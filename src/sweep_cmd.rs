@@ -332,6 +332,7 @@ pub fn run_trial(
             bar.finish_and_clear();
             if out.finished {
                 println!("{}", out.genotype.to_darts_text());
+                crate::search_cmd::warn_collapse(&out.genotype);
             }
         }
         TrialKind::Train => {

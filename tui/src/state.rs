@@ -352,6 +352,13 @@ impl DashboardState {
         self.current_quant().min_by(|a, b| a.sqnr_db.total_cmp(&b.sqnr_db))
     }
 
+    /// The collapse alert of the genotype shown (more than half of the normal cell's kept
+    /// edges parameter-free), if it has one.
+    pub fn collapse_alert(&self) -> Option<String> {
+        let text = self.current_genotype()?;
+        qdarts_genotypes::Genotype::from_darts_text(text).ok()?.collapse_alert()
+    }
+
     /// The genotype to show: the final one, else the latest epoch's.
     pub fn current_genotype(&self) -> Option<&str> {
         self.final_genotype.as_deref().or_else(|| self.genotypes.last().map(|(_, g)| g.as_str()))

@@ -214,3 +214,20 @@ fn the_nan_table_shows_site_layer_value_and_action() {
     let none = draw(&NanTable { state: &empty, offset: 0 }, 60, 5);
     assert!(none.contains("no non-finite values"), "{none}");
 }
+
+#[test]
+fn a_parameter_free_normal_cell_raises_the_collapse_alert_in_the_genotype_panel_and_header() {
+    let pooled = "Genotype(normal=[[('max_pool_3x3', 0), ('avg_pool_3x3', 1)], \
+                  [('avg_pool_3x3', 0), ('skip_connect', 2)]], normal_concat=range(2, 4), \
+                  reduce=[[('sep_conv_3x3', 0), ('sep_conv_3x3', 1)], \
+                  [('sep_conv_3x3', 0), ('sep_conv_3x3', 2)]], reduce_concat=range(2, 4))";
+    let mut s = state();
+    assert!(s.collapse_alert().is_none());
+    feed::<qdarts_record::GenotypeRow>(&mut s, Source::Genotypes, &[&format!("5,\"{pooled}\"")]);
+    let alert = s.collapse_alert().expect("alert");
+    assert!(alert.contains("4 of the normal cell's 4 edges"), "{alert}");
+    let screen = draw(&GenotypePanel { state: &s, offset: 0, compact: true }, 120, 12);
+    assert!(screen.contains("collapse: 4 of the normal cell's 4 edges"), "{screen}");
+    let header = draw(&Header { state: &s, search: None }, 200, 3);
+    assert!(header.contains("collapse: normal cell mostly parameter-free"), "{header}");
+}

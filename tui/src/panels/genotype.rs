@@ -75,7 +75,14 @@ impl Widget for &GenotypePanel<'_> {
         let lines = match s.current_genotype() {
             None => vec![Line::styled("no genotype yet (derived at each epoch end)", THEME.dim)],
             Some(text) => match Genotype::from_darts_text(text) {
-                Ok(g) => cell_lines(&g),
+                Ok(g) => {
+                    let mut lines = Vec::new();
+                    if let Some(alert) = g.collapse_alert() {
+                        lines.push(Line::styled(format!("⚠ {alert}"), THEME.bad));
+                    }
+                    lines.extend(cell_lines(&g));
+                    lines
+                }
                 Err(_) => vec![Line::raw(text.to_string())],
             },
         };

@@ -72,6 +72,9 @@ impl Widget for &Header<'_> {
             Span::styled("  ETA ", THEME.label),
             Span::styled(s.eta_seconds().map_or("-".into(), duration), THEME.value),
         ]);
+        if s.collapse_alert().is_some() {
+            second.push(Span::styled("  collapse: normal cell mostly parameter-free", THEME.bad));
+        }
         if s.skipped_rows > 0 {
             second.push(Span::styled(format!("  {} rows skipped", s.skipped_rows), THEME.warn));
         }
