@@ -180,6 +180,8 @@ struct Alphas {
     /// Per edge: op → (epoch, weight).
     edges: Vec<BTreeMap<String, Vec<(f64, f64)>>>,
     epochs: (f64, f64),
+    /// Top of the y axis.
+    top: f64,
 }
 
 const PANEL_COLS: usize = 5;
@@ -199,7 +201,11 @@ impl Alphas {
             (lo.min((r.epoch + 1) as f64), hi.max((r.epoch + 1) as f64))
         });
         let epochs = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
-        Alphas { cell, ops, edges, epochs }
+        // One y scale for all panels, to the largest weight (softmax weights of 8 ops start
+        // near 1/8 and rarely reach 1 in short searches).
+        let top = rows.iter().map(|r| r.weight).fold(0.0f64, f64::max);
+        let top = (top * 1.1).clamp(0.05, 1.0);
+        Alphas { cell, ops, edges, epochs, top }
     }
 
     fn size(&self) -> (u32, u32) {
@@ -228,7 +234,7 @@ impl Figure for Alphas {
                 .margin(6)
                 .x_label_area_size(22)
                 .y_label_area_size(34)
-                .build_cartesian_2d(self.epochs.0..self.epochs.1, 0.0..1.0)
+                .build_cartesian_2d(self.epochs.0..self.epochs.1, 0.0..self.top)
                 .map_err(de)?;
             chart
                 .configure_mesh()
