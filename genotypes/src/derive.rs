@@ -30,7 +30,7 @@ pub fn derive_cell(
     nodes: usize,
     k: usize,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
-    derive_cell_excluding(alpha, primitives, nodes, k, &[])
+    derive_cell_excluding(alpha, primitives, nodes, k, &[], None)
 }
 
 /// [`derive_cell`] with at most `max_skip` skip_connect edges kept, as P-DARTS (Chen et al.,
@@ -44,19 +44,44 @@ pub fn derive_cell_limited(
     k: usize,
     max_skip: usize,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
-    let Some(skip) = primitives.iter().position(|p| *p == Primitive::SkipConnect) else {
-        return derive_cell(alpha, primitives, nodes, k);
+    derive_cell_with(alpha, primitives, nodes, k, Some(max_skip), None)
+}
+
+/// The cell under every option: P-DARTS' skip limit, and PC-DARTS' edge weights (`scale`, one
+/// per edge, the softmax of β within each node), which multiply each edge's softmax(α) before
+/// the edges are ranked (PC-DARTS `_parse`).
+fn derive_cell_with(
+    alpha: &[Vec<f32>],
+    primitives: &[Primitive],
+    nodes: usize,
+    k: usize,
+    max_skip: Option<usize>,
+    scale: Option<&[f32]>,
+) -> Result<Vec<Vec<Edge>>, GenotypeError> {
+    if let Some(s) = scale {
+        if s.len() != alpha.len() || s.iter().any(|v| !v.is_finite()) {
+            return Err(GenotypeError::Weights(format!(
+                "{} edge weights for {} edges, or a non-finite one",
+                s.len(),
+                alpha.len()
+            )));
+        }
+    }
+    let skip = primitives.iter().position(|p| *p == Primitive::SkipConnect);
+    let (Some(max_skip), Some(skip)) = (max_skip, skip) else {
+        return derive_cell_excluding(alpha, primitives, nodes, k, &[], scale);
     };
     let mut excluded: Vec<usize> = Vec::new();
     loop {
-        let cell = derive_cell_excluding(alpha, primitives, nodes, k, &excluded)?;
+        let cell = derive_cell_excluding(alpha, primitives, nodes, k, &excluded, scale)?;
         // (edge index, skip weight) of the kept skip_connect edges.
         let mut kept = Vec::new();
         let mut start = 0;
         for (i, edges) in cell.iter().enumerate() {
             for e in edges.iter().filter(|e| e.op == Primitive::SkipConnect) {
                 let edge = start + e.input;
-                kept.push((edge, softmax(&alpha[edge])[skip]));
+                let w = softmax(&alpha[edge])[skip] * scale.map_or(1.0, |s| s[edge]);
+                kept.push((edge, w));
             }
             start += i + 2;
         }
@@ -89,6 +114,7 @@ fn derive_cell_excluding(
     nodes: usize,
     k: usize,
     no_skip: &[usize],
+    scale: Option<&[f32]>,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
     let want = edge_count(nodes);
     if alpha.len() != want {
@@ -119,7 +145,8 @@ fn derive_cell_excluding(
         // (input, best op index, its weight)
         let mut best: Vec<(usize, usize, f32)> = (0..inputs)
             .filter_map(|j| {
-                let w = softmax(&alpha[start + j]);
+                let e = scale.map_or(1.0, |s| s[start + j]);
+                let w: Vec<f32> = softmax(&alpha[start + j]).into_iter().map(|v| v * e).collect();
                 let allowed = |c: usize| {
                     !(primitives[c] == Primitive::SkipConnect && no_skip.contains(&(start + j)))
                 };
@@ -144,22 +171,42 @@ fn derive_cell_excluding(
     Ok(out)
 }
 
+/// How a genotype is derived beyond DARTS' rule.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeriveOptions<'a> {
+    /// P-DARTS: at most this many skip_connect edges in the normal cell.
+    pub max_skip: Option<usize>,
+    /// PC-DARTS: edge weights of the normal cell (softmax of β within each node).
+    pub edge_normal: Option<&'a [f32]>,
+    /// PC-DARTS: edge weights of the reduction cell.
+    pub edge_reduce: Option<&'a [f32]>,
+}
+
 impl Genotype {
-    /// [`Genotype::derive`] with P-DARTS' limit on the normal cell's skip_connect edges
-    /// ([`derive_cell_limited`]); `None` is no limit.
-    pub fn derive_limited(
+    /// [`Genotype::derive`] under `opt`: P-DARTS' limit on the normal cell's skip_connect edges
+    /// ([`derive_cell_limited`]) and PC-DARTS' edge weights in the ranking of edges.
+    pub fn derive_with(
         alpha_normal: &[Vec<f32>],
         alpha_reduce: &[Vec<f32>],
         primitives: &[Primitive],
         nodes: usize,
         k: usize,
-        max_skip: Option<usize>,
+        opt: &DeriveOptions<'_>,
     ) -> Result<Genotype, GenotypeError> {
-        let mut g = Self::derive(alpha_normal, alpha_reduce, primitives, nodes, k)?;
-        if let Some(m) = max_skip {
-            g.normal = derive_cell_limited(alpha_normal, primitives, nodes, k, m)?;
-        }
-        Ok(g)
+        let concat: Vec<usize> = (2..2 + nodes).collect();
+        Ok(Genotype {
+            normal: derive_cell_with(
+                alpha_normal,
+                primitives,
+                nodes,
+                k,
+                opt.max_skip,
+                opt.edge_normal,
+            )?,
+            normal_concat: concat.clone(),
+            reduce: derive_cell_with(alpha_reduce, primitives, nodes, k, None, opt.edge_reduce)?,
+            reduce_concat: concat,
+        })
     }
 
     /// The genotype of raw α for the normal and the reduction cell (`[edges][ops]` each), keeping

@@ -10,7 +10,7 @@ mod primitive;
 mod random;
 mod text;
 
-pub use derive::{derive_cell, derive_cell_limited, edge_count, softmax};
+pub use derive::{DeriveOptions, derive_cell, derive_cell_limited, edge_count, softmax};
 pub use error::GenotypeError;
 pub use genotype::{Edge, Genotype, MAX_EDGES, MAX_NODES};
 pub use known::{KNOWN, known};

@@ -185,7 +185,9 @@ fn ties_keep_the_lower_index_and_bad_shapes_are_errors() {
 }
 
 mod skip_limit {
-    use qdarts_genotypes::{Edge, Genotype, Primitive, derive_cell, derive_cell_limited};
+    use qdarts_genotypes::{
+        DeriveOptions, Edge, Genotype, Primitive, derive_cell, derive_cell_limited,
+    };
 
     const OPS: [Primitive; 4] =
         [Primitive::None, Primitive::MaxPool3x3, Primitive::SkipConnect, Primitive::SepConv3x3];
@@ -230,11 +232,12 @@ mod skip_limit {
     #[test]
     fn only_the_normal_cell_is_limited_and_a_space_without_other_ops_is_an_error() {
         let a = alpha([5.0; 9]);
-        let g = Genotype::derive_limited(&a, &a, &OPS, 3, 2, Some(1)).expect("derived");
+        let opt = DeriveOptions { max_skip: Some(1), ..Default::default() };
+        let g = Genotype::derive_with(&a, &a, &OPS, 3, 2, &opt).expect("derived");
         assert_eq!(g.normal.iter().flatten().filter(|x| x.op == Primitive::SkipConnect).count(), 1);
         assert_eq!(g.reduce.iter().flatten().filter(|x| x.op == Primitive::SkipConnect).count(), 6);
         assert_eq!(
-            Genotype::derive_limited(&a, &a, &OPS, 3, 2, None).expect("plain"),
+            Genotype::derive_with(&a, &a, &OPS, 3, 2, &DeriveOptions::default()).expect("plain"),
             Genotype::derive(&a, &a, &OPS, 3, 2).expect("plain")
         );
         let only_skip = [Primitive::None, Primitive::SkipConnect];
@@ -261,5 +264,38 @@ mod skip_limit {
         let alert = pooled.collapse_alert().expect("alert");
         assert!(alert.contains("of the normal cell's 8 edges"), "{alert}");
         assert!(Primitive::SepConv3x3.has_weights() && !Primitive::SkipConnect.has_weights());
+    }
+}
+
+mod edge_normalization {
+    use qdarts_genotypes::{DeriveOptions, Edge, Genotype, Primitive};
+
+    #[test]
+    fn pc_darts_ranks_edges_by_softmax_alpha_times_the_edge_weight() {
+        let ops = [Primitive::None, Primitive::MaxPool3x3, Primitive::SepConv3x3];
+        // Two nodes (5 edges). Of node 3's three inputs, edge 2 has the strongest op by α
+        // alone, but β gives edges 3 and 4 most of the node's weight.
+        let a: Vec<Vec<f32>> = vec![
+            vec![0.0, 0.0, 1.0],
+            vec![0.0, 1.0, 0.0],
+            vec![0.0, 0.0, 3.0],
+            vec![0.0, 0.0, 1.0],
+            vec![0.0, 1.5, 0.0],
+        ];
+        let plain = Genotype::derive(&a, &a, &ops, 2, 2).unwrap();
+        let sep = |input| Edge { op: Primitive::SepConv3x3, input };
+        let max = |input| Edge { op: Primitive::MaxPool3x3, input };
+        assert_eq!(plain.normal[1], [sep(0), max(2)]);
+        // Edge weights (softmax of β within each node): node 2 even, node 3 mostly on 1 and 2.
+        let scale = [0.5, 0.5, 0.1, 0.5, 0.4];
+        let opt = DeriveOptions { edge_normal: Some(&scale), ..Default::default() };
+        let g = Genotype::derive_with(&a, &a, &ops, 2, 2, &opt).unwrap();
+        // softmax rows: edge 2 sep 0.909·0.1 = 0.091; edge 3 sep 0.576·0.5 = 0.288;
+        // edge 4 max 0.692·0.4 = 0.277: edges 3 then 4.
+        assert_eq!(g.normal[1], [sep(1), max(2)]);
+        // The ops on each edge stay α's choice; the reduction cell is untouched.
+        assert_eq!(g.reduce, plain.reduce);
+        let bad = DeriveOptions { edge_normal: Some(&scale[..3]), ..Default::default() };
+        assert!(Genotype::derive_with(&a, &a, &ops, 2, 2, &bad).is_err());
     }
 }

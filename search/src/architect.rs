@@ -112,27 +112,50 @@ impl Drop for Held {
     }
 }
 
-/// The gradient of α as two tensors `(normal, reduce)`.
+/// The gradient of α as two tensors `(normal, reduce)`, and of PC-DARTS' β when edges are
+/// normalized.
 #[derive(Debug, Clone)]
 pub struct AlphaGrads {
     /// `[edges, K]`.
     pub normal: Tensor<2>,
     /// `[edges, K]`.
     pub reduce: Tensor<2>,
+    /// `[edges]`, with edge normalization.
+    pub edge_normal: Option<Tensor<1>>,
+    /// `[edges]`, with edge normalization.
+    pub edge_reduce: Option<Tensor<1>>,
+}
+
+fn lin<const D: usize>(x: &Tensor<D>, a: f32, y: &Tensor<D>, b: f32) -> Tensor<D> {
+    x.clone().mul_scalar(a).add(y.clone().mul_scalar(b))
 }
 
 impl AlphaGrads {
     fn take(grads: &mut burn::tensor::Gradients, alphas: &Alphas) -> Self {
         let g = GradientsParams::from_module(grads, alphas);
         let pick = |id| g.get::<2>(id).unwrap_or_else(|| alphas.normal.val().zeros_like().inner());
-        AlphaGrads { normal: pick(alphas.normal.id), reduce: pick(alphas.reduce.id) }
+        let edge = |b: &Option<Param<Tensor<1>>>| {
+            b.as_ref().map(|b| g.get::<1>(b.id).unwrap_or_else(|| b.val().zeros_like().inner()))
+        };
+        AlphaGrads {
+            normal: pick(alphas.normal.id),
+            reduce: pick(alphas.reduce.id),
+            edge_normal: edge(&alphas.edge_normal),
+            edge_reduce: edge(&alphas.edge_reduce),
+        }
     }
 
     /// `a·self + b·other`.
     pub fn combine(&self, a: f32, other: &AlphaGrads, b: f32) -> AlphaGrads {
+        let edge = |x: &Option<Tensor<1>>, y: &Option<Tensor<1>>| match (x, y) {
+            (Some(x), Some(y)) => Some(lin(x, a, y, b)),
+            _ => None,
+        };
         AlphaGrads {
-            normal: self.normal.clone().mul_scalar(a).add(other.normal.clone().mul_scalar(b)),
-            reduce: self.reduce.clone().mul_scalar(a).add(other.reduce.clone().mul_scalar(b)),
+            normal: lin(&self.normal, a, &other.normal, b),
+            reduce: lin(&self.reduce, a, &other.reduce, b),
+            edge_normal: edge(&self.edge_normal, &other.edge_normal),
+            edge_reduce: edge(&self.edge_reduce, &other.edge_reduce),
         }
     }
 
@@ -141,6 +164,13 @@ impl AlphaGrads {
         let mut g = GradientsParams::new();
         g.register(alphas.normal.id, self.normal);
         g.register(alphas.reduce.id, self.reduce);
+        for (p, t) in
+            [(&alphas.edge_normal, self.edge_normal), (&alphas.edge_reduce, self.edge_reduce)]
+        {
+            if let (Some(p), Some(t)) = (p, t) {
+                g.register(p.id, t);
+            }
+        }
         g
     }
 }
@@ -172,8 +202,7 @@ pub fn hessian_vector<M: Module, G>(
 pub type Batch = (Tensor<4>, Tensor<1, Int>);
 
 fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch) -> Tensor<1> {
-    let (wn, wr) = alphas.weights();
-    cross_entropy(net.forward(batch.0.clone(), wn, wr), batch.1.clone())
+    cross_entropy(net.forward_arch(batch.0.clone(), alphas.arch()), batch.1.clone())
 }
 
 /// `∇α L`. The weights are taken untracked: backward then skips every weight gradient (about a

@@ -140,6 +140,12 @@ pub struct GuardConfig {
     /// normal cell (P-DARTS uses 2); unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_skip: Option<usize>,
+    /// PC-DARTS (Xu et al., ICLR 2020): a parameter β per edge, softmax over each node's
+    /// inputs, scaling each edge's output in the node sum and its rank in the derivation.
+    /// PC-DARTS uses it with partial channels (`model.partial_channels > 1`), where sampling
+    /// channels makes the edge choice noisy.
+    #[serde(default)]
+    pub edge_normalization: bool,
 }
 
 impl GuardConfig {

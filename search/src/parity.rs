@@ -225,6 +225,9 @@ pub fn read_inputs(dir: &Path, device: &Device) -> Result<(StepSpec, StepState),
     let alphas = Alphas {
         normal: Param::from_tensor(pick("normal")?),
         reduce: Param::from_tensor(pick("reduce")?),
+        edge_normal: None,
+        edge_reduce: None,
+        nodes: spec.nodes,
     };
     let (mut w_optim, _) = build_optimizers(&spec.search());
     let (v, _) = tensors::read(&dir.join("velocity.safetensors"))?;

@@ -16,7 +16,7 @@ use qdarts_engine::{
     ConfigError, Progress, RunError, Sgd, apply_limit, load_module, load_optim, note_epochs_change,
     run_epochs, save_module, save_optim, seeded, start,
 };
-use qdarts_genotypes::{Genotype, softmax};
+use qdarts_genotypes::{DeriveOptions, Genotype, softmax};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::quant::lsq;
 use qdarts_record::{
@@ -57,17 +57,25 @@ pub fn net_shape(cfg: &ExperimentConfig, set: &ImageSet) -> NetShape {
 /// The genotype of the current α.
 pub fn derive_genotype(cfg: &ExperimentConfig, alphas: &Alphas) -> Result<Genotype, RunError> {
     let (an, ar) = alphas.to_rows()?;
-    derive_rows(cfg, &an, &ar)
+    derive_rows(cfg, alphas, &an, &ar)
 }
 
-/// The genotype of α rows, with the configured limit on skip connections (P-DARTS).
+/// The genotype of α rows under the configured guards: P-DARTS' limit on skip connections,
+/// PC-DARTS' edge weights.
 fn derive_rows(
     cfg: &ExperimentConfig,
+    alphas: &Alphas,
     an: &[Vec<f32>],
     ar: &[Vec<f32>],
 ) -> Result<Genotype, RunError> {
     let m = &cfg.model;
-    Ok(Genotype::derive_limited(an, ar, &m.primitives, m.nodes, 2, cfg.search.guards.max_skip)?)
+    let edges = alphas.edge_rows()?;
+    let opt = DeriveOptions {
+        max_skip: cfg.search.guards.max_skip,
+        edge_normal: edges.as_ref().map(|e| e.0.as_slice()),
+        edge_reduce: edges.as_ref().map(|e| e.1.as_slice()),
+    };
+    Ok(Genotype::derive_with(an, ar, &m.primitives, m.nodes, 2, &opt)?)
 }
 
 /// What the weight step left pending.
@@ -163,11 +171,11 @@ impl EpochTask for SearchTask<'_> {
     fn validate(&mut self) -> Result<Evaluation, RunError> {
         let (bs, kind) = (self.cfg.search.batch_size, self.cfg.data.dataset);
         let eval = self.net.valid();
-        let (wn, wr) = self.alphas.valid().weights();
+        let arch = self.alphas.valid().arch();
         let (mut loss, mut right, mut n) = (0.0, 0usize, 0usize);
         for chunk in self.val_idx.chunks(bs).take(self.steps) {
             let (x, y) = data::batch(&self.set, kind, chunk, None, self.device);
-            let logits = eval.forward(x, wn.clone(), wr.clone());
+            let logits = eval.forward_arch(x, arch.clone());
             loss += cross_entropy(logits.clone(), y.clone()).into_scalar::<f32>() as f64
                 * chunk.len() as f64;
             right += correct(logits, y);
@@ -189,7 +197,7 @@ impl EpochTask for SearchTask<'_> {
                 }
             }
         }
-        let genotype = derive_rows(self.cfg, &an, &ar)?;
+        let genotype = derive_rows(self.cfg, &self.alphas, &an, &ar)?;
         let genotypes = vec![GenotypeRow { epoch, genotype: genotype.to_darts_text() }];
         Ok(EpochRows { alphas, genotypes })
     }
@@ -262,7 +270,13 @@ pub fn prepare_search<'a>(
     // initial value, so that two searches in one process (tests) cannot interleave draws.
     let (net, alphas) = seeded(&ad, cfg.seed, || {
         let net = SearchNetwork::new(&shape, &cfg.quant, &ad)?;
-        Ok::<_, RunError>((net, Alphas::new(cfg.model.nodes, cfg.model.primitives.len(), &ad)))
+        let alphas = Alphas::new(cfg.model.nodes, cfg.model.primitives.len(), &ad);
+        let alphas = if cfg.search.guards.edge_normalization {
+            alphas.with_edge_normalization(&ad)
+        } else {
+            alphas
+        };
+        Ok::<_, RunError>((net, alphas))
     })?;
     let (w_optim, a_optim) = build_optimizers(&cfg.search);
     let plan = Plan {

@@ -53,8 +53,7 @@ pub fn weight_backward(
     inject: Option<InjectSite>,
     s: &SearchConfig,
 ) -> (Backward, Tensor<2>) {
-    let (wn, wr) = alphas.weights();
-    let logits = net.forward(train.0.clone(), wn.detach(), wr.detach());
+    let logits = net.forward_arch(train.0.clone(), alphas.arch().detach());
     let loss = cross_entropy(logits.clone(), train.1.clone());
     (guarded_backward(net, loss, inject, s.w_grad_clip), logits)
 }

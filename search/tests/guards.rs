@@ -35,8 +35,8 @@ fn skip_cell(reduction: bool, beta: f32) -> (Tensor<4>, Tensor<4>, Tensor<4>, Te
     });
     let w: Vec<Tensor<1>> = (0..5).map(|_| Tensor::<1>::ones([1], &d)).collect();
     let q = |t: &Tensor<4>| QTensor::float(t.clone());
-    let plain = cell.forward(q(&s0), q(&s1), &w, 0.0).value;
-    let aux = cell.forward(q(&s0), q(&s1), &w, beta).value;
+    let plain = cell.forward(q(&s0), q(&s1), &w, None, 0.0).value;
+    let aux = cell.forward(q(&s0), q(&s1), &w, None, beta).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
     let p1 = cell.preproc1.forward(q(&s1)).value;
     (plain, aux, p0, p1)
@@ -68,7 +68,7 @@ fn the_auxiliary_skip_adds_beta_times_each_stride1_input_to_the_node_sum() {
 
 #[test]
 fn beta_decays_linearly_to_zero_over_the_search() {
-    let g = GuardConfig { aux_skip: 1.0, max_skip: None };
+    let g = GuardConfig { aux_skip: 1.0, ..Default::default() };
     assert_eq!(g.aux_skip_at(1, 10), 1.0);
     assert!((g.aux_skip_at(6, 10) - 0.5).abs() < 1e-7);
     assert!((g.aux_skip_at(10, 10) - 0.1).abs() < 1e-7);
@@ -151,4 +151,121 @@ fn guard_settings_out_of_range_are_refused_naming_the_key() {
     let text = "name = \"g\"\n[data]\ndataset = \"fashion-mnist\"\n[model]\ninit_channels = 2\nlayers = 3\nnodes = 2\nstem_multiplier = 1\nprimitives = [\"none\", \"skip_connect\"]\n[search]\nepochs = 1\nbatch_size = 8\n[search.guards]\nmax_skip = 1\n";
     let err = ExperimentConfig::parse(text, Path::new("g.toml"), &[]).unwrap_err().to_string();
     assert!(err.contains("other than none and skip_connect"), "{err}");
+}
+
+#[test]
+fn edge_weights_scale_each_edge_in_its_node_sum() {
+    let d = Device::flex();
+    let shape = CellShape {
+        c_pp: 4,
+        c_p: 4,
+        c: 4,
+        reduction: false,
+        reduction_prev: false,
+        nodes: 2,
+        partial: 1,
+    };
+    let (cell, s0, s1) = qdarts_ops::seeded(&d, 8, || {
+        let cell =
+            SearchCell::new(shape, &[Primitive::SkipConnect], &QuantConfig::float(), "cells.0", &d)
+                .unwrap();
+        let x = || Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &d);
+        (cell, x(), x())
+    });
+    let w: Vec<Tensor<1>> = (0..5).map(|_| Tensor::<1>::ones([1], &d)).collect();
+    let e = [0.3f32, 0.7, 0.2, 0.5, 0.3];
+    let edge: Vec<Tensor<1>> = e.iter().map(|&v| Tensor::<1>::from_floats([v], &d)).collect();
+    let q = |t: &Tensor<4>| QTensor::float(t.clone());
+    let out = cell.forward(q(&s0), q(&s1), &w, Some(&edge), 0.0).value;
+    let p0 = cell.preproc0.forward(q(&s0)).value;
+    let p1 = cell.preproc1.forward(q(&s1)).value;
+    let n2 = p0.clone().mul_scalar(e[0]).add(p1.clone().mul_scalar(e[1]));
+    let n3 = p0.mul_scalar(e[2]).add(p1.mul_scalar(e[3])).add(n2.clone().mul_scalar(e[4]));
+    assert!(max_diff(out, Tensor::cat(vec![n2, n3], 1)) < 1e-5);
+}
+
+#[test]
+fn the_edge_weight_gradient_matches_a_finite_difference() {
+    use burn::module::Param;
+    use burn::tensor::Int;
+    use qdarts_search::architect::first_order;
+    use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
+
+    let d = Device::flex().autodiff();
+    let shape = NetShape {
+        c_in: 1,
+        classes: 10,
+        channels: 4,
+        layers: 3,
+        nodes: 2,
+        stem_multiplier: 1,
+        primitives: Primitive::DARTS.to_vec(),
+        partial_channels: 1,
+    };
+    let (net, alphas, x) = qdarts_ops::seeded(&d, 21, || {
+        let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
+        let alphas = Alphas::new(2, 8, &d).with_edge_normalization(&d);
+        // β away from 0, so that the node softmaxes are not flat.
+        let b = Tensor::<1>::random([5], Distribution::Normal(0.0, 1.0), &d);
+        let alphas = Alphas { edge_normal: Some(Param::from_tensor(b)), ..alphas };
+        let x = Tensor::<4>::random([4, 1, 12, 12], Distribution::Normal(0.0, 1.0), &d);
+        (net, alphas, x)
+    });
+    let y = Tensor::<1, Int>::from_ints([1, 3, 5, 7], &d);
+    // BatchNorm normalizes with the batch's statistics (training mode): for one batch the
+    // loss is a smooth function of β alone.
+    let g = first_order(&net, &alphas, &(x.clone(), y.clone()));
+    let ge: Vec<f32> =
+        g.edge_normal.expect("β gradient").into_data().convert::<f32>().to_vec().unwrap();
+    assert!(g.edge_reduce.is_some());
+    let beta: Vec<f32> =
+        alphas.edge_normal.as_ref().unwrap().val().into_data().convert::<f32>().to_vec().unwrap();
+    let loss_at = |b: Vec<f32>| -> f64 {
+        let a = Alphas {
+            normal: Param::from_tensor(alphas.normal.val()),
+            reduce: Param::from_tensor(alphas.reduce.val()),
+            edge_normal: Some(Param::from_tensor(Tensor::<1>::from_floats(b.as_slice(), &d))),
+            edge_reduce: alphas.edge_reduce.as_ref().map(|p| Param::from_tensor(p.val())),
+            nodes: 2,
+        };
+        let logits = net.forward_arch(x.clone(), a.arch());
+        qdarts_engine::grads::cross_entropy(logits, y.clone()).into_scalar::<f64>()
+    };
+    let h = 1e-2f32;
+    for i in 0..5 {
+        let (mut up, mut down) = (beta.clone(), beta.clone());
+        up[i] += h;
+        down[i] -= h;
+        let fd = (loss_at(up) - loss_at(down)) / f64::from(2.0 * h);
+        let err = (fd - f64::from(ge[i])).abs();
+        assert!(err < 2e-3 + 2e-2 * fd.abs(), "β[{i}]: autodiff {} vs difference {fd}", ge[i]);
+    }
+    assert!(ge.iter().any(|v| v.abs() > 1e-4), "{ge:?}");
+}
+
+#[test]
+fn a_search_with_edge_normalization_trains_beta_and_ranks_edges_with_it() {
+    let d = Device::flex();
+    let dir = scratch("edges");
+    let cfg = tiny(&dir, "[search.guards]\nedge_normalization = true");
+    let mut go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
+    let out = run_search(&cfg, &d, None, &mut go).unwrap();
+    assert!(out.finished);
+    // Off, the same seed: α start equal, so a different genotype or equal one both happen;
+    // what must hold is that the run without β is today's run, bit for bit.
+    let dir2 = scratch("edges-off");
+    let off = run_search(&tiny(&dir2, ""), &d, None, &mut go).unwrap();
+    let dir3 = scratch("edges-off-again");
+    let again =
+        run_search(&tiny(&dir3, "[search.guards]\nedge_normalization = false"), &d, None, &mut go)
+            .unwrap();
+    let m = |p: &Path| -> Vec<String> {
+        std::fs::read_to_string(p.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .collect()
+    };
+    assert_eq!(m(&off.run_dir), m(&again.run_dir));
+    assert_ne!(m(&out.run_dir), m(&off.run_dir), "β changed nothing");
 }

@@ -94,8 +94,10 @@ impl SearchCell {
         })
     }
 
-    /// `aux_skip` is DARTS-' β: when positive, `β·h` joins the node sum for every stride-1
-    /// edge reading state `h` (in a reduction cell, the edges between intermediate nodes).
+    /// `edge`: PC-DARTS' edge weights (one `[1]` per edge), which scale each edge's output
+    /// in its node's sum. `aux_skip` is DARTS-' β: when positive, `β·h` joins the node sum
+    /// for every stride-1 edge reading state `h` (in a reduction cell, the edges between
+    /// intermediate nodes).
     ///
     /// # Shapes
     /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]` (s0 at twice the resolution after a
@@ -105,6 +107,7 @@ impl SearchCell {
         s0: QTensor,
         s1: QTensor,
         weights: &[Tensor<1>],
+        edge: Option<&[Tensor<1>]>,
         aux_skip: f32,
     ) -> QTensor {
         let s0 = self.preproc0.forward(s0);
@@ -113,7 +116,12 @@ impl SearchCell {
         for add in &self.adds {
             let mut terms: Vec<QTensor> = Vec::with_capacity(2 * states.len());
             for (j, h) in states.iter().enumerate() {
-                terms.push(self.edges[k].forward(h.clone(), weights[k].clone()));
+                let y = self.edges[k].forward(h.clone(), weights[k].clone());
+                terms.push(match edge {
+                    // Off the edge's grid; the node's add requantizes the sum.
+                    Some(e) => QTensor::float(y.value.mul(e[k].clone().reshape([1, 1, 1, 1]))),
+                    None => y,
+                });
                 k += 1;
                 let stride1 = !(self.reduction && j < 2);
                 if aux_skip > 0.0 && stride1 {

@@ -12,6 +12,7 @@ use qdarts_ops::network::{QLinear, is_reduction};
 use qdarts_ops::qconfig::{QuantConfig, Site};
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
+use super::alphas::ArchWeights;
 use super::cell::{CellShape, SearchCell};
 
 /// The shape of a search network.
@@ -101,16 +102,26 @@ impl SearchNetwork {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; w_normal, w_reduce: `[edges, K]`; output: `[N, classes]`.
     pub fn forward(&self, x: Tensor<4>, w_normal: Tensor<2>, w_reduce: Tensor<2>) -> Tensor<2> {
+        self.forward_arch(x, ArchWeights::plain(w_normal, w_reduce))
+    }
+
+    /// Logits for a batch under the architecture weights `a` (α, and PC-DARTS' edge weights
+    /// when present).
+    pub fn forward_arch(&self, x: Tensor<4>, a: ArchWeights) -> Tensor<2> {
         let rows = |w: Tensor<2>| -> Vec<Tensor<1>> {
             let [e, k] = w.dims();
             (0..e).map(|i| w.clone().slice(i..i + 1).reshape([k])).collect()
         };
-        let (normal, reduce) = (rows(w_normal), rows(w_reduce));
+        let scalars = |w: Option<Tensor<1>>| -> Option<Vec<Tensor<1>>> {
+            w.map(|w| (0..w.dims()[0]).map(|i| w.clone().slice(i..i + 1)).collect())
+        };
+        let (normal, reduce) = (rows(a.normal), rows(a.reduce));
+        let (edge_n, edge_r) = (scalars(a.edge_normal), scalars(a.edge_reduce));
         let s = quantize_opt(&self.stem_act, self.stem_bn.forward(self.stem.forward(x)));
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
         for cell in &self.cells {
-            let w = if cell.reduction { &reduce } else { &normal };
-            let out = cell.forward(s0, s1.clone(), w, self.aux_skip);
+            let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };
+            let out = cell.forward(s0, s1.clone(), w, e.as_deref(), self.aux_skip);
             (s0, s1) = (s1, out);
         }
         let [n, c, _, _] = s1.dims();
