@@ -58,14 +58,14 @@ fn derive_cell_with(
     max_skip: Option<usize>,
     scale: Option<&[f32]>,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
-    if let Some(s) = scale {
-        if s.len() != alpha.len() || s.iter().any(|v| !v.is_finite()) {
-            return Err(GenotypeError::Weights(format!(
-                "{} edge weights for {} edges, or a non-finite one",
-                s.len(),
-                alpha.len()
-            )));
-        }
+    if let Some(s) = scale
+        && (s.len() != alpha.len() || s.iter().any(|v| !v.is_finite()))
+    {
+        return Err(GenotypeError::Weights(format!(
+            "{} edge weights for {} edges, or a non-finite one",
+            s.len(),
+            alpha.len()
+        )));
     }
     let skip = primitives.iter().position(|p| *p == Primitive::SkipConnect);
     let (Some(max_skip), Some(skip)) = (max_skip, skip) else {

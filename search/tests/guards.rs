@@ -215,11 +215,23 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
     // BatchNorm normalizes with the batch's statistics (training mode): for one batch the
     // loss is a smooth function of β alone.
     let g = first_order(&net, &alphas, &(x.clone(), y.clone()));
-    let ge: Vec<f32> =
-        g.edge_normal.expect("β gradient").into_data().convert::<f32>().to_vec().unwrap();
+    let ge: Vec<f32> = g
+        .edge_normal
+        .expect("β gradient")
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap();
     assert!(g.edge_reduce.is_some());
-    let beta: Vec<f32> =
-        alphas.edge_normal.as_ref().unwrap().val().into_data().convert::<f32>().to_vec().unwrap();
+    let beta: Vec<f32> = alphas
+        .edge_normal
+        .as_ref()
+        .unwrap()
+        .val()
+        .into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .unwrap();
     let loss_at = |b: Vec<f32>| -> f64 {
         let a = Alphas {
             normal: Param::from_tensor(alphas.normal.val()),

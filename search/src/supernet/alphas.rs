@@ -10,6 +10,9 @@ use qdarts_genotypes::edge_count;
 /// α of one cell type on the host: one row per edge, one value per op.
 pub type AlphaRows = Vec<Vec<f32>>;
 
+/// Edge weights of the normal and the reduction cell on the host, one per edge.
+pub type EdgeRows = (Vec<f32>, Vec<f32>);
+
 /// The architecture parameters: one row of α per edge and op, for each cell type, and with
 /// PC-DARTS' edge normalization one β per edge.
 #[derive(Module, Debug)]
@@ -122,7 +125,7 @@ impl Alphas {
 
     /// The edge weights (softmax of β within each node) on the host: `(normal, reduce)`, when
     /// edges are normalized.
-    pub fn edge_rows(&self) -> Result<Option<(Vec<f32>, Vec<f32>)>, RunError> {
+    pub fn edge_rows(&self) -> Result<Option<EdgeRows>, RunError> {
         let a = self.arch();
         match (a.edge_normal, a.edge_reduce) {
             (Some(n), Some(r)) => Ok(Some((read_f32(n, "β")?, read_f32(r, "β")?))),
