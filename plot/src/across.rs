@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use qdarts_record::{MetricsRow, Phase, RunLayout, read_table};
 use qdarts_sweep::compare::Comparison;
 
-use crate::{Figure, PlotError, de, io_err, padded_range, save, series_color};
+use crate::{Figure, PlotError, de, io_err, new_chart, padded_range, save, series_color};
 
 /// Writes `compare-top1` and `compare-curves` (SVG and PNG) into `out`.
 pub fn plot_comparison(c: &Comparison, out: &Path) -> Result<Vec<PathBuf>, PlotError> {
@@ -48,10 +48,27 @@ impl GroupTop1 {
                 bars.push((g, 100.0 * s.mean, 100.0 * s.std));
             }
         }
-        let labels =
-            c.groups.iter().enumerate().map(|(g, x)| format!("G{}: {}", g + 1, x.label)).collect();
-        GroupTop1 { labels, points, bars }
+        GroupTop1 { labels: group_labels(c), points, bars }
     }
+}
+
+/// `G1: <label>`, … for the legend.
+fn group_labels(c: &Comparison) -> Vec<String> {
+    c.groups.iter().enumerate().map(|(g, x)| format!("G{}: {}", g + 1, x.label)).collect()
+}
+
+/// A figure area.
+type Area<DB> = DrawingArea<DB, Shift>;
+
+/// The figure titled, split into the plot and a legend strip of one line per label.
+fn with_legend<DB: DrawingBackend>(
+    root: &Area<DB>,
+    title: &str,
+    labels: usize,
+) -> Result<(Area<DB>, Area<DB>), String> {
+    let root = root.titled(title, ("sans-serif", 17)).map_err(de)?;
+    let (_, h) = root.dim_in_pixel();
+    Ok(root.split_vertically(h.saturating_sub(20 * labels as u32 + 10)))
 }
 
 fn legend_lines<DB: DrawingBackend>(
@@ -70,12 +87,11 @@ fn legend_lines<DB: DrawingBackend>(
 
 impl Figure for GroupTop1 {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
-        let root = root
-            .titled("final top-1 by group (points: runs; bar: mean ± std)", ("sans-serif", 17))
-            .map_err(de)?;
-        let (_, h) = root.dim_in_pixel();
-        let (plot, legend) =
-            root.split_vertically(h.saturating_sub(20 * self.labels.len() as u32 + 10));
+        let (plot, legend) = with_legend(
+            root,
+            "final top-1 by group (points: runs; bar: mean ± std)",
+            self.labels.len(),
+        )?;
         let n = self.labels.len();
         let ys = padded_range(
             self.points
@@ -156,36 +172,18 @@ impl RunCurves {
                 runs.push((c.group_of(i), pts));
             }
         }
-        let labels =
-            c.groups.iter().enumerate().map(|(g, x)| format!("G{}: {}", g + 1, x.label)).collect();
-        Ok(RunCurves { labels, runs })
+        Ok(RunCurves { labels: group_labels(c), runs })
     }
 }
 
 impl Figure for RunCurves {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
-        let root = root
-            .titled("validation top-1 over epochs, one line per run", ("sans-serif", 17))
-            .map_err(de)?;
-        let (_, h) = root.dim_in_pixel();
         let (plot, legend) =
-            root.split_vertically(h.saturating_sub(20 * self.labels.len() as u32 + 10));
+            with_legend(root, "validation top-1 over epochs, one line per run", self.labels.len())?;
         let all = || self.runs.iter().flat_map(|r| r.1.iter());
         let xs = padded_range(all().map(|p| p.0));
         let ys = padded_range(all().map(|p| p.1));
-        let mut chart = ChartBuilder::on(&plot)
-            .margin(12)
-            .x_label_area_size(34)
-            .y_label_area_size(52)
-            .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-            .map_err(de)?;
-        chart
-            .configure_mesh()
-            .x_desc("epoch")
-            .y_desc("top-1 %")
-            .label_style(("sans-serif", 12))
-            .draw()
-            .map_err(de)?;
+        let mut chart = new_chart(&plot, None, (xs, ys), ("epoch", "top-1 %"))?;
         for (g, pts) in &self.runs {
             let c = series_color(*g);
             chart

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use thiserror::Error;
 
@@ -123,6 +124,52 @@ pub(crate) fn encode_png(rgb: &[u8], w: u32, h: u32) -> Result<Vec<u8>, String> 
 /// Writes a file whole (temp + rename, so a reader never sees half a picture).
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
     qdarts_record::write_atomic(path, bytes).map_err(|e| PlotError::Record(e.to_string()))
+}
+
+/// A chart over two `f64` ranges.
+pub(crate) type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A chart of the ranges `x × y` on `area`, with an optional caption, the axes described and
+/// the mesh drawn.
+pub(crate) fn new_chart<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: Option<&str>,
+    (x, y): ((f64, f64), (f64, f64)),
+    (x_desc, y_desc): (&str, &str),
+) -> Result<Chart<'a, DB>, String> {
+    let mut b = ChartBuilder::on(area);
+    if let Some(c) = caption {
+        b.caption(c, ("sans-serif", 14));
+    }
+    let mut chart = b
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(x.0..x.1, y.0..y.1)
+        .map_err(de)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 12))
+        .draw()
+        .map_err(de)?;
+    Ok(chart)
+}
+
+/// The legend box of a chart's labelled series.
+pub(crate) fn series_legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .position(position)
+        .draw()
+        .map_err(de)
 }
 
 /// A fixed colour per op, so that one op has one colour in every figure.

@@ -12,7 +12,10 @@ use qdarts_record::{
 };
 
 use crate::cell::{Cell, Renderer, draw_cell};
-use crate::{Figure, PlotError, de, io_err, op_color, padded_range, save, series_color};
+use crate::{
+    Figure, PlotError, de, io_err, new_chart, op_color, padded_range, save, series_color,
+    series_legend,
+};
 
 fn read<T: Table>(layout: &RunLayout) -> Result<Vec<T>, PlotError> {
     let path = layout.table::<T>();
@@ -104,19 +107,7 @@ impl Figure for Curves {
         for (area, pick, name) in [(&left, 1usize, "loss"), (&right, 2usize, "top-1 %")] {
             let get = |p: &(f64, f64, f64)| if pick == 1 { p.1 } else { p.2 };
             let ys = padded_range(all().map(get));
-            let mut chart = ChartBuilder::on(area)
-                .margin(12)
-                .x_label_area_size(36)
-                .y_label_area_size(52)
-                .build_cartesian_2d(steps.0..steps.1, ys.0..ys.1)
-                .map_err(de)?;
-            chart
-                .configure_mesh()
-                .x_desc("step")
-                .y_desc(name)
-                .label_style(("sans-serif", 13))
-                .draw()
-                .map_err(de)?;
+            let mut chart = new_chart(area, None, (steps, ys), ("step", name))?;
             let c0 = series_color(0);
             chart
                 .draw_series(LineSeries::new(
@@ -142,18 +133,12 @@ impl Figure for Curves {
             chart
                 .draw_series(self.val.iter().map(|p| Circle::new((p.0, get(p)), 4, c1.filled())))
                 .map_err(de)?;
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 13))
-                .position(if pick == 1 {
-                    SeriesLabelPosition::UpperRight
-                } else {
-                    SeriesLabelPosition::LowerRight
-                })
-                .draw()
-                .map_err(de)?;
+            let pos = if pick == 1 {
+                SeriesLabelPosition::UpperRight
+            } else {
+                SeriesLabelPosition::LowerRight
+            };
+            series_legend(&mut chart, pos)?;
         }
         Ok(())
     }
@@ -338,20 +323,7 @@ impl Figure for QuantError {
         } else {
             format!("every quantizer at step {} (in record order)", self.step)
         };
-        let mut chart = ChartBuilder::on(&top)
-            .caption(caption, ("sans-serif", 14))
-            .margin(10)
-            .x_label_area_size(34)
-            .y_label_area_size(50)
-            .build_cartesian_2d(xs.0..xs.1, ys.0..ys.1)
-            .map_err(de)?;
-        chart
-            .configure_mesh()
-            .x_desc("quantizer")
-            .y_desc("SQNR dB")
-            .label_style(("sans-serif", 12))
-            .draw()
-            .map_err(de)?;
+        let mut chart = new_chart(&top, Some(&caption), (xs, ys), ("quantizer", "SQNR dB"))?;
         for (k, kind) in self.kinds.iter().enumerate() {
             let c = series_color(k);
             chart
@@ -373,33 +345,16 @@ impl Figure for QuantError {
                 .label(kind.as_str())
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(de)?;
+        series_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         let all = || self.medians.iter().flatten();
         let sx = padded_range(all().map(|p| p.0));
         let sy = padded_range(all().map(|p| p.1));
-        let mut chart = ChartBuilder::on(&bottom)
-            .caption(
-                "median SQNR per kind over steps (exact quantizers left out)",
-                ("sans-serif", 14),
-            )
-            .margin(10)
-            .x_label_area_size(34)
-            .y_label_area_size(50)
-            .build_cartesian_2d(sx.0..sx.1, sy.0..sy.1)
-            .map_err(de)?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc("median SQNR dB")
-            .label_style(("sans-serif", 12))
-            .draw()
-            .map_err(de)?;
+        let mut chart = new_chart(
+            &bottom,
+            Some("median SQNR per kind over steps (exact quantizers left out)"),
+            (sx, sy),
+            ("step", "median SQNR dB"),
+        )?;
         for (k, kind) in self.kinds.iter().enumerate() {
             let c = series_color(k);
             chart
@@ -410,13 +365,7 @@ impl Figure for QuantError {
                     PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(de)?;
+        series_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 }

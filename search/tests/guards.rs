@@ -20,21 +20,34 @@ fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
     a.sub(b).abs().max().into_scalar::<f32>()
 }
 
-/// A cell of 2 nodes whose only op is skip_connect (identity at stride 1, FactorizedReduce at
-/// stride 2), float, its inputs preprocessed, and its output at β = 0 and at β.
-fn skip_cell(reduction: bool, beta: f32) -> (Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>) {
+/// A float cell of 2 nodes whose only op is skip_connect (identity at stride 1,
+/// FactorizedReduce at stride 2), and two inputs.
+fn skip_only_cell(reduction: bool, seed: u64) -> (SearchCell, Tensor<4>, Tensor<4>) {
     let d = Device::flex();
     let shape =
         CellShape { c_pp: 4, c_p: 4, c: 4, reduction, reduction_prev: false, nodes: 2, partial: 1 };
-    let (cell, s0, s1) = qdarts_ops::seeded(&d, 3, || {
+    qdarts_ops::seeded(&d, seed, || {
         let cell =
             SearchCell::new(shape, &[Primitive::SkipConnect], &QuantConfig::float(), "cells.0", &d)
                 .unwrap();
         let x = || Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &d);
         (cell, x(), x())
-    });
-    let w: Vec<Tensor<1>> = (0..5).map(|_| Tensor::<1>::ones([1], &d)).collect();
-    let q = |t: &Tensor<4>| QTensor::float(t.clone());
+    })
+}
+
+fn q(t: &Tensor<4>) -> QTensor {
+    QTensor::float(t.clone())
+}
+
+/// One weight of 1 per edge (a single op).
+fn unit_weights() -> Vec<Tensor<1>> {
+    (0..5).map(|_| Tensor::<1>::ones([1], &Device::flex())).collect()
+}
+
+/// The skip-only cell's output at β = 0 and at β, and its preprocessed inputs.
+fn skip_cell(reduction: bool, beta: f32) -> (Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>) {
+    let (cell, s0, s1) = skip_only_cell(reduction, 3);
+    let w = unit_weights();
     let plain = cell.forward(q(&s0), q(&s1), &w, None, 0.0).value;
     let aux = cell.forward(q(&s0), q(&s1), &w, None, beta).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
@@ -156,27 +169,10 @@ fn guard_settings_out_of_range_are_refused_naming_the_key() {
 #[test]
 fn edge_weights_scale_each_edge_in_its_node_sum() {
     let d = Device::flex();
-    let shape = CellShape {
-        c_pp: 4,
-        c_p: 4,
-        c: 4,
-        reduction: false,
-        reduction_prev: false,
-        nodes: 2,
-        partial: 1,
-    };
-    let (cell, s0, s1) = qdarts_ops::seeded(&d, 8, || {
-        let cell =
-            SearchCell::new(shape, &[Primitive::SkipConnect], &QuantConfig::float(), "cells.0", &d)
-                .unwrap();
-        let x = || Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &d);
-        (cell, x(), x())
-    });
-    let w: Vec<Tensor<1>> = (0..5).map(|_| Tensor::<1>::ones([1], &d)).collect();
+    let (cell, s0, s1) = skip_only_cell(false, 8);
     let e = [0.3f32, 0.7, 0.2, 0.5, 0.3];
     let edge: Vec<Tensor<1>> = e.iter().map(|&v| Tensor::<1>::from_floats([v], &d)).collect();
-    let q = |t: &Tensor<4>| QTensor::float(t.clone());
-    let out = cell.forward(q(&s0), q(&s1), &w, Some(&edge), 0.0).value;
+    let out = cell.forward(q(&s0), q(&s1), &unit_weights(), Some(&edge), 0.0).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
     let p1 = cell.preproc1.forward(q(&s1)).value;
     let n2 = p0.clone().mul_scalar(e[0]).add(p1.clone().mul_scalar(e[1]));
