@@ -442,3 +442,17 @@ fn the_baseline_summary_compares_searched_runs_with_random_genotypes() {
     assert!(s.contains("difference +6.00 points"), "{s}");
     assert!(s.contains("beats 1 of 1"), "{s}");
 }
+
+#[test]
+fn the_shipped_sweep_files_expand() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
+    for (file, kind, trials) in [
+        ("sweep-default.toml", TrialKind::Search, 4),
+        ("sweep-guards.toml", TrialKind::Search, 6),
+        ("sweep-baseline.toml", TrialKind::Train, 14),
+    ] {
+        let s = SweepSpec::load(&dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!((s.kind, s.trials.len()), (kind, trials), "{file}");
+        assert!(dir.join("..").join(&s.config).exists(), "{file}: {}", s.config.display());
+    }
+}
