@@ -204,5 +204,18 @@ fn freeze_and_eval_refuse_bad_runs_and_damaged_models() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("NOT_A_GENOTYPE"), "{err}");
+    // A genotype with per-op bits: training does not apply them yet, and says so.
+    let g = d.join("bits.json");
+    std::fs::write(
+        &g,
+        r#"{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]]], "normal_concat": [2],
+            "reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]]], "reduce_concat": [2],
+            "normal_bits": [[[4, 8], [4, 8]]]}"#,
+    )
+    .unwrap();
+    let out = qdarts().arg("train").arg("--genotype").arg(&g).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("bits.json") && err.contains("per-op bit widths"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -206,6 +206,8 @@ impl Genotype {
             normal_concat: concat.clone(),
             reduce: derive_cell_with(alpha_reduce, primitives, nodes, k, None, opt.edge_reduce)?,
             reduce_concat: concat,
+            normal_bits: None,
+            reduce_bits: None,
         })
     }
 
@@ -224,6 +226,8 @@ impl Genotype {
             normal_concat: concat.clone(),
             reduce: derive_cell(alpha_reduce, primitives, nodes, k)?,
             reduce_concat: concat,
+            normal_bits: None,
+            reduce_bits: None,
         })
     }
 }

@@ -31,7 +31,39 @@ impl From<Edge> for (Primitive, usize) {
     }
 }
 
-/// A normal cell and a reduction cell.
+/// The bit widths of one kept op: its weights and its activations (2 to 8 bits each), as a
+/// bit-width search derives them. JSON: `[weight, act]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "[u8; 2]", into = "[u8; 2]")]
+pub struct Bits {
+    /// Weight bits.
+    pub weight: u8,
+    /// Activation bits.
+    pub act: u8,
+}
+
+impl From<[u8; 2]> for Bits {
+    fn from([weight, act]: [u8; 2]) -> Self {
+        Bits { weight, act }
+    }
+}
+
+impl From<Bits> for [u8; 2] {
+    fn from(b: Bits) -> Self {
+        [b.weight, b.act]
+    }
+}
+
+impl std::fmt::Display for Bits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "w{}a{}", self.weight, self.act)
+    }
+}
+
+/// A normal cell and a reduction cell, and (from a bit-width search) the bits of each kept op.
+///
+/// The DARTS text form carries no bits, so that pt.darts still reads it; `genotype.json`
+/// carries them as `normal_bits` / `reduce_bits`, one `[weight, act]` per edge, node by node.
 ///
 /// JSON: `{"normal": [[["sep_conv_3x3", 0], ["sep_conv_3x3", 1]], ...], "normal_concat":
 /// [2, 3, 4, 5], "reduce": [...], "reduce_concat": [2, 3, 4, 5]}`.
@@ -46,6 +78,36 @@ pub struct Genotype {
     pub reduce: Vec<Vec<Edge>>,
     /// States concatenated into the reduction cell's output.
     pub reduce_concat: Vec<usize>,
+    /// Bits of the normal cell's kept ops, shaped as `normal` (absent: the config's bits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normal_bits: Option<Vec<Vec<Bits>>>,
+    /// Bits of the reduction cell's kept ops, shaped as `reduce`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_bits: Option<Vec<Vec<Bits>>>,
+}
+
+fn check_bits(
+    name: &str,
+    nodes: &[Vec<Edge>],
+    bits: Option<&Vec<Vec<Bits>>>,
+) -> Result<(), GenotypeError> {
+    let Some(bits) = bits else { return Ok(()) };
+    let shape = |c: &[Vec<Edge>]| c.iter().map(Vec::len).collect::<Vec<_>>();
+    let bshape: Vec<usize> = bits.iter().map(Vec::len).collect();
+    if bshape != shape(nodes) {
+        return Err(GenotypeError::Invalid(format!(
+            "`{name}_bits` has {bshape:?} entries per node, but `{name}` has {:?} edges",
+            shape(nodes)
+        )));
+    }
+    if let Some(b) =
+        bits.iter().flatten().find(|b| !(2..=8).contains(&b.weight) || !(2..=8).contains(&b.act))
+    {
+        return Err(GenotypeError::Invalid(format!(
+            "`{name}_bits` holds {b}: weight and activation bits must be 2 to 8"
+        )));
+    }
+    Ok(())
 }
 
 /// The most intermediate nodes a cell may have (DARTS uses 4; the network's width grows with
@@ -110,7 +172,9 @@ impl Genotype {
     /// Checks that every edge reads an earlier state and every concatenated state exists.
     pub fn validate(&self) -> Result<(), GenotypeError> {
         check_cell("normal", &self.normal, &self.normal_concat)?;
-        check_cell("reduce", &self.reduce, &self.reduce_concat)
+        check_cell("reduce", &self.reduce, &self.reduce_concat)?;
+        check_bits("normal", &self.normal, self.normal_bits.as_ref())?;
+        check_bits("reduce", &self.reduce, self.reduce_bits.as_ref())
     }
 
     /// Reads JSON, validated.

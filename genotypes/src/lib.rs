@@ -12,7 +12,7 @@ mod text;
 
 pub use derive::{DeriveOptions, derive_cell, derive_cell_limited, edge_count, softmax};
 pub use error::GenotypeError;
-pub use genotype::{Edge, Genotype, MAX_EDGES, MAX_NODES};
+pub use genotype::{Bits, Edge, Genotype, MAX_EDGES, MAX_NODES};
 pub use known::{KNOWN, known};
 pub use primitive::{ParsePrimitiveError, Primitive};
 pub use random::random_genotype;

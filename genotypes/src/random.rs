@@ -48,7 +48,14 @@ pub fn random_genotype(
     let concat: Vec<usize> = (2..nodes + 2).collect();
     let normal = random_cell(nodes, &ops, below);
     let reduce = random_cell(nodes, &ops, below);
-    let g = Genotype { normal, normal_concat: concat.clone(), reduce, reduce_concat: concat };
+    let g = Genotype {
+        normal,
+        normal_concat: concat.clone(),
+        reduce,
+        reduce_concat: concat,
+        normal_bits: None,
+        reduce_bits: None,
+    };
     g.validate()?;
     Ok(g)
 }

@@ -382,6 +382,8 @@ pub fn parse(text: &str) -> Result<Genotype, GenotypeError> {
         normal_concat: concat(&need(normal_concat, "normal_concat")?, "normal_concat")?,
         reduce: cell(&need(reduce, "reduce")?, "reduce")?,
         reduce_concat: concat(&need(reduce_concat, "reduce_concat")?, "reduce_concat")?,
+        normal_bits: None,
+        reduce_bits: None,
     })
 }
 

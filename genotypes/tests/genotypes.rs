@@ -299,3 +299,61 @@ mod edge_normalization {
         assert!(Genotype::derive_with(&a, &a, &ops, 2, 2, &bad).is_err());
     }
 }
+
+mod bits {
+    use qdarts_genotypes::{Bits, Genotype, known};
+
+    fn with_bits() -> Genotype {
+        let mut g = known("DARTS_V2").unwrap();
+        let per = |cell: &[Vec<qdarts_genotypes::Edge>], w: u8| -> Vec<Vec<Bits>> {
+            cell.iter().map(|n| n.iter().map(|_| Bits { weight: w, act: 8 }).collect()).collect()
+        };
+        g.normal_bits = Some(per(&g.normal, 4));
+        g.reduce_bits = Some(per(&g.reduce, 2));
+        g
+    }
+
+    #[test]
+    fn bits_round_trip_through_json_and_stay_out_of_the_darts_text() {
+        let g = with_bits();
+        let json = String::from_utf8(g.to_json()).unwrap();
+        assert!(
+            json.contains("\"normal_bits\"") && json.contains("[\n        4,\n        8\n      ]"),
+            "{json}"
+        );
+        assert_eq!(Genotype::from_json(&json).unwrap(), g);
+        // The text form is pt.darts' tuple: no bits, so it reads back without them.
+        let text = g.to_darts_text();
+        assert!(!text.contains("bits"));
+        let back = Genotype::from_darts_text(&text).unwrap();
+        assert_eq!(back.normal_bits, None);
+        assert_eq!((back.normal, back.reduce), (g.normal.clone(), g.reduce.clone()));
+        assert_eq!(Bits { weight: 4, act: 8 }.to_string(), "w4a8");
+    }
+
+    #[test]
+    fn files_without_bits_still_load_and_are_written_as_before() {
+        let old = r#"{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]]], "normal_concat": [2],
+            "reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]]], "reduce_concat": [2]}"#;
+        let g = Genotype::from_json(old).unwrap();
+        assert_eq!((g.normal_bits.as_ref(), g.reduce_bits.as_ref()), (None, None));
+        let json = String::from_utf8(g.to_json()).unwrap();
+        assert!(!json.contains("bits"), "{json}");
+    }
+
+    #[test]
+    fn bits_of_the_wrong_shape_or_range_are_refused() {
+        let mut g = with_bits();
+        g.normal_bits.as_mut().unwrap()[1].pop();
+        let err = Genotype::from_json(&String::from_utf8(g.to_json()).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("`normal_bits` has [2, 1, 2, 2] entries"), "{err}");
+        let mut g = with_bits();
+        g.reduce_bits.as_mut().unwrap()[0][0] = Bits { weight: 1, act: 8 };
+        let err = g.validate().unwrap_err().to_string();
+        assert!(err.contains("w1a8") && err.contains("2 to 8"), "{err}");
+        let bad = r#"{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]]], "normal_concat": [2],
+            "reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]]], "reduce_concat": [2],
+            "normal_bits": [[[4, 8, 2], [4, 8]]]}"#;
+        assert!(Genotype::from_json(bad).is_err());
+    }
+}

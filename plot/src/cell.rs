@@ -9,7 +9,7 @@ use std::process::Command;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use qdarts_genotypes::Edge;
+use qdarts_genotypes::{Bits, Edge};
 
 use crate::{Figure, PlotError, de, op_color, save, write_file};
 
@@ -33,6 +33,19 @@ pub struct Cell<'a> {
     pub nodes: &'a [Vec<Edge>],
     /// Concatenated states.
     pub concat: &'a [usize],
+    /// Bits of each kept op (from a bit-width search), shaped as `nodes`.
+    pub bits: Option<&'a [Vec<Bits>]>,
+}
+
+impl Cell<'_> {
+    /// The label of edge `j` of node `i`: its op, and its bits when known (`sep_conv_3x3 w4a8`).
+    fn label(&self, i: usize, j: usize) -> String {
+        let op = self.nodes[i][j].op.name();
+        match self.bits.and_then(|b| b.get(i)).and_then(|n| n.get(j)) {
+            Some(b) => format!("{op} {b}"),
+            None => op.to_string(),
+        }
+    }
 }
 
 fn state_name(s: usize) -> String {
@@ -60,11 +73,11 @@ pub fn to_dot(cell: &Cell<'_>) -> String {
         s.push_str(&format!("  \"{i}\" [fillcolor=lightblue];\n"));
     }
     for (i, edges) in cell.nodes.iter().enumerate() {
-        for e in edges {
+        for (j, e) in edges.iter().enumerate() {
             s.push_str(&format!(
                 "  \"{}\" -> \"{i}\" [label=\"{}\", fillcolor=gray];\n",
                 state_name(e.input),
-                e.op.name()
+                cell.label(i, j)
             ));
         }
     }
@@ -265,7 +278,7 @@ impl Figure for Layout<'_> {
                 let side = if j % 2 == 0 { 1.0 } else { -1.0 };
                 let bend = side * (18.0 + 14.0 * (span - 1.0).max(0.0));
                 let mid = draw_edge(root, from, to, bend, op_color(e.op.name()), middle)?;
-                labels.push((mid, e.op.name()));
+                labels.push((mid, self.cell.label(i, j)));
             }
         }
         for &s in self.cell.concat {
@@ -293,7 +306,7 @@ impl Figure for Layout<'_> {
                 WHITE.mix(0.85).filled(),
             ))
             .map_err(de)?;
-            root.draw(&Text::new(name.to_string(), (x, y), style.clone())).map_err(de)?;
+            root.draw(&Text::new(name, (x, y), style.clone())).map_err(de)?;
         }
         Ok(())
     }

@@ -41,10 +41,11 @@ pub fn plot_run(dir: &Path, out: &Path, renderer: Renderer) -> Result<Vec<PathBu
         let text = std::fs::read_to_string(&gpath).map_err(io_err(&gpath))?;
         let g = Genotype::from_json(&text)
             .map_err(|e| PlotError::Record(format!("{}: {e}", gpath.display())))?;
-        for (name, nodes, concat) in
-            [("normal", &g.normal, &g.normal_concat), ("reduce", &g.reduce, &g.reduce_concat)]
-        {
-            let cell = Cell { name, nodes, concat };
+        for (name, nodes, concat, bits) in [
+            ("normal", &g.normal, &g.normal_concat, g.normal_bits.as_deref()),
+            ("reduce", &g.reduce, &g.reduce_concat, g.reduce_bits.as_deref()),
+        ] {
+            let cell = Cell { name, nodes, concat, bits };
             files.extend(draw_cell(&cell, &out.join(name), renderer)?);
         }
     }

@@ -165,7 +165,7 @@ fn edges_are_numbered_node_by_node() {
 #[test]
 fn the_dot_text_has_every_edge_and_graphviz_renders_it_when_installed() {
     let g = known("DARTS_V2").expect("DARTS_V2");
-    let cell = Cell { name: "reduce", nodes: &g.reduce, concat: &g.reduce_concat };
+    let cell = Cell { name: "reduce", nodes: &g.reduce, concat: &g.reduce_concat, bits: None };
     let dot = to_dot(&cell);
     let edges = dot.lines().filter(|l| l.contains("->") && l.contains("label=")).count();
     assert_eq!(edges, 8);
@@ -207,4 +207,25 @@ fn a_folder_without_a_run_is_an_error() {
     let d = scratch("empty");
     let err = plot_run(&d, &d.join("plots"), Renderer::Builtin).expect_err("no run").to_string();
     assert!(err.contains("not a run folder"), "{err}");
+}
+
+#[test]
+fn with_bits_each_edge_is_labelled_with_its_op_and_bits() {
+    use qdarts_genotypes::Bits;
+    let g = known("DARTS_V2").expect("DARTS_V2");
+    let bits: Vec<Vec<Bits>> = g
+        .normal
+        .iter()
+        .enumerate()
+        .map(|(i, n)| n.iter().map(|_| Bits { weight: 2 + i as u8, act: 8 }).collect())
+        .collect();
+    let cell =
+        Cell { name: "normal", nodes: &g.normal, concat: &g.normal_concat, bits: Some(&bits) };
+    let dot = to_dot(&cell);
+    assert!(dot.contains("[label=\"sep_conv_3x3 w2a8\""), "{dot}");
+    assert!(dot.contains("w5a8"), "{dot}");
+    let d = scratch("bits");
+    draw_cell(&cell, &d.join("normal"), Renderer::Builtin).expect("drawn");
+    let texts = svg_texts(&d.join("normal.svg"));
+    assert!(texts.iter().any(|t| t == "sep_conv_3x3 w2a8"), "{texts:?}");
 }

@@ -350,6 +350,8 @@ fn g(normal: &[&[(Primitive, usize)]], reduce: &[&[(Primitive, usize)]]) -> Geno
         normal_concat: vec![2, 3],
         reduce: cell(reduce),
         reduce_concat: vec![2, 3],
+        normal_bits: None,
+        reduce_bits: None,
     }
 }
 
