@@ -96,4 +96,7 @@ pub enum SpecError {
     /// A value could not be read back from the device.
     #[error("reading {0} back from the device failed")]
     ReadBack(String),
+    /// A set of candidate bit widths that is empty or repeats one.
+    #[error("{0}")]
+    BitChoices(String),
 }

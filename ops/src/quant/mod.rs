@@ -1,6 +1,7 @@
 //! The quantization core: specs, observers, fake-quant kernels with straight-through gradients,
 //! LSQ, and error statistics.
 
+pub mod bitmix;
 pub mod error;
 pub mod fused;
 pub mod hold;
@@ -12,6 +13,7 @@ pub mod quantizer;
 pub mod spec;
 pub mod stats;
 
+pub use bitmix::BitMix;
 pub use error::SpecError;
 pub use hold::HoldMode;
 pub use kernel::{
