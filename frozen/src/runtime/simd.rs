@@ -17,6 +17,34 @@ fn store(q: i32, out: &ActGrid) -> i8 {
     (q.clamp(out.qmin, out.qmax) - out.offset()) as i8
 }
 
+/// `dst[i] = store(M·v_i + z_out)` over the values `v`, one branch-free loop per rounding;
+/// `exact_f64` when every |v| is below the bound of the f64 path.
+#[inline(always)]
+fn requantize_each(
+    vals: impl Iterator<Item = i32>,
+    exact_f64: bool,
+    l: Lanes,
+    out: &ActGrid,
+    dst: &mut [i8],
+) {
+    let z = out.zero_point;
+    if l.is_ties_to_even() && exact_f64 {
+        let (zf, lo, hi) = (f64::from(z), f64::from(out.qmin), f64::from(out.qmax));
+        let off = out.offset();
+        for (o, v) in dst.iter_mut().zip(vals) {
+            *o = (((l.ties_to_even_f64(v) + zf).clamp(lo, hi) as i32) - off) as i8;
+        }
+    } else if l.is_ties_to_even() {
+        for (o, v) in dst.iter_mut().zip(vals) {
+            *o = store(l.ties_to_even(v).saturating_add(z), out);
+        }
+    } else {
+        for (o, v) in dst.iter_mut().zip(vals) {
+            *o = store(l.apply(v).saturating_add(z), out);
+        }
+    }
+}
+
 struct Requantize<'a> {
     acc: &'a [i32],
     lanes: Lanes,
@@ -28,26 +56,9 @@ impl WithSimd for Requantize<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
-        let z = self.out.zero_point;
-        // One loop per rounding, so that each is branch-free.
-        let l = self.lanes;
         let small =
             self.acc.iter().fold(0u32, |m, a| m.max(a.unsigned_abs())) < Lanes::F64_EXACT as u32;
-        if l.is_ties_to_even() && small {
-            let (zf, lo, hi) = (f64::from(z), f64::from(self.out.qmin), f64::from(self.out.qmax));
-            let off = self.out.offset();
-            for (o, &a) in self.dst.iter_mut().zip(self.acc) {
-                *o = (((l.ties_to_even_f64(a) + zf).clamp(lo, hi) as i32) - off) as i8;
-            }
-        } else if l.is_ties_to_even() {
-            for (o, &a) in self.dst.iter_mut().zip(self.acc) {
-                *o = store(l.ties_to_even(a).saturating_add(z), self.out);
-            }
-        } else {
-            for (o, &a) in self.dst.iter_mut().zip(self.acc) {
-                *o = store(l.apply(a).saturating_add(z), self.out);
-            }
-        }
+        requantize_each(self.acc.iter().copied(), small, self.lanes, self.out, self.dst);
     }
 }
 
@@ -68,24 +79,11 @@ impl WithSimd for Rescale<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
-        let (zo, l) = (self.out.zero_point, self.lanes);
-        // x − z is at most 9 bits: always in the f64 path's range.
-        if l.is_ties_to_even() && self.z.unsigned_abs() < 1 << 20 {
-            let (zf, lo, hi) = (f64::from(zo), f64::from(self.out.qmin), f64::from(self.out.qmax));
-            let off = self.out.offset();
-            for (o, &q) in self.dst.iter_mut().zip(self.x) {
-                let v = l.ties_to_even_f64(i32::from(q) - self.z) + zf;
-                *o = ((v.clamp(lo, hi) as i32) - off) as i8;
-            }
-        } else if l.is_ties_to_even() {
-            for (o, &q) in self.dst.iter_mut().zip(self.x) {
-                *o = store(l.ties_to_even(i32::from(q) - self.z).saturating_add(zo), self.out);
-            }
-        } else {
-            for (o, &q) in self.dst.iter_mut().zip(self.x) {
-                *o = store(l.apply(i32::from(q) - self.z).saturating_add(zo), self.out);
-            }
-        }
+        let z = self.z;
+        // x − z is at most 9 bits past z: always in the f64 path's range for a small z.
+        let exact = z.unsigned_abs() < 1 << 20;
+        let vals = self.x.iter().map(|&q| i32::from(q) - z);
+        requantize_each(vals, exact, self.lanes, self.out, self.dst);
     }
 }
 
