@@ -132,11 +132,8 @@ fn finished(dir: &Path) -> bool {
 
 /// Runs `qdarts sweep`.
 pub fn sweep(args: &SweepArgs, backend: Backend) -> Result<()> {
-    let sweep = if args.path.join("trials.json").exists() || args.path.is_dir() {
-        SweepDir::open(&args.path)?
-    } else {
-        make_sweep(&args.path)?
-    };
+    let sweep =
+        if args.path.is_dir() { SweepDir::open(&args.path)? } else { make_sweep(&args.path)? };
     let kind = sweep.file.kind.command();
     println!(
         "sweep `{}`: {} {kind} trials in {}",

@@ -10,6 +10,9 @@ use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_engine::grads::{clip_grad_norm, grad_norm};
 use qdarts_search::architect::hessian_vector;
 
+mod common;
+use common::tiny_shape;
+
 #[derive(Module, Debug)]
 struct W {
     w: Param<Tensor<1>>,
@@ -123,20 +126,6 @@ impl burn::module::ModuleVisitor for CountParams<'_> {
         if p.val().is_require_grad() {
             *self.0 += 1;
         }
-    }
-}
-
-/// A supernet of C = 4, 3 cells of 2 nodes on 1-channel images, PC-DARTS `partial` channels.
-fn tiny_shape(partial: usize) -> qdarts_search::supernet::NetShape {
-    qdarts_search::supernet::NetShape {
-        c_in: 1,
-        classes: 10,
-        channels: 4,
-        layers: 3,
-        nodes: 2,
-        stem_multiplier: 1,
-        primitives: qdarts_genotypes::Primitive::DARTS.to_vec(),
-        partial_channels: partial,
     }
 }
 

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_genotypes::{Genotype, Primitive};
@@ -15,6 +15,9 @@ use qdarts_ops::qconfig::QuantConfig;
 use qdarts_search::config::{ExperimentConfig, GuardConfig};
 use qdarts_search::run_search;
 use qdarts_search::supernet::{CellShape, SearchCell};
+
+mod common;
+use common::{scratch, tiny_shape, tiny_text, tiny_with};
 
 fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
     a.sub(b).abs().max().into_scalar::<f32>()
@@ -88,38 +91,10 @@ fn beta_decays_linearly_to_zero_over_the_search() {
     assert_eq!(GuardConfig::default().aux_skip_at(1, 10), 0.0);
 }
 
-fn tiny(results: &Path, guards: &str) -> ExperimentConfig {
-    let text = format!(
-        r#"
-        name = "guard"
-        seed = 4
-        [data]
-        dataset = "fashion-mnist"
-        limit = 64
-        [model]
-        init_channels = 2
-        layers = 3
-        nodes = 2
-        stem_multiplier = 1
-        primitives = ["none", "max_pool_3x3", "skip_connect", "sep_conv_3x3"]
-        [search]
-        epochs = 2
-        batch_size = 8
-        steps_per_epoch = 2
-        alpha_lr = 0.5
-        {guards}
-        [record]
-        results_dir = "{}"
-        "#,
-        results.display()
-    );
-    ExperimentConfig::parse(&text, Path::new("guard.toml"), &[]).unwrap()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-guards-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// The tiny search with four ops (skip_connect a real contender), a fast α and `guards`.
+fn guarded(results: &Path, guards: &str) -> ExperimentConfig {
+    let ops = "model.primitives=[\"none\", \"max_pool_3x3\", \"skip_connect\", \"sep_conv_3x3\"]";
+    tiny_with(results, guards, &["seed=4", ops, "search.alpha_lr=0.5"])
 }
 
 fn skips(text: &str) -> usize {
@@ -131,7 +106,7 @@ fn skips(text: &str) -> usize {
 fn a_search_with_the_guards_keeps_skip_connections_to_the_limit_every_epoch() {
     let d = Device::flex();
     let dir = scratch("search");
-    let cfg = tiny(&dir, "[search.guards]\naux_skip = 1.0\nmax_skip = 0");
+    let cfg = guarded(&dir, "[search.guards]\naux_skip = 1.0\nmax_skip = 0");
     let mut go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
     let out = run_search(&cfg, &d, None, &mut go).unwrap();
     assert!(out.finished);
@@ -154,15 +129,14 @@ fn guard_settings_out_of_range_are_refused_naming_the_key() {
         ("[search.guards]\nmax_skip = 5", "search.guards.max_skip"),
         ("[search.guards]\nmax_sikp = 1", "max_sikp"),
     ] {
-        let text = format!(
-            "name = \"g\"\n[data]\ndataset = \"fashion-mnist\"\n[model]\ninit_channels = 2\nlayers = 3\nnodes = 2\nstem_multiplier = 1\n[search]\nepochs = 1\nbatch_size = 8\n{guards}\n[record]\nresults_dir = \"{}\"\n",
-            dir.display()
-        );
+        let text = tiny_text(&dir, guards);
         let err = ExperimentConfig::parse(&text, Path::new("g.toml"), &[]).unwrap_err().to_string();
         assert!(err.contains(key), "{guards}: {err}");
     }
-    let text = "name = \"g\"\n[data]\ndataset = \"fashion-mnist\"\n[model]\ninit_channels = 2\nlayers = 3\nnodes = 2\nstem_multiplier = 1\nprimitives = [\"none\", \"skip_connect\"]\n[search]\nepochs = 1\nbatch_size = 8\n[search.guards]\nmax_skip = 1\n";
-    let err = ExperimentConfig::parse(text, Path::new("g.toml"), &[]).unwrap_err().to_string();
+    let text = tiny_text(&dir, "[search.guards]\nmax_skip = 1");
+    let only_skip = ["model.primitives=[\"none\", \"skip_connect\"]".to_string()];
+    let err =
+        ExperimentConfig::parse(&text, Path::new("g.toml"), &only_skip).unwrap_err().to_string();
     assert!(err.contains("other than none and skip_connect"), "{err}");
 }
 
@@ -185,19 +159,10 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
     use burn::module::Param;
     use burn::tensor::Int;
     use qdarts_search::architect::first_order;
-    use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
+    use qdarts_search::supernet::{Alphas, SearchNetwork};
 
     let d = Device::flex().autodiff();
-    let shape = NetShape {
-        c_in: 1,
-        classes: 10,
-        channels: 4,
-        layers: 3,
-        nodes: 2,
-        stem_multiplier: 1,
-        primitives: Primitive::DARTS.to_vec(),
-        partial_channels: 1,
-    };
+    let shape = tiny_shape(1);
     let (net, alphas, x) = qdarts_ops::seeded(&d, 21, || {
         let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
         let alphas = Alphas::new(2, 8, &d).with_edge_normalization(&d);
@@ -255,18 +220,22 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
 fn a_search_with_edge_normalization_trains_beta_and_ranks_edges_with_it() {
     let d = Device::flex();
     let dir = scratch("edges");
-    let cfg = tiny(&dir, "[search.guards]\nedge_normalization = true");
+    let cfg = guarded(&dir, "[search.guards]\nedge_normalization = true");
     let mut go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
     let out = run_search(&cfg, &d, None, &mut go).unwrap();
     assert!(out.finished);
     // Off, the same seed: α start equal, so a different genotype or equal one both happen;
     // what must hold is that the run without β is today's run, bit for bit.
     let dir2 = scratch("edges-off");
-    let off = run_search(&tiny(&dir2, ""), &d, None, &mut go).unwrap();
+    let off = run_search(&guarded(&dir2, ""), &d, None, &mut go).unwrap();
     let dir3 = scratch("edges-off-again");
-    let again =
-        run_search(&tiny(&dir3, "[search.guards]\nedge_normalization = false"), &d, None, &mut go)
-            .unwrap();
+    let again = run_search(
+        &guarded(&dir3, "[search.guards]\nedge_normalization = false"),
+        &d,
+        None,
+        &mut go,
+    )
+    .unwrap();
     let m = |p: &Path| -> Vec<String> {
         std::fs::read_to_string(p.join("metrics.csv"))
             .unwrap()

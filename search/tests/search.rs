@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::Device;
 use qdarts_genotypes::{Genotype, Primitive};
@@ -16,38 +16,8 @@ use qdarts_search::config::ExperimentConfig;
 use qdarts_search::run_search;
 use qdarts_search::supernet::{NetShape, SearchNetwork};
 
-fn tiny(results: &Path, extra: &str) -> ExperimentConfig {
-    let text = format!(
-        r#"
-        name = "tiny"
-        seed = 5
-        [data]
-        dataset = "fashion-mnist"
-        limit = 64
-        [model]
-        init_channels = 2
-        layers = 3
-        nodes = 2
-        stem_multiplier = 1
-        [search]
-        epochs = 2
-        batch_size = 8
-        steps_per_epoch = 2
-        [record]
-        results_dir = "{}"
-        quant_error_every = 1
-        {extra}
-        "#,
-        results.display()
-    );
-    ExperimentConfig::parse(&text, Path::new("tiny.toml"), &[]).unwrap()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-search-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+mod common;
+use common::{scratch, tiny};
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))

@@ -18,7 +18,6 @@
 //! Trials are numbered variant by variant (in file order), then over the grid (keys in name
 //! order, the last key fastest), then over the seeds (fastest).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -275,15 +274,4 @@ impl SweepSpec {
             trials,
         })
     }
-}
-
-/// The keys a trial sets, with their TOML values, in order.
-pub fn overrides(trial: &Trial) -> BTreeMap<String, String> {
-    trial
-        .set
-        .iter()
-        .filter_map(|s| {
-            s.split_once('=').map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        })
-        .collect()
 }

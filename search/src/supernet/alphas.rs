@@ -126,9 +126,9 @@ impl Alphas {
     /// The edge weights (softmax of β within each node) on the host: `(normal, reduce)`, when
     /// edges are normalized.
     pub fn edge_rows(&self) -> Result<Option<EdgeRows>, RunError> {
-        let a = self.arch();
-        match (a.edge_normal, a.edge_reduce) {
-            (Some(n), Some(r)) => Ok(Some((read_f32(n, "β")?, read_f32(r, "β")?))),
+        let rows = |b: &Param<Tensor<1>>| read_f32(node_softmax(b.val(), self.nodes), "β");
+        match (&self.edge_normal, &self.edge_reduce) {
+            (Some(n), Some(r)) => Ok(Some((rows(n)?, rows(r)?))),
             _ => Ok(None),
         }
     }

@@ -1,0 +1,72 @@
+//! Helpers shared by the search crate's tests: the tiny search config, scratch folders, the
+//! tiny supernet shape.
+
+// Each test crate uses its own subset.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use qdarts_search::config::ExperimentConfig;
+use qdarts_search::supernet::NetShape;
+
+/// A search small enough for a test: 64 images, 3 cells of 2 nodes, C=2, 2 epochs of 2 steps
+/// of 8 images, quantizer rows every step, results in `results`; `extra` is appended after
+/// the `[record]` table (more `[record]` keys, or further tables).
+pub fn tiny_text(results: &Path, extra: &str) -> String {
+    format!(
+        r#"
+        name = "tiny"
+        seed = 5
+        [data]
+        dataset = "fashion-mnist"
+        limit = 64
+        [model]
+        init_channels = 2
+        layers = 3
+        nodes = 2
+        stem_multiplier = 1
+        [search]
+        epochs = 2
+        batch_size = 8
+        steps_per_epoch = 2
+        [record]
+        results_dir = "{}"
+        quant_error_every = 1
+        {extra}
+        "#,
+        results.display()
+    )
+}
+
+/// [`tiny_text`] parsed, with `--set` overrides.
+pub fn tiny_with(results: &Path, extra: &str, overrides: &[&str]) -> ExperimentConfig {
+    let set: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    ExperimentConfig::parse(&tiny_text(results, extra), Path::new("tiny.toml"), &set)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`tiny_text`] parsed.
+pub fn tiny(results: &Path, extra: &str) -> ExperimentConfig {
+    tiny_with(results, extra, &[])
+}
+
+/// A fresh (absent) scratch folder `qdarts-search-<name>-<pid>` in the temp dir.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qdarts-search-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A supernet of C = 4, 3 cells of 2 nodes on 1-channel images, PC-DARTS `partial` channels.
+pub fn tiny_shape(partial: usize) -> NetShape {
+    NetShape {
+        c_in: 1,
+        classes: 10,
+        channels: 4,
+        layers: 3,
+        nodes: 2,
+        stem_multiplier: 1,
+        primitives: qdarts_genotypes::Primitive::DARTS.to_vec(),
+        partial_channels: partial,
+    }
+}
