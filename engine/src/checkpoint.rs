@@ -2,8 +2,8 @@
 //! written atomically, read back on resume or rollback, and the tables cut back to it.
 
 use qdarts_record::{
-    AlphaRow, ChangeRow, CheckpointPart, GenotypeRow, MetricsRow, NanEventRow, Plan, QuantErrorRow,
-    RunDir, utc_stamp, write_atomic,
+    AlphaRow, BitRow, ChangeRow, CheckpointPart, CostRow, GenotypeRow, MetricsRow, NanEventRow,
+    Plan, QuantErrorRow, RunDir, utc_stamp, write_atomic,
 };
 use serde::{Deserialize, Serialize};
 
@@ -99,6 +99,8 @@ pub(crate) fn truncate_tables(
     run.truncate::<QuantErrorRow>(e, s)?;
     run.truncate::<AlphaRow>(e, s)?;
     run.truncate::<GenotypeRow>(e, s)?;
+    run.truncate::<BitRow>(e, s)?;
+    run.truncate::<CostRow>(e, s)?;
     Ok(())
 }
 
@@ -108,6 +110,8 @@ fn remove_tables(run: &RunDir) -> Result<(), RunError> {
     run.remove::<QuantErrorRow>()?;
     run.remove::<AlphaRow>()?;
     run.remove::<GenotypeRow>()?;
+    run.remove::<BitRow>()?;
+    run.remove::<CostRow>()?;
     Ok(())
 }
 

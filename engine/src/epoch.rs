@@ -14,8 +14,8 @@ use std::time::Instant;
 use qdarts_data::Rng;
 use qdarts_ops::quant::QuantStats;
 use qdarts_record::{
-    AlphaRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase, QuantErrorRow,
-    RunDir, TableWriter,
+    AlphaRow, BitRow, CostRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase,
+    QuantErrorRow, RunDir, TableWriter,
 };
 
 use crate::RunError;
@@ -113,6 +113,10 @@ pub struct EpochRows {
     pub alphas: Vec<AlphaRow>,
     /// `genotypes.csv` rows.
     pub genotypes: Vec<GenotypeRow>,
+    /// `bits.csv` rows (bit-width searches).
+    pub bits: Vec<BitRow>,
+    /// `cost.csv` rows (searches with a bit-width search or a cost).
+    pub cost: Vec<CostRow>,
 }
 
 /// A step plugged into the loop: the search or QAT training.
@@ -311,6 +315,14 @@ pub fn run_epochs<T: EpochTask>(
         if !rows.genotypes.is_empty() {
             let mut w = run.writer::<GenotypeRow>()?;
             rows.genotypes.iter().try_for_each(|r| w.push(r))?;
+        }
+        if !rows.bits.is_empty() {
+            let mut w = run.writer::<BitRow>()?;
+            rows.bits.iter().try_for_each(|r| w.push(r))?;
+        }
+        if !rows.cost.is_empty() {
+            let mut w = run.writer::<CostRow>()?;
+            rows.cost.iter().try_for_each(|r| w.push(r))?;
         }
         st.epochs_done = epoch + 1;
         st.rng = rng.state();

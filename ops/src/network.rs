@@ -39,8 +39,7 @@ impl Preprocess {
         path: &str,
         device: &Device,
     ) -> Result<(Preprocess, QStdConv), SpecError> {
-        let ctx =
-            |name: &str| Ctx { cfg, op: "preprocess", path: format!("{path}.{name}"), device };
+        let ctx = |name: &str| Ctx::new(cfg, "preprocess", format!("{path}.{name}"), device);
         let p0 = if reduction_prev {
             Preprocess::Reduce(QFactorizedReduce::new(c_pp, c, affine, &ctx("preproc0"))?)
         } else {

@@ -33,8 +33,7 @@ fn q1(v: &[f32]) -> QTensor {
 #[test]
 fn add_rounds_each_operand_onto_the_output_grid_before_adding() {
     let cfg = cfg_fixed_act();
-    let add =
-        QAdd::new(&Ctx { cfg: &cfg, op: "add", path: "n2.add".into(), device: &dev() }).unwrap();
+    let add = QAdd::new(&Ctx::new(&cfg, "add", "n2.add", &dev())).unwrap();
     // On a 0.01 grid: 0.004 + 0.004 -> 0 + 0 = 0 (an integer add of rescaled operands), where
     // quantizing the float sum 0.008 would give 0.01. 0.006 + 0.006 -> 0.01 + 0.01 = 0.02.
     // 1.0 + 1.0 saturates at the top of the range, 128 steps above the zero point: 1.28.
@@ -49,7 +48,7 @@ fn add_rounds_each_operand_onto_the_output_grid_before_adding() {
 fn add_passes_the_gradient_to_every_operand_where_the_sum_is_in_range() {
     let cfg = cfg_fixed_act();
     let ad = dev().autodiff();
-    let add = QAdd::new(&Ctx { cfg: &cfg, op: "add", path: "add".into(), device: &ad }).unwrap();
+    let add = QAdd::new(&Ctx::new(&cfg, "add", "add", &ad)).unwrap();
     let a = Tensor::<4>::from_data(TensorData::new(vec![0.5f32, 1.0], [1, 1, 1, 2]), &ad)
         .require_grad();
     let b = Tensor::<4>::from_data(TensorData::new(vec![0.1f32, 1.0], [1, 1, 1, 2]), &ad)
@@ -63,8 +62,7 @@ fn add_passes_the_gradient_to_every_operand_where_the_sum_is_in_range() {
 #[test]
 fn concat_puts_every_operand_on_one_grid() {
     let cfg = cfg_fixed_act();
-    let cat =
-        QConcat::new(&Ctx { cfg: &cfg, op: "cat", path: "cat".into(), device: &dev() }).unwrap();
+    let cat = QConcat::new(&Ctx::new(&cfg, "cat", "cat", &dev())).unwrap();
     cat.set_recording(true);
     let out = cat.forward(vec![q1(&[0.123]), q1(&[-0.456])]);
     assert_eq!(out.dims(), [1, 2, 1, 1]);

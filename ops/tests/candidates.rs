@@ -281,11 +281,12 @@ fn batch_norm_updates_running_statistics_in_training_mode_only() {
     seeded(|| {
         use qdarts_ops::candidates::{Ctx, QBatchNorm};
         let cfg = QuantConfig::float();
-        let ctx = Ctx { cfg: &cfg, op: "bn", path: "bn".into(), device: &dev() };
+        let d = dev();
+        let ctx = Ctx::new(&cfg, "bn", "bn", &d);
         let bn = QBatchNorm::new(1, false, &ctx).unwrap();
         assert!(bn.gamma.is_none() && bn.beta.is_none(), "affine-free BN has no γ, β");
         let ad = dev().autodiff();
-        let ctx_ad = Ctx { cfg: &cfg, op: "bn", path: "bn".into(), device: &ad };
+        let ctx_ad = Ctx::new(&cfg, "bn", "bn", &ad);
         let out = QBatchNorm::new(1, false, &ctx_ad).unwrap();
         let y = out.forward(Tensor::<4>::ones([1, 1, 2, 2], &ad).require_grad()).sum().backward();
         check_grads(&out, &y, "affine-free BN");

@@ -200,6 +200,67 @@ impl Table for AlphaRow {
     const STEPPED: bool = false;
 }
 
+/// Whose width a bit-width row is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BitSite {
+    /// The op's weights.
+    Weight,
+    /// The op's activations.
+    Act,
+}
+
+/// `bits.csv` (bit-width searches): the softmax weight of one candidate width of one op on one
+/// edge at the end of an epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BitRow {
+    /// Epoch.
+    pub epoch: usize,
+    /// Cell type.
+    pub cell_type: CellType,
+    /// Edge index.
+    pub edge: usize,
+    /// Op name.
+    pub op: String,
+    /// Weights or activations.
+    pub site: BitSite,
+    /// The width.
+    pub bits: u32,
+    /// Its softmax weight among the op's widths.
+    #[serde(serialize_with = "fixed6")]
+    pub weight: f64,
+}
+
+impl Table for BitRow {
+    const FILE: &'static str = "bits.csv";
+    const COLUMNS: &'static [&'static str] =
+        &["epoch", "cell_type", "edge", "op", "site", "bits", "weight"];
+    const STEPPED: bool = false;
+}
+
+/// `cost.csv` (searches with a bit-width search or a cost): the expected cost of the
+/// architecture at the end of an epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostRow {
+    /// Epoch.
+    pub epoch: usize,
+    /// Expected BitOPs per image of the derived network.
+    #[serde(serialize_with = "scientific")]
+    pub bitops: f64,
+    /// Expected bytes of its weights.
+    #[serde(serialize_with = "fixed3")]
+    pub weight_bytes: f64,
+    /// The penalty added to the architecture loss (0 without `[search.cost]`).
+    #[serde(serialize_with = "fixed6")]
+    pub penalty: f64,
+}
+
+impl Table for CostRow {
+    const FILE: &'static str = "cost.csv";
+    const COLUMNS: &'static [&'static str] = &["epoch", "bitops", "weight_bytes", "penalty"];
+    const STEPPED: bool = false;
+}
+
 /// `genotypes.csv`: the genotype derived at the end of an epoch, in DARTS text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenotypeRow {

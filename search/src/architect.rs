@@ -124,6 +124,8 @@ pub struct AlphaGrads {
     pub edge_normal: Option<Tensor<1>>,
     /// `[edges]`, with edge normalization.
     pub edge_reduce: Option<Tensor<1>>,
+    /// With a bit-width search, of the bit-width parameters, in [`crate::supernet::BitAlphas::params`]' order.
+    pub bits: Option<[Tensor<3>; 4]>,
 }
 
 fn lin<const D: usize>(x: &Tensor<D>, a: f32, y: &Tensor<D>, b: f32) -> Tensor<D> {
@@ -131,17 +133,22 @@ fn lin<const D: usize>(x: &Tensor<D>, a: f32, y: &Tensor<D>, b: f32) -> Tensor<D
 }
 
 impl AlphaGrads {
-    fn take(grads: &mut burn::tensor::Gradients, alphas: &Alphas) -> Self {
+    /// The gradients of `alphas`' parameters in `grads` (zero where there is none).
+    pub fn take(grads: &mut burn::tensor::Gradients, alphas: &Alphas) -> Self {
         let g = GradientsParams::from_module(grads, alphas);
         let pick = |id| g.get::<2>(id).unwrap_or_else(|| alphas.normal.val().zeros_like().inner());
         let edge = |b: &Option<Param<Tensor<1>>>| {
             b.as_ref().map(|b| g.get::<1>(b.id).unwrap_or_else(|| b.val().zeros_like().inner()))
         };
+        let bits = alphas.bits.as_ref().map(|b| {
+            b.params().map(|p| g.get::<3>(p.id).unwrap_or_else(|| p.val().zeros_like().inner()))
+        });
         AlphaGrads {
             normal: pick(alphas.normal.id),
             reduce: pick(alphas.reduce.id),
             edge_normal: edge(&alphas.edge_normal),
             edge_reduce: edge(&alphas.edge_reduce),
+            bits,
         }
     }
 
@@ -156,6 +163,10 @@ impl AlphaGrads {
             reduce: lin(&self.reduce, a, &other.reduce, b),
             edge_normal: edge(&self.edge_normal, &other.edge_normal),
             edge_reduce: edge(&self.edge_reduce, &other.edge_reduce),
+            bits: match (&self.bits, &other.bits) {
+                (Some(x), Some(y)) => Some(std::array::from_fn(|i| lin(&x[i], a, &y[i], b))),
+                _ => None,
+            },
         }
     }
 
@@ -168,6 +179,11 @@ impl AlphaGrads {
             [(&alphas.edge_normal, self.edge_normal), (&alphas.edge_reduce, self.edge_reduce)]
         {
             if let (Some(p), Some(t)) = (p, t) {
+                g.register(p.id, t);
+            }
+        }
+        if let (Some(p), Some(t)) = (&alphas.bits, self.bits) {
+            for (p, t) in p.params().into_iter().zip(t) {
                 g.register(p.id, t);
             }
         }

@@ -123,6 +123,77 @@ pub struct SearchConfig {
     /// Guards against DARTS' collapse to parameter-free cells (all off by default).
     #[serde(default)]
     pub guards: GuardConfig,
+    /// A bit-width search over each op's weight and activation widths (off when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits: Option<BitsConfig>,
+    /// A hardware cost added to the architecture loss (none when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostConfig>,
+}
+
+/// `[search.bits]`: EdMIPS-style differentiable bit-width search. Every op with convolutions
+/// on every edge gets parameters over these widths for its weights and for its activations;
+/// the derived genotype carries the most likely widths of each kept op.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BitsConfig {
+    /// Candidate weight widths (2 to 8, each once), e.g. `[2, 4, 8]`.
+    pub weight: Vec<u32>,
+    /// Candidate activation widths, e.g. `[4, 8]`.
+    pub act: Vec<u32>,
+}
+
+/// What the cost counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostMetric {
+    /// Expected BitOPs per image: MACs × weight bits × activation bits.
+    Bitops,
+    /// Expected bytes of the weights.
+    Size,
+}
+
+/// How the cost enters the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PenaltyKind {
+    /// `weight·max(0, cost/target − 1)`: free below the target, linear above it.
+    #[default]
+    Hinge,
+    /// `weight·ln(cost)`: always pushes down, by the same relative amount at any scale.
+    Log,
+}
+
+/// `[search.cost]`: a differentiable hardware cost of the architecture (the expected BitOPs or
+/// weight bytes of the derived network under the softmaxes), added to the validation loss
+/// that trains α.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostConfig {
+    /// What is counted.
+    pub metric: CostMetric,
+    /// The budget of the hinge penalty, in BitOPs per image or bytes, for the network at the
+    /// search's shape (see the README's bit-search section for how it is estimated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<f64>,
+    /// λ.
+    pub weight: f64,
+    /// The penalty's form.
+    #[serde(default)]
+    pub penalty: PenaltyKind,
+}
+
+impl CostConfig {
+    /// The penalty as the ops crate computes it.
+    pub fn penalty(&self) -> qdarts_ops::cost::Penalty {
+        match self.penalty {
+            PenaltyKind::Hinge => qdarts_ops::cost::Penalty::Hinge {
+                target: self.target.unwrap_or(f64::INFINITY),
+                weight: self.weight,
+            },
+            PenaltyKind::Log => qdarts_ops::cost::Penalty::Log { weight: self.weight },
+        }
+    }
 }
 
 /// `[search.guards]`: guards against the collapse of DARTS' normal cell to parameter-free ops
@@ -177,6 +248,8 @@ impl SearchConfig {
             alpha_betas: Self::default_alpha_betas(),
             alpha_weight_decay: Self::default_alpha_weight_decay(),
             guards: GuardConfig::default(),
+            bits: None,
+            cost: None,
         }
     }
 
@@ -301,6 +374,37 @@ impl ExperimentConfig {
                     "search.guards.max_skip",
                     "needs an op other than none and skip_connect in model.primitives",
                 );
+            }
+        }
+        if let Some(b) = &s.bits {
+            for (key, set) in [("search.bits.weight", &b.weight), ("search.bits.act", &b.act)] {
+                let mut seen = set.clone();
+                seen.sort_unstable();
+                seen.dedup();
+                if set.is_empty() || seen.len() != set.len() {
+                    return bad(key, "give one or more widths, each once");
+                }
+                if let Some(w) = set.iter().find(|w| !(2..=8).contains(*w)) {
+                    return bad(key, &format!("{w} bits: widths lie in 2..8"));
+                }
+            }
+            if self.quant.preset == qdarts_ops::qconfig::Preset::Float {
+                return bad("search.bits", "needs quantization: quant.preset is float");
+            }
+        }
+        if let Some(c) = &s.cost {
+            r.within("search.cost.weight", c.weight, 0.0, 1e6)?;
+            match (c.penalty, c.target) {
+                (PenaltyKind::Hinge, None) => {
+                    return bad("search.cost.target", "the hinge penalty needs a target");
+                }
+                (PenaltyKind::Hinge, Some(t)) if !(t.is_finite() && t > 0.0) => {
+                    return bad("search.cost.target", "must be a positive number");
+                }
+                (PenaltyKind::Log, Some(_)) => {
+                    return bad("search.cost.target", "the log penalty has no target");
+                }
+                _ => {}
             }
         }
         self.record.validate(&r)?;

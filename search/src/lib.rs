@@ -1,10 +1,12 @@
 //! qdarts-search: the DARTS search over quantized candidate ops. The experiment config
 //! ([`config`]), the supernet and its architecture parameters ([`supernet`]), the architect
-//! (first- and second-order α gradients: [`architect`]), one search step ([`step`]), and the
+//! (first- and second-order α gradients: [`architect`]), the hardware cost of a bit-width or
+//! hardware-aware search ([`cost`]), one search step ([`step`]), and the
 //! search as a step of the shared epoch loop ([`run`]).
 
 pub mod architect;
 pub mod config;
+pub mod cost;
 pub mod parity;
 pub mod run;
 pub mod step;

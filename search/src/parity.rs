@@ -105,6 +105,7 @@ impl StepSpec {
             stem_multiplier: self.stem_multiplier,
             primitives: Primitive::DARTS.to_vec(),
             partial_channels: 1,
+            bits: None,
         }
     }
 }
@@ -228,6 +229,7 @@ pub fn read_inputs(dir: &Path, device: &Device) -> Result<(StepSpec, StepState),
         edge_normal: None,
         edge_reduce: None,
         nodes: spec.nodes,
+        bits: None,
     };
     let (mut w_optim, _) = build_optimizers(&spec.search());
     let (v, _) = tensors::read(&dir.join("velocity.safetensors"))?;

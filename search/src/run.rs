@@ -16,17 +16,19 @@ use qdarts_engine::{
     ConfigError, Progress, RunError, Sgd, apply_limit, load_module, load_optim, note_epochs_change,
     run_epochs, save_module, save_optim, seeded, start,
 };
-use qdarts_genotypes::{DeriveOptions, Genotype, softmax};
-use qdarts_ops::candidates::QuantSites;
+use qdarts_genotypes::{Bits, DeriveOptions, Edge, Genotype, Primitive, softmax};
+use qdarts_ops::candidates::{QuantSites, has_bits};
+use qdarts_ops::qconfig::Site;
 use qdarts_ops::quant::lsq;
 use qdarts_record::{
-    AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, read_plan,
-    write_atomic, write_plan,
+    AlphaRow, BitRow, BitSite, CellType, CheckpointPart, CostRow, GenotypeRow, NanSite, Plan,
+    RunDir, read_plan, write_atomic, write_plan,
 };
 
-use crate::config::ExperimentConfig;
+use crate::config::{BitsConfig, ExperimentConfig};
+use crate::cost::CostModel;
 use crate::step::{arch_step, build_optimizers, weight_backward};
-use crate::supernet::{Alphas, NetShape, SearchNetwork};
+use crate::supernet::{AlphaRows, Alphas, NetShape, SearchNetwork};
 
 /// The result of a search that finished or was stopped.
 #[derive(Debug, Clone)]
@@ -51,13 +53,57 @@ pub fn net_shape(cfg: &ExperimentConfig, set: &ImageSet) -> NetShape {
         stem_multiplier: cfg.model.stem_multiplier,
         primitives: cfg.model.primitives.clone(),
         partial_channels: cfg.model.partial_channels,
+        bits: cfg.search.bits.as_ref().map(|b| (b.weight.clone(), b.act.clone())),
     }
 }
 
-/// The genotype of the current α.
+/// The genotype of the current α (and, with a bit-width search, the widths of its kept ops).
 pub fn derive_genotype(cfg: &ExperimentConfig, alphas: &Alphas) -> Result<Genotype, RunError> {
     let (an, ar) = alphas.to_rows()?;
     derive_rows(cfg, alphas, &an, &ar)
+}
+
+/// The most likely widths of each kept op of a derived cell: `w_rows`/`a_rows` are the
+/// softmaxes over the candidate widths `[edges][K][B]`. Ops without convolutions get the
+/// config's widths (clamped to 2..8), which they keep anyway.
+fn kept_bits(
+    cfg: &ExperimentConfig,
+    bits: &BitsConfig,
+    cell: &[Vec<Edge>],
+    (w_rows, a_rows): (&[AlphaRows], &[AlphaRows]),
+    reduction: bool,
+) -> Vec<Vec<Bits>> {
+    let argmax = |row: &[f32], choices: &[u32]| {
+        let i =
+            row.iter().enumerate().fold(0, |best, (i, v)| if *v > row[best] { i } else { best });
+        choices[i] as u8
+    };
+    let config = |p: Primitive, site: Site| match cfg.quant.spec_for(p.name(), site) {
+        Ok(Some(s)) => s.bits().clamp(2, 8) as u8,
+        _ => 8,
+    };
+    let mut offset = 0;
+    let mut out = Vec::with_capacity(cell.len());
+    for (i, node) in cell.iter().enumerate() {
+        out.push(
+            node.iter()
+                .map(|edge| {
+                    let (e, p) = (offset + edge.input, edge.op);
+                    let stride = if reduction && edge.input < 2 { 2 } else { 1 };
+                    let k = cfg.model.primitives.iter().position(|q| *q == p);
+                    match k {
+                        Some(k) if has_bits(p, stride) => Bits {
+                            weight: argmax(&w_rows[e][k], &bits.weight),
+                            act: argmax(&a_rows[e][k], &bits.act),
+                        },
+                        _ => Bits { weight: config(p, Site::Weight), act: config(p, Site::Act) },
+                    }
+                })
+                .collect(),
+        );
+        offset += i + 2;
+    }
+    out
 }
 
 /// The genotype of α rows under the configured guards: P-DARTS' limit on skip connections,
@@ -75,7 +121,12 @@ fn derive_rows(
         edge_normal: edges.as_ref().map(|e| e.0.as_slice()),
         edge_reduce: edges.as_ref().map(|e| e.1.as_slice()),
     };
-    Ok(Genotype::derive_with(an, ar, &m.primitives, m.nodes, 2, &opt)?)
+    let mut g = Genotype::derive_with(an, ar, &m.primitives, m.nodes, 2, &opt)?;
+    if let (Some(bits), Some([wn, wr, a_n, a_r])) = (&cfg.search.bits, alphas.bit_rows()?) {
+        g.normal_bits = Some(kept_bits(cfg, bits, &g.normal, (&wn, &a_n), false));
+        g.reduce_bits = Some(kept_bits(cfg, bits, &g.reduce, (&wr, &a_r), true));
+    }
+    Ok(g)
 }
 
 /// What the weight step left pending.
@@ -101,6 +152,8 @@ struct SearchTask<'a> {
     w_optim: Sgd,
     a_optim: ModuleOptimizer,
     pending: Option<Pending>,
+    /// The cost tables, with a bit-width search or a cost.
+    cost: Option<CostModel>,
 }
 
 impl EpochTask for SearchTask<'_> {
@@ -123,7 +176,9 @@ impl EpochTask for SearchTask<'_> {
         self.net.aux_skip = s.guards.aux_skip_at(input.step, self.steps * s.epochs);
         let alphas_before = self.alphas.clone();
         let optims = (&mut self.a_optim, &self.w_optim);
-        self.alphas = arch_step(&self.net, self.alphas.clone(), optims, (&tb, &vb), input.lr, s);
+        let batches = (&tb, &vb);
+        let cost = self.cost.as_ref();
+        self.alphas = arch_step(&self.net, self.alphas.clone(), optims, batches, input.lr, s, cost);
 
         self.net.set_recording(input.record_quant);
         let (back, logits) = weight_backward(&self.net, &self.alphas, &tb, input.inject, s);
@@ -199,7 +254,8 @@ impl EpochTask for SearchTask<'_> {
         }
         let genotype = derive_rows(self.cfg, &self.alphas, &an, &ar)?;
         let genotypes = vec![GenotypeRow { epoch, genotype: genotype.to_darts_text() }];
-        Ok(EpochRows { alphas, genotypes })
+        let (bits, cost) = (self.bit_rows(epoch)?, self.cost_rows(epoch));
+        Ok(EpochRows { alphas, genotypes, bits, cost })
     }
 
     fn save(&self, dir: &Path) -> Result<(), RunError> {
@@ -220,6 +276,75 @@ impl EpochTask for SearchTask<'_> {
         self.a_optim = load_optim(self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))?;
         Ok(self)
     }
+}
+
+impl SearchTask<'_> {
+    /// `bits.csv` rows: the softmax over each op's candidate widths (ops with convolutions).
+    fn bit_rows(&self, epoch: usize) -> Result<Vec<BitRow>, RunError> {
+        let (Some(b), Some(rows)) = (&self.cfg.search.bits, self.alphas.bit_rows()?) else {
+            return Ok(Vec::new());
+        };
+        let primitives = &self.cfg.model.primitives;
+        let nodes = self.cfg.model.nodes;
+        let [wn, wr, a_n, a_r] = rows;
+        let mut out = Vec::new();
+        let parts = [
+            (CellType::Normal, BitSite::Weight, &wn, &b.weight),
+            (CellType::Reduce, BitSite::Weight, &wr, &b.weight),
+            (CellType::Normal, BitSite::Act, &a_n, &b.act),
+            (CellType::Reduce, BitSite::Act, &a_r, &b.act),
+        ];
+        for (cell_type, site, rows, choices) in parts {
+            for (edge, ops) in rows.iter().enumerate() {
+                let stride = if cell_type == CellType::Reduce && edge_input(edge, nodes) < 2 {
+                    2
+                } else {
+                    1
+                };
+                for (k, probs) in ops.iter().enumerate() {
+                    if !has_bits(primitives[k], stride) {
+                        continue;
+                    }
+                    for (&bits, &w) in choices.iter().zip(probs) {
+                        out.push(BitRow {
+                            epoch,
+                            cell_type,
+                            edge,
+                            op: primitives[k].to_string(),
+                            site,
+                            bits,
+                            weight: f64::from(w),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `cost.csv` row: the expected cost and the penalty.
+    fn cost_rows(&self, epoch: usize) -> Vec<CostRow> {
+        let Some(model) = &self.cost else { return Vec::new() };
+        let arch = self.alphas.valid().arch();
+        let c = model.report(&arch);
+        let penalty = self.cfg.search.cost.as_ref().map_or(0.0, |cc| {
+            let p = model.penalty(cc.metric, &cc.penalty(), &arch);
+            f64::from(p.into_scalar::<f32>())
+        });
+        vec![CostRow { epoch, bitops: c.bitops, weight_bytes: c.weight_bytes, penalty }]
+    }
+}
+
+/// The input index of edge `e` of its node (edges run node by node, inputs in order).
+fn edge_input(e: usize, nodes: usize) -> usize {
+    let mut start = 0;
+    for i in 0..nodes {
+        if e < start + i + 2 {
+            return e - start;
+        }
+        start += i + 2;
+    }
+    e
 }
 
 /// A search ready to run: its data loaded and checked, its network built. Nothing is written
@@ -276,9 +401,20 @@ pub fn prepare_search<'a>(
         } else {
             alphas
         };
+        let alphas = match &cfg.search.bits {
+            Some(b) => {
+                alphas.with_bits(cfg.model.primitives.len(), b.weight.len(), b.act.len(), &ad)
+            }
+            None => alphas,
+        };
         Ok::<_, RunError>((net, alphas))
     })?;
     let (w_optim, a_optim) = build_optimizers(&cfg.search);
+    let cost = (cfg.search.bits.is_some() || cfg.search.cost.is_some()).then(|| {
+        let choices = shape.bits.clone();
+        let hw = (set.height, set.width);
+        CostModel::new(&net, hw, cfg.model.nodes, &cfg.model.primitives, &cfg.quant, choices)
+    });
     let plan = Plan {
         batch_size: bs,
         epochs: cfg.search.epochs,
@@ -301,6 +437,7 @@ pub fn prepare_search<'a>(
         w_optim,
         a_optim,
         pending: None,
+        cost,
     };
     Ok(PreparedSearch { task, plan })
 }

@@ -9,8 +9,9 @@ use qdarts_engine::grads::{Backward, cross_entropy, guarded_backward};
 use qdarts_engine::{InjectSite, Sgd};
 use qdarts_ops::quant::lsq;
 
-use crate::architect::{self, Batch};
+use crate::architect::{self, AlphaGrads, Batch};
 use crate::config::{Order, SearchConfig};
+use crate::cost::CostModel;
 use crate::supernet::{Alphas, SearchNetwork};
 
 /// The optimizers of a search as configured: SGD for the weights, Adam for α.
@@ -25,9 +26,11 @@ pub fn build_optimizers(s: &SearchConfig) -> (Sgd, ModuleOptimizer) {
     (w, a)
 }
 
-/// The architecture step: α's gradient on a validation batch (first or second order), then
-/// an Adam step. `batches` is `(train, validation)`; `lr` is the current weight learning rate
-/// (ξ of the second-order virtual step) and `w_optim` the weight optimizer (its momentum).
+/// The architecture step: α's gradient on a validation batch (first or second order), plus
+/// the gradient of the cost penalty when `cost` is given (`[search.cost]`; it depends on the
+/// architecture parameters only), then an Adam step. `batches` is `(train, validation)`; `lr`
+/// is the current weight learning rate (ξ of the second-order virtual step) and `w_optim` the
+/// weight optimizer (its momentum).
 pub fn arch_step(
     net: &SearchNetwork,
     alphas: Alphas,
@@ -35,11 +38,16 @@ pub fn arch_step(
     (train, val): (&Batch, &Batch),
     lr: f64,
     s: &SearchConfig,
+    cost: Option<&CostModel>,
 ) -> Alphas {
-    let da = match s.order {
+    let mut da = match s.order {
         Order::First => architect::first_order(net, &alphas, val),
         Order::Second => architect::second_order(net, &alphas, train, val, lr, w_optim),
     };
+    if let (Some(model), Some(c)) = (cost, &s.cost) {
+        let mut g = model.penalty(c.metric, &c.penalty(), &alphas.arch()).backward();
+        da = da.combine(1.0, &AlphaGrads::take(&mut g, &alphas), 1.0);
+    }
     let grads = da.into_params(&alphas);
     optim.step(s.alpha_lr, alphas, grads)
 }

@@ -51,8 +51,8 @@ fn unit_weights() -> Vec<Tensor<1>> {
 fn skip_cell(reduction: bool, beta: f32) -> (Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>) {
     let (cell, s0, s1) = skip_only_cell(reduction, 3);
     let w = unit_weights();
-    let plain = cell.forward(q(&s0), q(&s1), &w, None, 0.0).value;
-    let aux = cell.forward(q(&s0), q(&s1), &w, None, beta).value;
+    let plain = cell.forward(q(&s0), q(&s1), &w, None, 0.0, None).value;
+    let aux = cell.forward(q(&s0), q(&s1), &w, None, beta, None).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
     let p1 = cell.preproc1.forward(q(&s1)).value;
     (plain, aux, p0, p1)
@@ -146,7 +146,7 @@ fn edge_weights_scale_each_edge_in_its_node_sum() {
     let (cell, s0, s1) = skip_only_cell(false, 8);
     let e = [0.3f32, 0.7, 0.2, 0.5, 0.3];
     let edge: Vec<Tensor<1>> = e.iter().map(|&v| Tensor::<1>::from_floats([v], &d)).collect();
-    let out = cell.forward(q(&s0), q(&s1), &unit_weights(), Some(&edge), 0.0).value;
+    let out = cell.forward(q(&s0), q(&s1), &unit_weights(), Some(&edge), 0.0, None).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
     let p1 = cell.preproc1.forward(q(&s1)).value;
     let n2 = p0.clone().mul_scalar(e[0]).add(p1.clone().mul_scalar(e[1]));
@@ -200,6 +200,7 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
             edge_normal: Some(Param::from_tensor(Tensor::<1>::from_floats(b.as_slice(), &d))),
             edge_reduce: alphas.edge_reduce.as_ref().map(|p| Param::from_tensor(p.val())),
             nodes: 2,
+            bits: None,
         };
         let logits = net.forward_arch(x.clone(), a.arch());
         qdarts_engine::grads::cross_entropy(logits, y.clone()).into_scalar::<f64>()

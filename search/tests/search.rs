@@ -69,6 +69,7 @@ fn a_tiny_search_writes_the_whole_run_record() {
                 stem_multiplier: 1,
                 primitives: Primitive::DARTS.to_vec(),
                 partial_channels: 1,
+                bits: None,
             },
             &QuantConfig::default(),
             &Device::flex(),

@@ -136,6 +136,7 @@ pub fn time_search_step(
         stem_multiplier: 3,
         primitives: Primitive::DARTS.to_vec(),
         partial_channels: sh.partial,
+        bits: None,
     };
     let mut net = SearchNetwork::new(&shape, &quant, &ad)?;
     let mut alphas = Alphas::new(sh.nodes, Primitive::DARTS.len(), &ad);
@@ -162,7 +163,7 @@ pub fn time_search_step(
         let timed = i >= warmup || over;
         let probe = MemProbe::start(device);
         let start = Instant::now();
-        alphas = arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s);
+        alphas = arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None);
         let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, s.w_lr, &s);
         net = n;
         settle_alphas(&alphas);

@@ -99,7 +99,7 @@ impl EvalCell {
         device: &Device,
     ) -> Result<Self, SpecError> {
         let ctx =
-            |name: &str, op: &'static str| Ctx { cfg, op, path: format!("{path}.{name}"), device };
+            |name: &str, op: &'static str| Ctx::new(cfg, op, format!("{path}.{name}"), device);
         let (preproc0, preproc1) =
             Preprocess::pair(d.reduction_prev, [d.c_pp, d.c_p, d.c], true, cfg, path, device)?;
         let (nodes, concat_idx) = if d.reduction {
@@ -198,7 +198,7 @@ pub struct AuxHead {
 impl AuxHead {
     fn new(size: usize, c: usize, classes: usize, device: &Device) -> Result<Self, SpecError> {
         let cfg = QuantConfig::float();
-        let ctx = |p: &str| Ctx { cfg: &cfg, op: "auxiliary", path: format!("aux.{p}"), device };
+        let ctx = |p: &str| Ctx::new(&cfg, "auxiliary", format!("aux.{p}"), device);
         Ok(AuxHead {
             conv1: QConv::new(ConvShape::square(c, 128, 1, 1, 0), &ctx("conv1"))?,
             bn1: QBatchNorm::new(128, true, &ctx("bn1"))?,
@@ -252,7 +252,7 @@ impl EvalNetwork {
         cfg: &QuantConfig,
         device: &Device,
     ) -> Result<Self, SpecError> {
-        let ctx = |path: &str, op: &'static str| Ctx { cfg, op, path: path.to_string(), device };
+        let ctx = |path: &str, op: &'static str| Ctx::new(cfg, op, path, device);
         let c_stem = s.stem_multiplier * s.channels;
         let input_act = ctx("input", "input").quantizer(Site::Act, "act", 1)?;
         let stem =
@@ -306,7 +306,7 @@ impl EvalNetwork {
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let training = drop.is_some();
         let x = quantize_opt(&self.input_act, x);
-        let (y, unit) = self.stem.forward_unit(x.value, x.grid.as_ref());
+        let (y, unit) = self.stem.forward_unit(x.value, x.grid.as_ref(), None);
         let s = quantize_opt(&self.stem_act, self.stem_bn.forward_biased(y, unit));
         let (mut s0, mut s1) = (s.clone(), s);
         let mut aux_logits = None;

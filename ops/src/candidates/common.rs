@@ -4,7 +4,7 @@
 use burn::tensor::{Device, Tensor};
 
 use crate::qconfig::{QuantConfig, Site};
-use crate::quant::{FakeQuantizer, Grid, QuantStats, SpecError, TensorRole};
+use crate::quant::{BitMix, FakeQuantizer, Grid, QuantStats, SpecError, TensorRole};
 
 /// An activation and the grid its values lie on (`None`: float).
 #[derive(Debug, Clone)]
@@ -38,8 +38,54 @@ pub fn quantize_opt(q: &Option<FakeQuantizer>, x: Tensor<4>) -> QTensor {
     }
 }
 
+/// A site quantized at one width or mixed over several (a bit-width search): with `probs`
+/// (the softmax over the mix's widths) the mix runs and the result lies on no single grid.
+pub fn quantize_site(
+    q: &Option<FakeQuantizer>,
+    mix: &Option<BitMix>,
+    x: Tensor<4>,
+    probs: Option<&Tensor<1>>,
+) -> QTensor {
+    match (mix, probs) {
+        (Some(m), Some(p)) => QTensor::float(m.forward(x, p.clone())),
+        _ => quantize_opt(q, x),
+    }
+}
+
+/// The bit widths of an op's weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpBits<'a> {
+    /// As the quantization config says.
+    #[default]
+    Config,
+    /// The config's specs at these widths (the per-op bits of a derived genotype).
+    Fixed {
+        /// Weight bits.
+        weight: u32,
+        /// Activation bits.
+        act: u32,
+    },
+    /// A bit-width search over these widths (EdMIPS): weight and activation sites get a
+    /// [`BitMix`] instead of one quantizer.
+    Search {
+        /// Candidate weight widths.
+        weight: &'a [u32],
+        /// Candidate activation widths.
+        act: &'a [u32],
+    },
+}
+
+/// The softmaxes over one op's candidate widths that a bit-width search mixes with.
+#[derive(Debug, Clone)]
+pub struct BitProbs {
+    /// Over the weight widths, `[Bw]`.
+    pub weight: Tensor<1>,
+    /// Over the activation widths, `[Ba]`.
+    pub act: Tensor<1>,
+}
+
 /// Where an op is built: the quantization config, the op type (for per-op overrides), its layer
-/// path and its device.
+/// path, its device, and the bit widths of its weights and activations.
 #[derive(Debug, Clone)]
 pub struct Ctx<'a> {
     /// Quantization config.
@@ -50,40 +96,87 @@ pub struct Ctx<'a> {
     pub path: String,
     /// Device.
     pub device: &'a Device,
+    /// Bit widths of the weight and activation sites (mixing weights keep the config's).
+    pub bits: OpBits<'a>,
 }
 
 impl<'a> Ctx<'a> {
+    /// A context at the config's bit widths.
+    pub fn new(
+        cfg: &'a QuantConfig,
+        op: &'a str,
+        path: impl Into<String>,
+        device: &'a Device,
+    ) -> Self {
+        Ctx { cfg, op, path: path.into(), device, bits: OpBits::Config }
+    }
+
+    /// The same context at other bit widths.
+    pub fn with_bits(self, bits: OpBits<'a>) -> Self {
+        Ctx { bits, ..self }
+    }
+
+    fn role(site: Site) -> TensorRole {
+        match site {
+            Site::Weight => TensorRole::Weight,
+            Site::Act => TensorRole::Act,
+            Site::Mix => TensorRole::Mix,
+        }
+    }
+
     /// A context for a sub-layer at `path.name`.
     pub fn child(&self, name: &str) -> Ctx<'a> {
         Ctx { path: format!("{}.{name}", self.path), ..self.clone() }
     }
 
-    /// The quantizer of a site at `path.name` (`None` when the config leaves it float).
+    /// The quantizer of a site at `path.name` (`None` when the config leaves it float, or
+    /// when a bit-width search mixes the site: see [`Ctx::bit_mix`]).
     pub fn quantizer(
         &self,
         site: Site,
         name: &str,
         channels: usize,
     ) -> Result<Option<FakeQuantizer>, SpecError> {
-        let role = match site {
-            Site::Weight => TensorRole::Weight,
-            Site::Act => TensorRole::Act,
-            Site::Mix => TensorRole::Mix,
-        };
         let path = format!("{}.{name}", self.path);
-        self.cfg
-            .spec_for(self.op, site)?
-            .map(|s| FakeQuantizer::new(s, path, role, channels, self.device))
-            .transpose()
+        let Some(spec) = self.cfg.spec_for(self.op, site)? else { return Ok(None) };
+        let spec = match (self.bits, site) {
+            (_, Site::Mix) | (OpBits::Config, _) => spec,
+            (OpBits::Search { .. }, _) => return Ok(None),
+            (OpBits::Fixed { weight, .. }, Site::Weight) => spec.at_bits(weight)?,
+            (OpBits::Fixed { act, .. }, Site::Act) => spec.at_bits(act)?,
+        };
+        FakeQuantizer::new(spec, path, Self::role(site), channels, self.device).map(Some)
+    }
+
+    /// Under a bit-width search, the quantizers of a weight or activation site at `path.name`,
+    /// one per candidate width; otherwise `None` (and [`Ctx::quantizer`] gives the site's one).
+    pub fn bit_mix(
+        &self,
+        site: Site,
+        name: &str,
+        channels: usize,
+    ) -> Result<Option<BitMix>, SpecError> {
+        let OpBits::Search { weight, act } = self.bits else { return Ok(None) };
+        let bits = match site {
+            Site::Weight => weight,
+            Site::Act => act,
+            Site::Mix => return Ok(None),
+        };
+        let Some(spec) = self.cfg.spec_for(self.op, site)? else { return Ok(None) };
+        let path = format!("{}.{name}", self.path);
+        BitMix::new(spec, bits, &path, Self::role(site), channels, self.device).map(Some)
     }
 
     /// The per-tensor quantizer of a folded BatchNorm weight at `path.name`.
     pub fn bn_quantizer(&self, name: &str) -> Result<Option<FakeQuantizer>, SpecError> {
         let path = format!("{}.{name}", self.path);
-        self.cfg
-            .bn_weight(self.op)?
-            .map(|s| FakeQuantizer::new(s, path, TensorRole::Weight, 1, self.device))
-            .transpose()
+        let Some(spec) = self.cfg.bn_weight(self.op)? else { return Ok(None) };
+        // Under a bit-width search the multiplier keeps the config's width.
+        let spec = match self.bits {
+            OpBits::Fixed { weight, .. } => spec.at_bits(weight)?,
+            _ => spec,
+        };
+        FakeQuantizer::new(spec, path, TensorRole::Weight, 1, self.device).map(Some)
     }
 }
 
@@ -114,6 +207,11 @@ pub trait QuantSites {
         }
         Ok(rows)
     }
+}
+
+/// Collects the quantizers of optional bit mixes.
+pub fn mixes<'a>(ms: impl IntoIterator<Item = &'a Option<BitMix>>) -> Vec<&'a FakeQuantizer> {
+    ms.into_iter().flatten().flat_map(|m| &m.quantizers).collect()
 }
 
 /// Collects the quantizers of optional sites.

@@ -8,7 +8,7 @@ use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, QuantSites};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, Grid, RoundMode, SpecError};
+use crate::quant::{BitMix, FakeQuantizer, Grid, RoundMode, SpecError};
 
 /// The geometry of a convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,8 @@ pub struct QConv {
     pub weight: Param<Tensor<4>>,
     /// Weight quantizer (`<path>.weight`).
     pub wq: Option<FakeQuantizer>,
+    /// Under a bit-width search, one weight quantizer per candidate width (`<path>.weight.w<b>`).
+    pub wmix: Option<BitMix>,
     stride: [usize; 2],
     padding: [usize; 2],
     dilation: usize,
@@ -82,6 +84,7 @@ impl QConv {
         Ok(QConv {
             weight,
             wq: ctx.quantizer(Site::Weight, "weight", shape.c_out)?,
+            wmix: ctx.bit_mix(Site::Weight, "weight", shape.c_out)?,
             stride: shape.stride,
             padding: shape.padding,
             dilation: shape.dilation,
@@ -109,10 +112,43 @@ impl QConv {
         conv2d(x, self.effective_weight(), None, self.options())
     }
 
+    /// [`forward`](Self::forward) under a bit-width search: with `probs` (softmax over the
+    /// candidate weight widths), EdMIPS' composite convolution, one convolution of the mixed
+    /// quantized weight.
+    pub fn forward_mixed(&self, x: Tensor<4>, probs: Option<&Tensor<1>>) -> Tensor<4> {
+        match (&self.wmix, probs) {
+            (Some(m), Some(p)) => {
+                conv2d(x, m.forward(self.weight.val(), p.clone()), None, self.options())
+            }
+            _ => self.forward(x),
+        }
+    }
+
+    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
+    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
+        let [c_out, c_in_g, kh, kw] = self.weight.val().dims();
+        let out = |n: usize, k: usize, i: usize| {
+            (n + 2 * self.padding[i] - self.dilation * (k - 1) - 1) / self.stride[i] + 1
+        };
+        let (ho, wo) = (out(h, kh, 0), out(w, kw, 1));
+        ((c_out * c_in_g * kh * kw * ho * wo) as u64, (ho, wo))
+    }
+
+    /// Number of weights.
+    pub fn params(&self) -> u64 {
+        self.weight.val().shape().num_elements() as u64
+    }
+
     /// [`forward`](Self::forward) of an input on the grid `input`, also returning the value of
     /// one accumulator unit per output channel, `s_in·s_w,c` (detached), when both the input
     /// and the weight are quantized: the derived scale of a bias added to this conv's output.
-    pub fn forward_unit(&self, x: Tensor<4>, input: Option<&Grid>) -> (Tensor<4>, Option<Bias>) {
+    /// Under a bit-width search (`probs`) there is no single weight grid and no unit.
+    pub fn forward_unit(
+        &self,
+        x: Tensor<4>,
+        input: Option<&Grid>,
+        probs: Option<&Tensor<1>>,
+    ) -> (Tensor<4>, Option<Bias>) {
         match (&self.wq, input) {
             (Some(q), Some(ig)) => {
                 let (w, g) = q.forward_with_grid(self.weight.val());
@@ -124,13 +160,15 @@ impl QConv {
                 let bias = (!g.held && !ig.held).then(|| Bias { unit, round: q.spec().round() });
                 (y, bias)
             }
-            _ => (self.forward(x), None),
+            _ => (self.forward_mixed(x, probs), None),
         }
     }
 }
 
 impl QuantSites for QConv {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
-        self.wq.iter().collect()
+        let mut q: Vec<&FakeQuantizer> = self.wq.iter().collect();
+        q.extend(self.wmix.iter().flat_map(|m| &m.quantizers));
+        q
     }
 }

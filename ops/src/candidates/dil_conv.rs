@@ -5,10 +5,10 @@ use burn::module::Module;
 use burn::tensor::activation::relu;
 
 use super::bn::QBatchNorm;
-use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, SpecError};
+use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// ReLU – depthwise dilated conv – pointwise conv – BN.
 #[derive(Module, Debug)]
@@ -17,12 +17,16 @@ pub struct QDilConv {
     pub dw: QConv,
     /// Quantizer of the depthwise output (`<path>.dw.act`).
     pub dw_act: Option<FakeQuantizer>,
+    /// Under a bit-width search, its quantizers per width (`<path>.dw.act.a<b>`).
+    pub dw_act_mix: Option<BitMix>,
     /// Pointwise conv `c_in → c_out` (`<path>.pw`).
     pub pw: QConv,
     /// BatchNorm (`<path>.bn`).
     pub bn: QBatchNorm,
     /// Output quantizer (`<path>.act`).
     pub act: Option<FakeQuantizer>,
+    /// Under a bit-width search, its quantizers per width (`<path>.act.a<b>`).
+    pub act_mix: Option<BitMix>,
 }
 
 /// The geometry of a dilated depthwise-separable conv.
@@ -58,19 +62,40 @@ impl QDilConv {
         Ok(QDilConv {
             dw: QConv::new(dw, &dw_ctx)?,
             dw_act: dw_ctx.quantizer(Site::Act, "act", 1)?,
+            dw_act_mix: dw_ctx.bit_mix(Site::Act, "act", 1)?,
             pw: QConv::new(ConvShape::square(s.c_in, s.c_out, 1, 1, 0), &ctx.child("pw"))?,
             bn: QBatchNorm::new(s.c_out, affine, &ctx.child("bn"))?,
             act: ctx.quantizer(Site::Act, "act", 1)?,
+            act_mix: ctx.bit_mix(Site::Act, "act", 1)?,
         })
     }
 
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        let y = quantize_opt(&self.dw_act, self.dw.forward(relu(x.value)));
-        let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref());
+        self.forward_bits(x, None)
+    }
+
+    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
+    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
+        let y = self.dw.forward_mixed(relu(x.value), wp);
+        let y = quantize_site(&self.dw_act, &self.dw_act_mix, y, ap);
+        let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref(), wp);
         let y = self.bn.forward_biased(y, unit);
-        quantize_opt(&self.act, y)
+        quantize_site(&self.act, &self.act_mix, y, ap)
+    }
+
+    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
+    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
+        let (m1, (h, w)) = self.dw.macs(h, w);
+        let (m2, out) = self.pw.macs(h, w);
+        (m1 + m2, out)
+    }
+
+    /// Number of conv weights.
+    pub fn params(&self) -> u64 {
+        self.dw.params() + self.pw.params()
     }
 }
 
@@ -78,9 +103,11 @@ impl QuantSites for QDilConv {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
         let mut q = self.dw.quantizers();
         q.extend(sites([&self.dw_act]));
+        q.extend(mixes([&self.dw_act_mix]));
         q.extend(self.pw.quantizers());
         q.extend(self.bn.quantizers());
         q.extend(sites([&self.act]));
+        q.extend(mixes([&self.act_mix]));
         q
     }
 }

@@ -8,10 +8,10 @@ use burn::module::Module;
 use burn::tensor::activation::relu;
 
 use super::bn::QBatchNorm;
-use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, SpecError};
+use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// ReLU – Conv(k×1) – Conv(1×k) – BN.
 #[derive(Module, Debug)]
@@ -20,12 +20,16 @@ pub struct QFacConv {
     pub conv1: QConv,
     /// Quantizer between the two convs (`<path>.conv1.act`).
     pub mid: Option<FakeQuantizer>,
+    /// Under a bit-width search, its quantizers per width.
+    pub mid_mix: Option<BitMix>,
     /// 1×k conv, `c_in → c_out` (`<path>.conv2`).
     pub conv2: QConv,
     /// BatchNorm (`<path>.bn`).
     pub bn: QBatchNorm,
     /// Output quantizer (`<path>.act`).
     pub act: Option<FakeQuantizer>,
+    /// Under a bit-width search, its quantizers per width.
+    pub act_mix: Option<BitMix>,
 }
 
 impl QFacConv {
@@ -61,19 +65,40 @@ impl QFacConv {
         Ok(QFacConv {
             conv1: QConv::new(c1, &conv1)?,
             mid: conv1.quantizer(Site::Act, "act", 1)?,
+            mid_mix: conv1.bit_mix(Site::Act, "act", 1)?,
             conv2: QConv::new(c2, &ctx.child("conv2"))?,
             bn: QBatchNorm::new(c_out, affine, &ctx.child("bn"))?,
             act: ctx.quantizer(Site::Act, "act", 1)?,
+            act_mix: ctx.bit_mix(Site::Act, "act", 1)?,
         })
     }
 
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        let y = quantize_opt(&self.mid, self.conv1.forward(relu(x.value)));
-        let (y, unit) = self.conv2.forward_unit(y.value, y.grid.as_ref());
+        self.forward_bits(x, None)
+    }
+
+    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
+    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
+        let y = self.conv1.forward_mixed(relu(x.value), wp);
+        let y = quantize_site(&self.mid, &self.mid_mix, y, ap);
+        let (y, unit) = self.conv2.forward_unit(y.value, y.grid.as_ref(), wp);
         let y = self.bn.forward_biased(y, unit);
-        quantize_opt(&self.act, y)
+        quantize_site(&self.act, &self.act_mix, y, ap)
+    }
+
+    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
+    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
+        let (m1, (h, w)) = self.conv1.macs(h, w);
+        let (m2, out) = self.conv2.macs(h, w);
+        (m1 + m2, out)
+    }
+
+    /// Number of conv weights.
+    pub fn params(&self) -> u64 {
+        self.conv1.params() + self.conv2.params()
     }
 }
 
@@ -81,9 +106,11 @@ impl QuantSites for QFacConv {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
         let mut q = self.conv1.quantizers();
         q.extend(sites([&self.mid]));
+        q.extend(mixes([&self.mid_mix]));
         q.extend(self.conv2.quantizers());
         q.extend(self.bn.quantizers());
         q.extend(sites([&self.act]));
+        q.extend(mixes([&self.act_mix]));
         q
     }
 }

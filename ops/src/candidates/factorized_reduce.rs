@@ -6,10 +6,10 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 
 use super::bn::QBatchNorm;
-use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{Bias, ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, SpecError};
+use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// Two offset strided 1×1 convs, concatenated, then BN.
 #[derive(Module, Debug)]
@@ -22,6 +22,8 @@ pub struct QFactorizedReduce {
     pub bn: QBatchNorm,
     /// Output quantizer (`<path>.act`).
     pub act: Option<FakeQuantizer>,
+    /// Under a bit-width search, its quantizers per width.
+    pub act_mix: Option<BitMix>,
 }
 
 impl QFactorizedReduce {
@@ -34,25 +36,45 @@ impl QFactorizedReduce {
             conv2: QConv::new(other, &ctx.child("conv2"))?,
             bn: QBatchNorm::new(c_out, affine, &ctx.child("bn"))?,
             act: ctx.quantizer(Site::Act, "act", 1)?,
+            act_mix: ctx.bit_mix(Site::Act, "act", 1)?,
         })
     }
 
     /// # Shapes
     /// - x: `[N, c_in, H, W]`, H and W even; output: `[N, c_out, H/2, W/2]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
+        self.forward_bits(x, None)
+    }
+
+    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
+    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
+        let (m1, out) = self.conv1.macs(h, w);
+        let (m2, _) = self.conv2.macs(h - 1, w - 1);
+        (m1 + m2, out)
+    }
+
+    /// Number of conv weights.
+    pub fn params(&self) -> u64 {
+        self.conv1.params() + self.conv2.params()
+    }
+
+    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
+    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
         let grid = x.grid.as_ref();
         let x = relu(x.value);
         let [_, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
-        let (y1, u1) = self.conv1.forward_unit(x, grid);
-        let (y2, u2) = self.conv2.forward_unit(shifted, grid);
+        let (y1, u1) = self.conv1.forward_unit(x, grid, wp);
+        let (y2, u2) = self.conv2.forward_unit(shifted, grid, wp);
         let unit = match (u1, u2) {
             (Some(a), Some(b)) => {
                 Some(Bias { unit: Tensor::cat(vec![a.unit, b.unit], 0), round: a.round })
             }
             _ => None,
         };
-        quantize_opt(&self.act, self.bn.forward_biased(Tensor::cat(vec![y1, y2], 1), unit))
+        let y = self.bn.forward_biased(Tensor::cat(vec![y1, y2], 1), unit);
+        quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }
 
@@ -62,6 +84,7 @@ impl QuantSites for QFactorizedReduce {
         q.extend(self.conv2.quantizers());
         q.extend(self.bn.quantizers());
         q.extend(sites([&self.act]));
+        q.extend(mixes([&self.act_mix]));
         q
     }
 }

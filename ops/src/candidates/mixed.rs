@@ -18,7 +18,7 @@ use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 
 use super::CandidateOp;
-use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, sites};
 use crate::qconfig::{QuantConfig, Site};
 use crate::quant::{FakeQuantizer, SpecError};
 
@@ -63,16 +63,33 @@ impl QMixedOp {
         path: &str,
         device: &Device,
     ) -> Result<Self, SpecError> {
+        Self::with_bits(primitives, c, stride, k, cfg, path, device, OpBits::Config)
+    }
+
+    /// [`partial`](Self::partial) with the candidates' weight and activation widths given
+    /// (a bit-width search: [`OpBits::Search`]; ops without convolutions keep the config's).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_bits(
+        primitives: &[Primitive],
+        c: usize,
+        stride: usize,
+        k: usize,
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+        bits: OpBits,
+    ) -> Result<Self, SpecError> {
         if k == 0 || !c.is_multiple_of(k) {
             return Err(SpecError::PartialChannels { k, channels: c });
         }
         let ops = primitives
             .iter()
             .map(|p| {
-                CandidateOp::new(*p, c / k, stride, false, cfg, &format!("{path}.{p}"), device)
+                let path = format!("{path}.{p}");
+                CandidateOp::with_bits(*p, c / k, stride, false, cfg, &path, device, bits)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let ctx = Ctx { cfg, op: "mixed", path: path.to_string(), device };
+        let ctx = Ctx::new(cfg, "mixed", path, device);
         Ok(QMixedOp {
             ops,
             mix: ctx.quantizer(Site::Mix, "mix", 1)?,
@@ -86,8 +103,16 @@ impl QMixedOp {
     /// - x: `[N, C, H, W]`; weights: `[K]` (one per candidate, e.g. softmax(α));
     ///   output: `[N, C, H/s, W/s]`.
     pub fn forward(&self, x: QTensor, weights: Tensor<1>) -> QTensor {
+        self.forward_bits(x, weights, None)
+    }
+
+    /// [`forward`](Self::forward) with each candidate mixing its widths (a bit-width search).
+    ///
+    /// # Shapes
+    /// - bits: `weight` `[K, Bw]`, `act` `[K, Ba]`, one softmax row per candidate.
+    pub fn forward_bits(&self, x: QTensor, weights: Tensor<1>, bits: Option<&EdgeBits>) -> QTensor {
         if self.partial <= 1 {
-            return match self.weighted_sum(x.clone(), weights) {
+            return match self.weighted_sum(x.clone(), weights, bits) {
                 Some(s) => quantize_opt(&self.act, s),
                 None => x,
             };
@@ -100,7 +125,7 @@ impl QMixedOp {
             // Max pooling picks input values: the bypass stays on the input grid.
             rest = max_pool2d(rest, MaxPoolOptions::new([2, 2]).with_stride([2, 2]));
         }
-        let cat = match self.weighted_sum(head, weights) {
+        let cat = match self.weighted_sum(head, weights, bits) {
             Some(y) => Tensor::cat(vec![y, rest], 1),
             None => return QTensor::float(rest),
         };
@@ -108,14 +133,20 @@ impl QMixedOp {
     }
 
     /// `Σ_i w_i · op_i(x)` with the mixing weights fake-quantized (`None` without candidates).
-    fn weighted_sum(&self, x: QTensor, weights: Tensor<1>) -> Option<Tensor<4>> {
+    fn weighted_sum(
+        &self,
+        x: QTensor,
+        weights: Tensor<1>,
+        bits: Option<&EdgeBits>,
+    ) -> Option<Tensor<4>> {
         let w = match &self.mix {
             Some(q) => q.forward(weights),
             None => weights,
         };
         let mut sum: Option<Tensor<4>> = None;
         for (i, op) in self.ops.iter().enumerate() {
-            let y = op.forward(x.clone()).value;
+            let probs = bits.map(|b| b.op(i));
+            let y = op.forward_bits(x.clone(), probs.as_ref()).value;
             let term = y.mul(w.clone().slice(i..i + 1).reshape([1, 1, 1, 1]));
             sum = Some(match sum {
                 Some(s) => s.add(term),
@@ -123,6 +154,26 @@ impl QMixedOp {
             });
         }
         sum
+    }
+}
+
+/// The softmaxes over the candidate widths of every op on an edge.
+#[derive(Debug, Clone)]
+pub struct EdgeBits {
+    /// Over the weight widths, `[K, Bw]`.
+    pub weight: Tensor<2>,
+    /// Over the activation widths, `[K, Ba]`.
+    pub act: Tensor<2>,
+}
+
+impl EdgeBits {
+    /// Op `i`'s rows.
+    pub fn op(&self, i: usize) -> BitProbs {
+        let row = |t: &Tensor<2>| {
+            let [_, b] = t.dims();
+            t.clone().slice([i..i + 1, 0..b]).reshape([b])
+        };
+        BitProbs { weight: row(&self.weight), act: row(&self.act) }
     }
 }
 

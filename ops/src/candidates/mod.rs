@@ -19,13 +19,13 @@ use qdarts_genotypes::Primitive;
 
 pub use bn::QBatchNorm;
 pub use bn::quantize_bias;
-pub use common::{Ctx, QTensor, QuantSites, quantize_opt};
+pub use common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, quantize_site};
 pub use conv::{Bias, ConvShape, QConv};
 pub use dil_conv::{DilShape, QDilConv};
 pub use fac_conv::QFacConv;
 pub use factorized_reduce::QFactorizedReduce;
 pub use identity::QIdentity;
-pub use mixed::{QMixedOp, channel_shuffle};
+pub use mixed::{EdgeBits, QMixedOp, channel_shuffle};
 pub use pool_bn::{PoolKind, QPoolBN};
 pub use sep_conv::QSepConv;
 pub use std_conv::QStdConv;
@@ -56,6 +56,22 @@ pub enum CandidateOp {
     Fac(QFacConv),
 }
 
+/// Multiply-accumulates and weights per image of one op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpCost {
+    /// Multiply-accumulates per image.
+    pub macs: u64,
+    /// Conv weights.
+    pub params: u64,
+}
+
+/// Whether `primitive` at `stride` has convolutions, whose weight and activation widths a
+/// bit-width search chooses (skip_connect at stride 2 is a FactorizedReduce); pooling, identity
+/// and none keep the config's widths.
+pub fn has_bits(primitive: Primitive, stride: usize) -> bool {
+    primitive.has_weights() || (primitive == Primitive::SkipConnect && stride > 1)
+}
+
 impl CandidateOp {
     /// The op for `primitive` on `c` channels at `stride`, with quantizers under `path`
     /// (e.g. `cells.3.edges.5.sep_conv_3x3`).
@@ -68,7 +84,24 @@ impl CandidateOp {
         path: &str,
         device: &Device,
     ) -> Result<Self, SpecError> {
-        let ctx = Ctx { cfg, op: primitive.name(), path: path.to_string(), device };
+        Self::with_bits(primitive, c, stride, affine, cfg, path, device, OpBits::Config)
+    }
+
+    /// [`new`](Self::new) at other bit widths; ops without convolutions ([`has_bits`]) keep
+    /// the config's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_bits(
+        primitive: Primitive,
+        c: usize,
+        stride: usize,
+        affine: bool,
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+        bits: OpBits,
+    ) -> Result<Self, SpecError> {
+        let bits = if has_bits(primitive, stride) { bits } else { OpBits::Config };
+        let ctx = Ctx::new(cfg, primitive.name(), path, device).with_bits(bits);
         let dil = |k: usize, padding: usize| DilShape {
             c_in: c,
             c_out: c,
@@ -111,15 +144,34 @@ impl CandidateOp {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: `[N, C, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
+        self.forward_bits(x, None)
+    }
+
+    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search (ignored
+    /// by ops without convolutions).
+    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         match self {
             CandidateOp::Zero(op) => op.forward(x),
             CandidateOp::Pool(op) => op.forward(x),
             CandidateOp::Identity(op) => op.forward(x),
-            CandidateOp::Reduce(op) => op.forward(x),
-            CandidateOp::Sep(op) => op.forward(x),
-            CandidateOp::Dil(op) => op.forward(x),
-            CandidateOp::Fac(op) => op.forward(x),
+            CandidateOp::Reduce(op) => op.forward_bits(x, bits),
+            CandidateOp::Sep(op) => op.forward_bits(x, bits),
+            CandidateOp::Dil(op) => op.forward_bits(x, bits),
+            CandidateOp::Fac(op) => op.forward_bits(x, bits),
         }
+    }
+
+    /// Multiply-accumulates (of its convolutions; pooling and BN are not counted) and conv
+    /// weights per image on an `h×w` input.
+    pub fn cost(&self, h: usize, w: usize) -> OpCost {
+        let (macs, params) = match self {
+            CandidateOp::Zero(_) | CandidateOp::Pool(_) | CandidateOp::Identity(_) => (0, 0),
+            CandidateOp::Reduce(op) => (op.macs(h, w).0, op.params()),
+            CandidateOp::Sep(op) => (op.macs(h, w).0, op.params()),
+            CandidateOp::Dil(op) => (op.macs(h, w).0, op.params()),
+            CandidateOp::Fac(op) => (op.macs(h, w).0, op.params()),
+        };
+        OpCost { macs, params }
     }
 }
 

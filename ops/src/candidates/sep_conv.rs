@@ -3,7 +3,7 @@
 
 use burn::module::Module;
 
-use super::common::{Ctx, QTensor, QuantSites};
+use super::common::{BitProbs, Ctx, QTensor, QuantSites};
 use super::dil_conv::{DilShape, QDilConv};
 use crate::quant::{FakeQuantizer, SpecError};
 
@@ -38,7 +38,24 @@ impl QSepConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.op2.forward(self.op1.forward(x))
+        self.forward_bits(x, None)
+    }
+
+    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
+    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        self.op2.forward_bits(self.op1.forward_bits(x, bits), bits)
+    }
+
+    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
+    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
+        let (m1, (h, w)) = self.op1.macs(h, w);
+        let (m2, out) = self.op2.macs(h, w);
+        (m1 + m2, out)
+    }
+
+    /// Number of conv weights.
+    pub fn params(&self) -> u64 {
+        self.op1.params() + self.op2.params()
     }
 }
 

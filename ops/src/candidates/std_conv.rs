@@ -34,7 +34,7 @@ impl QStdConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]` (with "same" padding).
     pub fn forward(&self, x: QTensor) -> QTensor {
-        let (y, unit) = self.conv.forward_unit(relu(x.value), x.grid.as_ref());
+        let (y, unit) = self.conv.forward_unit(relu(x.value), x.grid.as_ref(), None);
         let y = self.bn.forward_biased(y, unit);
         quantize_opt(&self.act, y)
     }

@@ -13,7 +13,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::SpecError;
 use super::quantizer::FakeQuantizer;
-use super::spec::{QuantSpec, RawQuantSpec};
+use super::spec::QuantSpec;
 use super::stats::TensorRole;
 
 /// One quantizer per candidate bit width, sharing the base spec's observer, granularity,
@@ -48,12 +48,7 @@ impl BitMix {
         let quantizers = bits
             .iter()
             .map(|&b| {
-                if !(2..=8).contains(&b) {
-                    return Err(SpecError::Bits(b));
-                }
-                // The base's own narrowed range belongs to its width; each width gets its full one.
-                let raw = RawQuantSpec { bits: b, quant_min: None, quant_max: None, ..base.into() };
-                let spec = QuantSpec::new(raw)?;
+                let spec = base.at_bits(b)?;
                 FakeQuantizer::new(spec, format!("{path}.{tag}{b}"), role, channels, device)
             })
             .collect::<Result<Vec<_>, _>>()?;

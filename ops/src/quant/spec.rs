@@ -270,6 +270,19 @@ impl QuantSpec {
         (self.quant_min.unwrap_or(lo), self.quant_max.unwrap_or(hi))
     }
 
+    /// The same spec at `bits` wide (2 to 8): the range is the new width's full one, or its
+    /// narrow one (`[−2^(b−1)+1, 2^(b−1)−1]`) when this spec's range was narrow; other narrowed
+    /// ranges belong to their width and are dropped.
+    pub fn at_bits(self, bits: u32) -> Result<Self, SpecError> {
+        if !(2..=8).contains(&bits) {
+            return Err(SpecError::Bits(bits));
+        }
+        let (lo, hi) = self.full_range();
+        let narrow = self.signed && self.quant_range() == (lo + 1, hi);
+        let quant_min = narrow.then(|| -(1 << (bits - 1)) + 1);
+        Self::new(RawQuantSpec { bits, quant_min, quant_max: None, ..self.into() })
+    }
+
     /// Paddle's `bin_cnt`: the integer that the abs-max threshold maps to.
     pub fn bin_cnt(&self) -> i32 {
         if self.signed { (1 << (self.bits - 1)) - 1 } else { (1 << self.bits) - 1 }

@@ -6,6 +6,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_engine::{RunError, read_f32};
 use qdarts_genotypes::edge_count;
+use qdarts_ops::candidates::EdgeBits;
 
 /// α of one cell type on the host: one row per edge, one value per op.
 pub type AlphaRows = Vec<Vec<f32>>;
@@ -27,6 +28,71 @@ pub struct Alphas {
     pub edge_reduce: Option<Param<Tensor<1>>>,
     /// Intermediate nodes per cell (the softmax groups of β).
     pub nodes: usize,
+    /// With a bit-width search, the parameters over each op's candidate widths.
+    pub bits: Option<BitAlphas>,
+}
+
+/// The bit-width parameters of a search (EdMIPS): for every edge and op of each cell type, one
+/// value per candidate weight width and one per activation width. Ops without convolutions
+/// have rows too; nothing reads them, so their gradient is zero.
+#[derive(Module, Debug)]
+pub struct BitAlphas {
+    /// Weight widths of the normal cell, `[edges, K, Bw]`.
+    pub weight_normal: Param<Tensor<3>>,
+    /// Weight widths of the reduction cell.
+    pub weight_reduce: Param<Tensor<3>>,
+    /// Activation widths of the normal cell, `[edges, K, Ba]`.
+    pub act_normal: Param<Tensor<3>>,
+    /// Activation widths of the reduction cell.
+    pub act_reduce: Param<Tensor<3>>,
+}
+
+/// EdMIPS' initial value of every bit-width parameter (all widths equally likely).
+pub const BIT_ALPHA_INIT: f32 = 0.01;
+
+impl BitAlphas {
+    /// All four, in a fixed order: weight normal, weight reduce, act normal, act reduce.
+    pub fn params(&self) -> [&Param<Tensor<3>>; 4] {
+        [&self.weight_normal, &self.weight_reduce, &self.act_normal, &self.act_reduce]
+    }
+}
+
+/// softmax over the candidate widths of every op on every edge of both cell types.
+#[derive(Debug, Clone)]
+pub struct BitWeights {
+    /// Weight widths of the normal cell, `[edges, K, Bw]`.
+    pub weight_normal: Tensor<3>,
+    /// Weight widths of the reduction cell.
+    pub weight_reduce: Tensor<3>,
+    /// Activation widths of the normal cell, `[edges, K, Ba]`.
+    pub act_normal: Tensor<3>,
+    /// Activation widths of the reduction cell.
+    pub act_reduce: Tensor<3>,
+}
+
+impl BitWeights {
+    /// The rows of one edge of one cell type.
+    pub fn edge(&self, reduction: bool, e: usize) -> EdgeBits {
+        let (w, a) = if reduction {
+            (&self.weight_reduce, &self.act_reduce)
+        } else {
+            (&self.weight_normal, &self.act_normal)
+        };
+        let cut = |t: &Tensor<3>| {
+            let [_, k, b] = t.dims();
+            t.clone().slice([e..e + 1, 0..k, 0..b]).reshape([k, b])
+        };
+        EdgeBits { weight: cut(w), act: cut(a) }
+    }
+
+    fn map(self, f: impl Fn(Tensor<3>) -> Tensor<3>) -> Self {
+        BitWeights {
+            weight_normal: f(self.weight_normal),
+            weight_reduce: f(self.weight_reduce),
+            act_normal: f(self.act_normal),
+            act_reduce: f(self.act_reduce),
+        }
+    }
 }
 
 /// What the supernet's forward needs of the architecture: softmax(α) per edge of each cell
@@ -41,12 +107,14 @@ pub struct ArchWeights {
     pub edge_normal: Option<Tensor<1>>,
     /// Edge weights of the reduction cell.
     pub edge_reduce: Option<Tensor<1>>,
+    /// The softmaxes over each op's candidate widths, with a bit-width search.
+    pub bits: Option<BitWeights>,
 }
 
 impl ArchWeights {
     /// Plain softmax(α) rows, no edge weights.
     pub fn plain(normal: Tensor<2>, reduce: Tensor<2>) -> Self {
-        ArchWeights { normal, reduce, edge_normal: None, edge_reduce: None }
+        ArchWeights { normal, reduce, edge_normal: None, edge_reduce: None, bits: None }
     }
 
     /// Cut from the autodiff graph (the weight step trains the weights only).
@@ -56,6 +124,7 @@ impl ArchWeights {
             reduce: self.reduce.detach(),
             edge_normal: self.edge_normal.map(Tensor::detach),
             edge_reduce: self.edge_reduce.map(Tensor::detach),
+            bits: self.bits.map(|b| b.map(Tensor::detach)),
         }
     }
 }
@@ -85,7 +154,29 @@ impl Alphas {
                 .mul_scalar(1e-3),
             )
         };
-        Alphas { normal: init(), reduce: init(), edge_normal: None, edge_reduce: None, nodes }
+        Alphas {
+            normal: init(),
+            reduce: init(),
+            edge_normal: None,
+            edge_reduce: None,
+            nodes,
+            bits: None,
+        }
+    }
+
+    /// Adds bit-width parameters over `weight` and `act` candidate widths for `ops` ops per
+    /// edge, all at EdMIPS' [`BIT_ALPHA_INIT`] (no random draw).
+    pub fn with_bits(mut self, ops: usize, weight: usize, act: usize, device: &Device) -> Self {
+        let e = edge_count(self.nodes);
+        let init =
+            |b: usize| Param::from_tensor(Tensor::<3>::full([e, ops, b], BIT_ALPHA_INIT, device));
+        self.bits = Some(BitAlphas {
+            weight_normal: init(weight),
+            weight_reduce: init(weight),
+            act_normal: init(act),
+            act_reduce: init(act),
+        });
+        self
     }
 
     /// Adds PC-DARTS' β, `1e-3 · N(0, 1)` per edge as PC-DARTS initialises them (drawn after α).
@@ -120,7 +211,35 @@ impl Alphas {
             reduce,
             edge_normal: edge(&self.edge_normal),
             edge_reduce: edge(&self.edge_reduce),
+            bits: self.bit_weights(),
         }
+    }
+
+    /// softmax over the candidate widths, with a bit-width search.
+    pub fn bit_weights(&self) -> Option<BitWeights> {
+        self.bits.as_ref().map(|b| BitWeights {
+            weight_normal: softmax(b.weight_normal.val(), 2),
+            weight_reduce: softmax(b.weight_reduce.val(), 2),
+            act_normal: softmax(b.act_normal.val(), 2),
+            act_reduce: softmax(b.act_reduce.val(), 2),
+        })
+    }
+
+    /// softmax over the candidate widths on the host, `[edges][K][B]` per tensor in
+    /// [`BitAlphas::params`]' order, with a bit-width search.
+    pub fn bit_rows(&self) -> Result<Option<[Vec<AlphaRows>; 4]>, RunError> {
+        let Some(w) = self.bit_weights() else { return Ok(None) };
+        let rows = |t: Tensor<3>| -> Result<Vec<AlphaRows>, RunError> {
+            let [_, k, b] = t.dims();
+            let flat = read_f32(t, "bit α")?;
+            Ok(flat.chunks(k * b).map(|e| e.chunks(b).map(<[f32]>::to_vec).collect()).collect())
+        };
+        Ok(Some([
+            rows(w.weight_normal)?,
+            rows(w.weight_reduce)?,
+            rows(w.act_normal)?,
+            rows(w.act_reduce)?,
+        ]))
     }
 
     /// The edge weights (softmax of β within each node) on the host: `(normal, reduce)`, when

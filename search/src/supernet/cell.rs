@@ -9,10 +9,12 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::arith::{QAdd, QConcat};
-use qdarts_ops::candidates::{Ctx, QMixedOp, QStdConv, QTensor, QuantSites};
+use qdarts_ops::candidates::{Ctx, OpBits, QMixedOp, QStdConv, QTensor, QuantSites};
 use qdarts_ops::network::Preprocess;
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
+
+use super::alphas::BitWeights;
 
 /// One search cell.
 #[derive(Module, Debug)]
@@ -61,8 +63,20 @@ impl SearchCell {
         path: &str,
         device: &Device,
     ) -> Result<Self, SpecError> {
+        Self::with_bits(s, primitives, cfg, path, device, OpBits::Config)
+    }
+
+    /// [`new`](Self::new) with the candidates' widths given (a bit-width search).
+    pub fn with_bits(
+        s: CellShape,
+        primitives: &[Primitive],
+        cfg: &QuantConfig,
+        path: &str,
+        device: &Device,
+        bits: OpBits,
+    ) -> Result<Self, SpecError> {
         let ctx =
-            |name: &str, op: &'static str| Ctx { cfg, op, path: format!("{path}.{name}"), device };
+            |name: &str, op: &'static str| Ctx::new(cfg, op, format!("{path}.{name}"), device);
         let (preproc0, preproc1) =
             Preprocess::pair(s.reduction_prev, [s.c_pp, s.c_p, s.c], false, cfg, path, device)?;
         let mut edges = Vec::new();
@@ -71,7 +85,7 @@ impl SearchCell {
             for j in 0..i + 2 {
                 let stride = if s.reduction && j < 2 { 2 } else { 1 };
                 let k = edges.len();
-                edges.push(QMixedOp::partial(
+                edges.push(QMixedOp::with_bits(
                     primitives,
                     s.c,
                     stride,
@@ -79,6 +93,7 @@ impl SearchCell {
                     cfg,
                     &format!("{path}.edges.{k}"),
                     device,
+                    bits,
                 )?);
             }
             adds.push(QAdd::new(&ctx(&format!("nodes.{}", i + 2), "add"))?);
@@ -97,7 +112,8 @@ impl SearchCell {
     /// `edge`: PC-DARTS' edge weights (one `[1]` per edge), which scale each edge's output
     /// in its node's sum. `aux_skip` is DARTS-' β: when positive, `β·h` joins the node sum
     /// for every stride-1 edge reading state `h` (in a reduction cell, the edges between
-    /// intermediate nodes).
+    /// intermediate nodes). `bits`: the softmaxes over each op's candidate widths, with a
+    /// bit-width search.
     ///
     /// # Shapes
     /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]` (s0 at twice the resolution after a
@@ -109,6 +125,7 @@ impl SearchCell {
         weights: &[Tensor<1>],
         edge: Option<&[Tensor<1>]>,
         aux_skip: f32,
+        bits: Option<&BitWeights>,
     ) -> QTensor {
         let s0 = self.preproc0.forward(s0);
         let mut states = vec![s0, self.preproc1.forward(s1)];
@@ -116,7 +133,8 @@ impl SearchCell {
         for add in &self.adds {
             let mut terms: Vec<QTensor> = Vec::with_capacity(2 * states.len());
             for (j, h) in states.iter().enumerate() {
-                let y = self.edges[k].forward(h.clone(), weights[k].clone());
+                let eb = bits.map(|b| b.edge(self.reduction, k));
+                let y = self.edges[k].forward_bits(h.clone(), weights[k].clone(), eb.as_ref());
                 terms.push(match edge {
                     // Off the edge's grid; the node's add requantizes the sum.
                     Some(e) => QTensor::float(y.value.mul(e[k].clone().reshape([1, 1, 1, 1]))),

@@ -4,6 +4,6 @@ mod alphas;
 mod cell;
 mod network;
 
-pub use alphas::{AlphaRows, Alphas, ArchWeights, EdgeRows};
+pub use alphas::{AlphaRows, Alphas, ArchWeights, BIT_ALPHA_INIT, BitAlphas, BitWeights, EdgeRows};
 pub use cell::{CellShape, SearchCell};
 pub use network::{NetShape, SearchNetwork};

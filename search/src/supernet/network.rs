@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{
-    ConvShape, Ctx, QBatchNorm, QConv, QTensor, QuantSites, quantize_opt,
+    ConvShape, Ctx, OpBits, QBatchNorm, QConv, QTensor, QuantSites, quantize_opt,
 };
 use qdarts_ops::network::{QLinear, is_reduction};
 use qdarts_ops::qconfig::{QuantConfig, Site};
@@ -34,6 +34,8 @@ pub struct NetShape {
     pub primitives: Vec<Primitive>,
     /// PC-DARTS partial channels `K` of every mixed op (1: plain DARTS).
     pub partial_channels: usize,
+    /// Candidate `(weight, activation)` widths of a bit-width search (`None`: the config's).
+    pub bits: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 /// The supernet's weights (the alphas live in [`Alphas`]).
@@ -59,7 +61,7 @@ pub struct SearchNetwork {
 impl SearchNetwork {
     /// A search network.
     pub fn new(s: &NetShape, cfg: &QuantConfig, device: &Device) -> Result<Self, SpecError> {
-        let ctx = |path: &str, op: &'static str| Ctx { cfg, op, path: path.to_string(), device };
+        let ctx = |path: &str, op: &'static str| Ctx::new(cfg, op, path, device);
         let c_stem = s.stem_multiplier * s.channels;
         let stem =
             QConv::new(ConvShape::square(s.c_in, c_stem, 3, 1, 1), &ctx("stem.conv", "stem"))?;
@@ -82,7 +84,12 @@ impl SearchNetwork {
                 nodes: s.nodes,
                 partial: s.partial_channels,
             };
-            cells.push(SearchCell::new(shape, &s.primitives, cfg, &format!("cells.{i}"), device)?);
+            let bits = match &s.bits {
+                Some((weight, act)) => OpBits::Search { weight, act },
+                None => OpBits::Config,
+            };
+            let path = format!("cells.{i}");
+            cells.push(SearchCell::with_bits(shape, &s.primitives, cfg, &path, device, bits)?);
             reduction_prev = reduction;
             (c_pp, c_p) = (c_p, c * s.nodes);
         }
@@ -121,7 +128,7 @@ impl SearchNetwork {
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
         for cell in &self.cells {
             let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };
-            let out = cell.forward(s0, s1.clone(), w, e.as_deref(), self.aux_skip);
+            let out = cell.forward(s0, s1.clone(), w, e.as_deref(), self.aux_skip, a.bits.as_ref());
             (s0, s1) = (s1, out);
         }
         let [n, c, _, _] = s1.dims();

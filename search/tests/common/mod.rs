@@ -68,5 +68,6 @@ pub fn tiny_shape(partial: usize) -> NetShape {
         stem_multiplier: 1,
         primitives: qdarts_genotypes::Primitive::DARTS.to_vec(),
         partial_channels: partial,
+        bits: None,
     }
 }
