@@ -164,3 +164,68 @@ fn the_hinge_penalty_is_zero_under_the_target_and_linear_over_it() {
     let v = vals(log.of(Tensor::<1>::from_floats([std::f32::consts::E], &d)))[0];
     assert!((v - 2.0).abs() < 1e-5);
 }
+
+/// A searched site whose bit softmax puts all its weight on one width is the site built at
+/// that width: a conv's weights (same values, same quantized conv) and an activation
+/// quantizer; and a whole searched op at a one-hot width is the op at that width where no
+/// bias is folded (FactorizedReduce on a float input). Ops with a conv after a quantized
+/// activation differ by the BN bias, which the searched op leaves float (there is no single
+/// accumulator grid to round it to) and the fixed op rounds onto its accumulator unit.
+#[test]
+fn a_searched_site_at_a_one_hot_width_is_the_site_built_at_that_width() {
+    use qdarts_genotypes::Primitive;
+    use qdarts_ops::candidates::{
+        BitProbs, CandidateOp, ConvShape, Ctx, OpBits, QConv, QTensor, quantize_site,
+    };
+    use qdarts_ops::qconfig::{QuantConfig, Site};
+    let d = Device::flex();
+    let cfg = QuantConfig::default();
+    let x = qdarts_ops::seeded(&d, 9, || {
+        Tensor::<4>::random([2, 4, 8, 8], Distribution::Normal(0.0, 1.0), &d)
+    });
+    let hot = |choices: &[u32], b: u32| {
+        let v: Vec<f32> = choices.iter().map(|&c| if c == b { 1.0 } else { 0.0 }).collect();
+        Tensor::<1>::from_floats(v.as_slice(), &d)
+    };
+    let max_diff = |a: Vec<f32>, b: Vec<f32>| {
+        a.iter().zip(&b).map(|(u, v)| (u - v).abs()).fold(0.0f32, f32::max)
+    };
+    let (wc, ac): (&[u32], &[u32]) = (&[2, 4, 8], &[4, 8]);
+    let search = OpBits::Search { weight: wc, act: ac };
+    for (wb, ab) in [(2u32, 4u32), (4, 8), (8, 4)] {
+        let fixed = OpBits::Fixed { weight: wb, act: ab };
+        let ctx = |bits| Ctx::new(&cfg, "sep_conv_3x3", "c", &d).with_bits(bits);
+        let conv = |bits| {
+            qdarts_ops::seeded(&d, 11, || {
+                QConv::new(ConvShape::square(4, 6, 3, 1, 1), &ctx(bits)).unwrap()
+            })
+        };
+        let (f, s) = (conv(fixed), conv(search));
+        let diff = max_diff(
+            vals(f.forward(x.clone())),
+            vals(s.forward_mixed(x.clone(), Some(&hot(wc, wb)))),
+        );
+        assert!(diff < 1e-5, "conv w{wb}: max difference {diff}");
+        let eight = conv(OpBits::Config);
+        if wb != 8 {
+            assert!(max_diff(vals(f.forward(x.clone())), vals(eight.forward(x.clone()))) > 1e-3);
+        }
+        let (q, m) = (ctx(fixed).quantizer(Site::Act, "act", 1).unwrap(), ctx(search));
+        let mix = m.bit_mix(Site::Act, "act", 1).unwrap();
+        assert!(m.quantizer(Site::Act, "act", 1).unwrap().is_none(), "the mix replaces it");
+        let a = quantize_site(&q, &None, x.clone(), None).value;
+        let b = quantize_site(&None, &mix, x.clone(), Some(&hot(ac, ab))).value;
+        assert!(max_diff(vals(a), vals(b)) < 1e-6, "act a{ab}");
+        // The whole op where no bias is folded.
+        let op = |bits| {
+            qdarts_ops::seeded(&d, 11, || {
+                CandidateOp::with_bits(Primitive::SkipConnect, 4, 2, false, &cfg, "e", &d, bits)
+                    .unwrap()
+            })
+        };
+        let probs = BitProbs { weight: hot(wc, wb), act: hot(ac, ab) };
+        let a = op(fixed).forward(QTensor::float(x.clone())).value;
+        let b = op(search).forward_bits(QTensor::float(x.clone()), Some(&probs)).value;
+        assert!(max_diff(vals(a), vals(b)) < 1e-5, "FactorizedReduce w{wb}a{ab}");
+    }
+}
