@@ -171,6 +171,7 @@ pub fn eval(run: &Path, backend: Backend, threads: usize) -> Result<()> {
         "  model size               {:>8} bytes (.qdf), {} bytes of integer parameters",
         r.qdf_bytes, r.param_bytes
     );
+    println!("  weights at their widths  {:>8} bytes (packed, biases not counted)", r.weight_bytes);
     println!(
         "  compute                  {:>8.4} GBitOPs/image ({} MACs)",
         r.bitops as f64 / 1e9,

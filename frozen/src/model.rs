@@ -5,8 +5,10 @@
 //! Activations are 8-bit integers on a per-tensor grid `x = scale·(q − zero_point)`, `q` in
 //! `[qmin, qmax]`. Signed grids are stored as they are; unsigned ones (`qmin ≥ 0`, u8) are stored
 //! shifted by −128 into i8 with the zero point shifted alike, which changes no arithmetic.
-//! Weights are symmetric int8 per output channel, biases int32 at scale `s_in·s_w`, and every
-//! rescale a [`FixedMultiplier`].
+//! Weights are symmetric per output channel, 2 to 8 bits each stored in an int8 (a conv's
+//! `weight_bits` says how many), biases int32 at scale `s_in·s_w`, and every rescale a
+//! [`FixedMultiplier`]. Activation grids narrower than 8 bits (`qmin`/`qmax`) are stored in
+//! i8 alike.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -101,6 +103,14 @@ pub struct ConvNode {
     pub multipliers: Vec<FixedMultiplier>,
     /// Output grid.
     pub out: ActGrid,
+    /// Bits of the weights (2 to 8), stored one per int8: they lie in `[−2^(b−1), 2^(b−1) − 1]`
+    /// (8 in models written before per-op widths).
+    #[serde(default = "eight_bits")]
+    pub weight_bits: u32,
+}
+
+fn eight_bits() -> u32 {
+    8
 }
 
 /// One node of the graph; node `i` produces value `i`.
@@ -305,7 +315,7 @@ impl FrozenModel {
             match node {
                 Node::Conv(c) => {
                     let macs = conv_macs(c, shapes[c.input], shapes[i]);
-                    out.push((macs, 8, bits(self.grid_of(c.input))));
+                    out.push((macs, c.weight_bits, bits(self.grid_of(c.input))));
                 }
                 Node::Linear { input, .. } => {
                     out.push((
@@ -325,8 +335,25 @@ impl FrozenModel {
         Ok(self.macs()?.iter().map(|&(m, wb, ab)| m * u64::from(wb) * u64::from(ab)).sum())
     }
 
-    /// Bytes of the integer parameters (weights and biases).
+    /// Bytes of the integer parameters (weights and biases) as stored (one byte per weight).
     pub fn param_bytes(&self) -> u64 {
         self.tensors.values().map(|t| t.data.len() as u64).sum()
+    }
+
+    /// Bytes of the weights packed at their widths (`⌈n·b/8⌉` per conv; the classifier at 8
+    /// bits; biases not counted): the size a bit-width search's cost estimates.
+    pub fn weight_bytes(&self) -> u64 {
+        let n = |name: &str| self.tensors.get(name).map_or(0, |t| t.data.len() as u64);
+        self.graph
+            .nodes
+            .iter()
+            .map(|node| match node {
+                Node::Conv(c) => {
+                    (n(&format!("{}.weight", c.name)) * u64::from(c.weight_bits)).div_ceil(8)
+                }
+                Node::Linear { name, .. } => n(&format!("{name}.weight")),
+                _ => 0,
+            })
+            .sum()
     }
 }

@@ -2,6 +2,9 @@
 //! `QuantizeLinear → DequantizeLinear` pair on its grid, around float `Conv`, `Add`, `Concat`,
 //! `MaxPool`/`AveragePool`, `GlobalAveragePool` and `Gemm`; weights are int8 initializers with
 //! per-channel (axis 0) `DequantizeLinear`, biases int32 at scale `s_in·s_w`. Opset 13.
+//! Narrower widths stay in int8 containers: weights of fewer bits are int8 initializers whose
+//! values lie in the narrower range, and an activation grid narrower than 8 bits is clipped
+//! to its range before its `QuantizeLinear` (see `Builder::qdq`).
 //!
 //! ONNX `QuantizeLinear` rounds half to even, so a model frozen with ties-away-from-zero
 //! rounding is refused rather than exported with a different rounding. The integer add rounds
@@ -148,11 +151,25 @@ impl Builder {
         (s, z)
     }
 
-    /// `float → QuantizeLinear → DequantizeLinear` onto `g`, producing `out`.
+    /// `float → QuantizeLinear → DequantizeLinear` onto `g`, producing `out`. A grid narrower
+    /// than its 8-bit container (e.g. 4-bit activations, `[−8, 7]` in an int8) is clipped to
+    /// its range first, `[(qmin − z)·s, (qmax − z)·s]`, as the integer model saturates there
+    /// and QuantizeLinear would saturate only at the container's ends.
     fn qdq(&mut self, x: &str, out: &str, g: &ActGrid) {
         let (s, z) = self.grid(out, g);
         let q = format!("{out}_q");
-        self.node("QuantizeLinear", &[x, &s, &z], &q, &[]);
+        let (lo, hi) = if g.unsigned() { (0, 255) } else { (-128, 127) };
+        let mut x = x.to_string();
+        if g.qmin > lo || g.qmax < hi {
+            let bound = |v: i32| ((v - g.zero_point) as f32) * g.scale;
+            let (cmin, cmax, clipped) =
+                (format!("{out}_clip_min"), format!("{out}_clip_max"), format!("{out}_clip"));
+            self.init(&cmin, FLOAT, &[], &bound(g.qmin).to_le_bytes());
+            self.init(&cmax, FLOAT, &[], &bound(g.qmax).to_le_bytes());
+            self.node("Clip", &[&x, &cmin, &cmax], &clipped, &[]);
+            x = clipped;
+        }
+        self.node("QuantizeLinear", &[&x, &s, &z], &q, &[]);
         self.node("DequantizeLinear", &[&q, &s, &z], out, &[]);
     }
 

@@ -139,8 +139,24 @@ impl FrozenModel {
                         .ok_or_else(|| bad(i, format!("conv does not fit input {s:?}")))?;
                     c.multipliers.iter().try_for_each(check_mult)?;
                     let wd = [co, s[0] / c.groups, c.kernel[0], c.kernel[1]];
-                    self.tensor(&format!("{}.weight", c.name), DType::I8, &wd)
+                    let w = self
+                        .tensor(&format!("{}.weight", c.name), DType::I8, &wd)
                         .map_err(|m| bad(i, m))?;
+                    if !(2..=8).contains(&c.weight_bits) {
+                        return Err(bad(i, format!("{} weight bits: 2 to 8", c.weight_bits)));
+                    }
+                    let half = 1i32 << (c.weight_bits - 1);
+                    if let Some(v) = w
+                        .data
+                        .iter()
+                        .map(|&b| i32::from(b as i8))
+                        .find(|v| !(-half..half).contains(v))
+                    {
+                        return Err(bad(
+                            i,
+                            format!("weight {v} does not fit {} bits", c.weight_bits),
+                        ));
+                    }
                     let bias = self
                         .tensor(&format!("{}.bias", c.name), DType::I32, &[co])
                         .map_err(|m| bad(i, m))?;

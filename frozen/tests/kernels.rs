@@ -136,6 +136,7 @@ fn model(c: &Case) -> FrozenModel {
         offset: c.offset,
         multipliers,
         out: c.out,
+        weight_bits: 8,
     });
     let graph = Graph {
         input_shape: [c.ci, c.h, c.w],

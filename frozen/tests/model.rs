@@ -76,6 +76,7 @@ fn model(seed: u64, rounding: Rounding) -> FrozenModel {
             offset,
             multipliers,
             out,
+            weight_bits: 8,
         })
     };
     let r = |a: ActGrid, b: ActGrid| m(f64::from(a.scale) / f64::from(b.scale));

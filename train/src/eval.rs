@@ -92,10 +92,12 @@ pub struct EvalReport {
     pub macs: u64,
     /// Largest |fake-quant logit / logit_scale − integer logit| over all images and classes.
     pub max_logit_diff_lsb: f64,
-    /// Bytes of integer parameters.
+    /// Bytes of integer parameters as stored (one byte per weight).
     pub param_bytes: u64,
     /// Size of the `.qdf` file.
     pub qdf_bytes: u64,
+    /// Bytes of the weights packed at their widths (biases not counted).
+    pub weight_bytes: u64,
 }
 
 /// One image's label and the two models' predictions.
@@ -197,6 +199,7 @@ pub fn evaluate_frozen(
         max_logit_diff_lsb: max_lsb,
         param_bytes: model.param_bytes(),
         qdf_bytes,
+        weight_bytes: model.weight_bytes(),
     };
     Ok(Evaluated { report, predictions, fake_quant_seconds, integer_seconds })
 }

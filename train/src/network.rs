@@ -4,8 +4,11 @@
 //!
 //! Quantization: an input quantizer (the first step of integer inference) quantizes the
 //! normalized image; every op ends on an activation grid, node sums and the cell concat are
-//! requantized as the integer model computes them. The auxiliary head is float: it only shapes
-//! the training loss and is not part of the deployed model.
+//! requantized as the integer model computes them. An op of a genotype with per-op widths
+//! (`normal_bits` / `reduce_bits`, from a bit-width search) quantizes its weights and its own
+//! activations at those widths; ops without convolutions and everything outside the cells keep
+//! the config's. The auxiliary head is float: it only shapes the training loss and is not
+//! part of the deployed model.
 
 use burn::module::Module;
 use burn::tensor::activation::relu;
@@ -15,7 +18,8 @@ use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_genotypes::Genotype;
 use qdarts_ops::arith::{QAdd, QConcat};
 use qdarts_ops::candidates::{
-    CandidateOp, ConvShape, Ctx, QBatchNorm, QConv, QStdConv, QTensor, QuantSites, quantize_opt,
+    CandidateOp, ConvShape, Ctx, OpBits, QBatchNorm, QConv, QStdConv, QTensor, QuantSites,
+    quantize_opt,
 };
 use qdarts_ops::qconfig::{QuantConfig, Site};
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
@@ -102,20 +106,25 @@ impl EvalCell {
             |name: &str, op: &'static str| Ctx::new(cfg, op, format!("{path}.{name}"), device);
         let (preproc0, preproc1) =
             Preprocess::pair(d.reduction_prev, [d.c_pp, d.c_p, d.c], true, cfg, path, device)?;
-        let (nodes, concat_idx) = if d.reduction {
-            (&genotype.reduce, &genotype.reduce_concat)
+        let (nodes, concat_idx, bits) = if d.reduction {
+            (&genotype.reduce, &genotype.reduce_concat, &genotype.reduce_bits)
         } else {
-            (&genotype.normal, &genotype.normal_concat)
+            (&genotype.normal, &genotype.normal_concat, &genotype.normal_bits)
         };
         let mut ops = Vec::new();
         let mut inputs = Vec::new();
         let mut per_node = Vec::new();
         let mut adds = Vec::new();
         for (i, edges) in nodes.iter().enumerate() {
-            for e in edges {
+            for (j, e) in edges.iter().enumerate() {
                 let stride = if d.reduction && e.input < 2 { 2 } else { 1 };
                 let k = ops.len();
-                ops.push(CandidateOp::new(
+                // The genotype's widths of this op (a bit-width search's), else the config's.
+                let op_bits = match bits.as_ref().and_then(|b| b.get(i)?.get(j)) {
+                    Some(b) => OpBits::Fixed { weight: b.weight.into(), act: b.act.into() },
+                    None => OpBits::Config,
+                };
+                ops.push(CandidateOp::with_bits(
                     e.op,
                     d.c,
                     stride,
@@ -123,6 +132,7 @@ impl EvalCell {
                     cfg,
                     &format!("{path}.ops.{k}.{}", e.op),
                     device,
+                    op_bits,
                 )?);
                 inputs.push(e.input);
             }

@@ -46,14 +46,7 @@ pub fn resolve_genotype(spec: &str) -> Result<Genotype, RunError> {
     } else {
         Genotype::from_darts_text(text.trim())
     };
-    let g = g.map_err(|e| source_err(&file, e.to_string()))?;
-    if g.normal_bits.is_some() || g.reduce_bits.is_some() {
-        let why = "carries per-op bit widths (normal_bits / reduce_bits), which training does not \
-                   apply yet: it would train every op at the config's bits; remove them to train \
-                   at `quant`'s bits";
-        return Err(source_err(&file, why.into()));
-    }
-    Ok(g)
+    g.map_err(|e| source_err(&file, e.to_string()))
 }
 
 /// The evaluation network's shape for a config and data set.

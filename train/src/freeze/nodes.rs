@@ -25,6 +25,7 @@ impl Freezer<'_> {
         let w = conv.weight.val();
         let [co, cig, kh, kw] = w.dims();
         let (q, steps) = self.weights(w, &conv.wq, name)?;
+        let bits = conv.wq.as_ref().map_or(8, |q| q.spec().bits());
         let step = |c: usize| f64::from(if steps.len() == 1 { steps[0] } else { steps[c] });
         let (bw, bb) = match bn {
             Some((bn, range)) => {
@@ -51,7 +52,7 @@ impl Freezer<'_> {
                 opts.groups,
                 offset,
             ),
-            out,
+            (out, bits),
         )
     }
 
@@ -67,10 +68,12 @@ impl Freezer<'_> {
         bn_w: &[f32],
         bn_b: &[f32],
         (stride, padding, dilation, groups, offset): ([usize; 2], [usize; 2], usize, usize, usize),
-        out: ActGrid,
+        (out, weight_bits): (ActGrid, u32),
     ) -> Result<usize, FreezeError> {
         let [co, cig, kh, kw] = dims;
         let per = cig * kh * kw;
+        // The weights' range, [−half, half − 1].
+        let half = 1i32 << (weight_bits - 1);
         let s_in = f64::from(self.grids[input].scale);
         let s_out = f64::from(out.scale);
         let mut bias = Vec::with_capacity(co);
@@ -84,7 +87,7 @@ impl Freezer<'_> {
             // A channel whose scale vanished outputs its bias alone: zero weights, and a tiny
             // accumulator unit so that the int32 bias still carries it.
             // A negative scale (BN weight γ < 0) flips the channel: its integers are negated,
-            // or, when one of them is −128 (whose negation is not an int8), kept as they are
+            // or, when one of them is −half (e.g. −128, whose negation is not an int8), kept as they are
             // with a negative weight scale, which the runtime applies as a sign.
             let mut sign = 1.0;
             let unit = if e.abs() < s_out * 1e-6 {
@@ -92,7 +95,7 @@ impl Freezer<'_> {
                 s_out * 2f64.powi(-20)
             } else {
                 if e < 0.0 {
-                    if row.contains(&-128) {
+                    if row.contains(&-half) {
                         sign = -1.0;
                     } else {
                         row.iter_mut().for_each(|v| *v = -*v);
@@ -111,8 +114,8 @@ impl Freezer<'_> {
             wscale.push((sign * unit / s_in) as f32);
             bscale.push(unit as f32);
         }
-        if q.iter().any(|v| !(-128..=127).contains(v)) {
-            return Err(err(format!("{name}: weights do not fit int8")));
+        if q.iter().any(|v| !(-half..half).contains(v)) {
+            return Err(err(format!("{name}: weights do not fit {weight_bits} bits")));
         }
         self.tensors.insert(
             format!("{name}.weight"),
@@ -150,6 +153,7 @@ impl Freezer<'_> {
             offset,
             multipliers: mults,
             out,
+            weight_bits,
         });
         Ok(self.push(node, out))
     }

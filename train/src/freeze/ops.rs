@@ -100,7 +100,7 @@ impl Freezer<'_> {
                     &w,
                     &b,
                     ([1, 1], [0, 0], 1, c, 0),
-                    out,
+                    (out, 8),
                 )
             }
             CandidateOp::Reduce(r) => self.reduce(path, r, input),
