@@ -24,6 +24,39 @@ fn ok(cmd: &mut Command) -> String {
     so.trim().to_string()
 }
 
+/// A Python with onnxruntime (a venv in the temp dir, made once), or `None` with a note when
+/// Python or the package registry is not there.
+fn onnx_python() -> Option<PathBuf> {
+    let venv = std::env::temp_dir().join("qdarts-onnx-venv");
+    let py = venv.join("bin").join("python");
+    let ready = py.exists()
+        || (Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .is_ok_and(|s| s.success())
+            && Command::new(venv.join("bin").join("pip"))
+                .args(["install", "-q", "onnxruntime", "numpy"])
+                .status()
+                .is_ok_and(|s| s.success()));
+    if !ready {
+        eprintln!("note: python3 with onnxruntime unavailable; ONNX check skipped");
+    }
+    ready.then_some(py)
+}
+
+/// `scripts/onnx_check.py` on a frozen, exported run: onnxruntime agrees with the integer
+/// runtime (as written ≥ 99 %, fused ≥ `min_fused`).
+fn onnx_check(py: &Path, run: &Path, min_fused: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join("onnx_check.py");
+    let out =
+        Command::new(py).arg(&script).arg(run).args(["--min-fused", min_fused]).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
+    assert!(out.status.success(), "onnxruntime disagrees with the integer runtime:\n{text}");
+}
+
 fn only_run(dir: &Path) -> PathBuf {
     let runs: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(runs.len(), 1, "{runs:?}");
@@ -87,36 +120,14 @@ fn searched_genotype_to_integer_model_and_onnx() {
     assert!(eval["bitops"].as_u64().unwrap() > 0);
 
     // The ONNX model in onnxruntime, when Python and the package registry are there.
-    let venv = std::env::temp_dir().join("qdarts-onnx-venv");
-    let py = venv.join("bin").join("python");
-    let ready = py.exists()
-        || (Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .is_ok_and(|s| s.success())
-            && Command::new(venv.join("bin").join("pip"))
-                .args(["install", "-q", "onnxruntime", "numpy"])
-                .status()
-                .is_ok_and(|s| s.success()));
-    if !ready {
-        eprintln!("note: python3 with onnxruntime unavailable; ONNX check skipped");
-    } else {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join("onnx_check.py");
-        // onnxruntime's QLinear fusions requantize their own way: a looser bound for them.
-        let out = Command::new(&py)
-            .arg(&script)
-            .arg(&run)
-            .args(["--min-fused", "0.97"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        eprintln!("{text}");
-        assert!(out.status.success(), "onnxruntime disagrees with the integer runtime:\n{text}");
+    // onnxruntime's QLinear fusions requantize their own way: a looser bound for them.
+    let py = onnx_python();
+    let ready = py.is_some();
+    if let Some(py) = &py {
+        onnx_check(py, &run, "0.97");
     }
     // The runtime benchmark: both kernels, the profile, and onnxruntime beside when it is there.
-    let python = if ready { py.to_string_lossy().to_string() } else { "none".to_string() };
+    let python = py.map_or("none".to_string(), |p| p.to_string_lossy().to_string());
     let bench = ok(qdarts()
         .args(["bench", "runtime", "--reps", "1", "--direct", "--python", &python])
         .arg(&run));
@@ -204,18 +215,103 @@ fn freeze_and_eval_refuse_bad_runs_and_damaged_models() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("NOT_A_GENOTYPE"), "{err}");
-    // A genotype with per-op bits: training does not apply them yet, and says so.
+    // Per-op widths need quantization to apply to.
     let g = d.join("bits.json");
-    std::fs::write(
-        &g,
-        r#"{"normal": [[["sep_conv_3x3", 0], ["skip_connect", 1]]], "normal_concat": [2],
-            "reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]]], "reduce_concat": [2],
-            "normal_bits": [[[4, 8], [4, 8]]]}"#,
-    )
-    .unwrap();
-    let out = qdarts().arg("train").arg("--genotype").arg(&g).output().unwrap();
+    std::fs::write(&g, WIDTHS).unwrap();
+    let out = qdarts()
+        .arg("train")
+        .arg("--genotype")
+        .arg(&g)
+        .args(["--set", "quant.preset=\"float\""])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("bits.json") && err.contains("per-op bit widths"), "{err}");
+    assert!(err.contains("bits.json") && err.contains("float"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A genotype with per-op widths: 2-, 4- and 8-bit weights, 4- and 8-bit activations.
+const WIDTHS: &str = r#"{
+    "normal": [[["sep_conv_3x3", 0], ["dil_conv_3x3", 1]], [["skip_connect", 0], ["max_pool_3x3", 2]]],
+    "normal_concat": [2, 3],
+    "reduce": [[["sep_conv_3x3", 0], ["skip_connect", 1]], [["dil_conv_5x5", 2], ["avg_pool_3x3", 1]]],
+    "reduce_concat": [2, 3],
+    "normal_bits": [[[2, 4], [4, 8]], [[8, 8], [8, 8]]],
+    "reduce_bits": [[[4, 4], [2, 8]], [[8, 4], [8, 8]]]
+}"#;
+
+#[test]
+fn a_genotype_with_per_op_widths_trains_freezes_and_exports_at_them() {
+    let d = scratch("widths");
+    let g = d.join("widths.json");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(&g, WIDTHS).unwrap();
+    let tdir_s = format!("\"{}\"", d.join("train").display());
+    let mut train = qdarts();
+    train.args(["train", "--genotype"]).arg(&g);
+    for (k, v) in [
+        ("train.epochs", "2"),
+        ("train.steps_per_epoch", "16"),
+        ("train.lr", "0.1"),
+        ("data.limit", "512"),
+        ("data.test_limit", "300"),
+        ("model.init_channels", "4"),
+        ("model.layers", "3"),
+        ("record.results_dir", &tdir_s),
+    ] {
+        train.args(["--set".to_string(), format!("{k}={v}")]);
+    }
+    let run = PathBuf::from(ok(&mut train));
+    ok(qdarts().arg("freeze").arg(&run));
+    ok(qdarts().arg("export").arg(&run));
+    let report = ok(qdarts().arg("eval").arg(&run));
+    let eval: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
+    let agreement = eval["agreement"].as_f64().unwrap();
+    assert!(agreement >= 0.995, "agreement {agreement}:\n{report}");
+
+    // The frozen graph holds the widths: conv weights of each op at its width, the op's own
+    // activation grids at its width, everything else at 8 bits.
+    let model = qdarts_frozen::FrozenModel::load(&run.join("frozen/model.qdf")).unwrap();
+    let mut weight_bits = std::collections::BTreeMap::new();
+    let mut act_levels = std::collections::BTreeMap::new();
+    for node in &model.graph.nodes {
+        if let qdarts_frozen::Node::Conv(c) = node {
+            weight_bits.insert(c.name.clone(), c.weight_bits);
+            act_levels.insert(c.name.clone(), c.out.qmax - c.out.qmin + 1);
+            let w = &model.tensors[&format!("{}.weight", c.name)];
+            let half = 1i32 << (c.weight_bits - 1);
+            assert!(
+                w.data.iter().all(|&b| (-half..half).contains(&i32::from(b as i8))),
+                "{}",
+                c.name
+            );
+        }
+    }
+    let wb = |name: &str| weight_bits[name];
+    // Cell 0 is a normal cell, cells 1 and 2 reduce (`cells.<i>.ops.<k>`).
+    assert_eq!(wb("cells.0.ops.0.op1.dw"), 2);
+    assert_eq!(wb("cells.0.ops.0.op2.pw"), 2);
+    assert_eq!(act_levels["cells.0.ops.0.op1.dw"], 16, "4-bit activations");
+    assert_eq!(wb("cells.0.ops.1.pw"), 4);
+    assert_eq!(act_levels["cells.0.ops.1.pw"], 256);
+    assert_eq!(wb("cells.1.ops.1.conv1"), 2, "FactorizedReduce at 2 bits");
+    assert_eq!(wb("cells.2.ops.2.dw"), 8);
+    assert_eq!(act_levels["cells.2.ops.2.dw"], 16);
+    assert_eq!(wb("stem.conv"), 8);
+    // BitOPs count each conv at its widths.
+    let macs = model.macs().unwrap();
+    assert!(macs.iter().any(|&(_, w, a)| (w, a) == (2, 4)), "{macs:?}");
+    let bitops: u64 = macs.iter().map(|&(m, w, a)| m * u64::from(w) * u64::from(a)).sum();
+    assert_eq!(eval["bitops"].as_u64().unwrap(), bitops);
+    assert!(eval["weight_bytes"].as_u64().unwrap() < eval["param_bytes"].as_u64().unwrap());
+    if let Some(py) = onnx_python() {
+        // As written, onnxruntime computes what the integer model does (≥ 99 %). Its graph
+        // optimizations swap in other float conv kernels whose rounding differs near grid
+        // boundaries; on a 4-bit grid each such step is a sixteenth of the range, so the fused
+        // model agrees less (85 % measured on this model, against 98 % at 8 bits).
+        onnx_check(&py, &run, "0.75");
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

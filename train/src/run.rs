@@ -249,6 +249,15 @@ pub fn prepare_train<'a>(
     genotype: &'a Genotype,
     device: &'a Device,
 ) -> Result<PreparedTrain<'a>, RunError> {
+    let widths = genotype.normal_bits.is_some() || genotype.reduce_bits.is_some();
+    if widths && cfg.quant.preset == qdarts_ops::qconfig::Preset::Float {
+        return Err(RunError::GenotypeSource {
+            path: cfg.genotype.clone().into(),
+            message: "carries per-op widths (normal_bits / reduce_bits), which need quantization, \
+                      but quant.preset is float"
+                .into(),
+        });
+    }
     let mut train_set = data::load(cfg.data.dataset, cfg.data.path.as_deref(), true)?;
     let source = data::source_name(cfg.data.dataset, cfg.data.path.as_deref());
     train_set.check_reducible(&source, 2)?;
