@@ -98,14 +98,14 @@ fn the_expected_cost_gradient_matches_finite_differences() {
     for metric in [CostMetric::Bitops, CostMetric::Size] {
         let mut g = m.expected(metric, &alphas.arch()).backward();
         let grads = qdarts_search::architect::AlphaGrads::take(&mut g, &alphas);
-        let gw = grads.bits.unwrap()[0].clone().into_data().to_vec::<f32>().unwrap();
-        let ga = grads.normal.into_data().to_vec::<f32>().unwrap();
+        let gw = grads.bits.unwrap()[0].clone().into_data().try_to_vec::<f32>().unwrap();
+        let ga = grads.normal.into_data().try_to_vec::<f32>().unwrap();
         let at = |wn: Vec<f32>, an: Option<(usize, f32)>| -> f64 {
             let mut a = alphas.clone();
             a.bits.as_mut().unwrap().weight_normal =
                 Param::from_tensor(Tensor::<1>::from_floats(wn.as_slice(), &ad).reshape([e, k, b]));
             if let Some((i, h)) = an {
-                let mut v = a.normal.val().into_data().to_vec::<f32>().unwrap();
+                let mut v = a.normal.val().into_data().try_to_vec::<f32>().unwrap();
                 v[i] += h;
                 let [ne, nk] = a.normal.val().dims();
                 a.normal = Param::from_tensor(

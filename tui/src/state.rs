@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 pub use qdarts_record::CellType;
 use qdarts_record::{
-    AlphaRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, Phase, QuantErrorRow, RunLayout,
-    parse_line,
+    AlphaRow, BitRow, BitSite, CostRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, Phase,
+    QuantErrorRow, RunLayout, parse_line,
 };
 
 /// Which table of the run record a row comes from.
@@ -23,12 +23,23 @@ pub enum Source {
     Alphas,
     /// `genotypes.csv`.
     Genotypes,
+    /// `bits.csv` (bit-width searches).
+    Bits,
+    /// `cost.csv` (bit-width or cost-aware searches).
+    Cost,
 }
 
 impl Source {
     /// Every table the dashboard follows.
-    pub const ALL: [Source; 5] =
-        [Source::Metrics, Source::Nan, Source::Quant, Source::Alphas, Source::Genotypes];
+    pub const ALL: [Source; 7] = [
+        Source::Metrics,
+        Source::Nan,
+        Source::Quant,
+        Source::Alphas,
+        Source::Genotypes,
+        Source::Bits,
+        Source::Cost,
+    ];
 
     /// The table's file in `run`.
     pub fn path(self, run: &RunLayout) -> PathBuf {
@@ -38,9 +49,17 @@ impl Source {
             Source::Quant => run.table::<QuantErrorRow>(),
             Source::Alphas => run.table::<AlphaRow>(),
             Source::Genotypes => run.table::<GenotypeRow>(),
+            Source::Bits => run.table::<BitRow>(),
+            Source::Cost => run.table::<CostRow>(),
         }
     }
 }
+
+/// The softmax over one op's candidate widths at the latest epoch: `(width, weight)` pairs.
+pub type WidthWeights = Vec<(u32, f64)>;
+
+/// The latest epoch's width weights per (cell type, edge, op, site).
+pub type BitTable = HashMap<(CellType, usize, String, BitSite), WidthWeights>;
 
 /// A training step (`phase = train`).
 #[derive(Debug, Clone, PartialEq)]
@@ -182,6 +201,11 @@ pub struct DashboardState {
     pub genotypes: Vec<(usize, String)>,
     /// `genotype.txt` of a finished run.
     pub final_genotype: Option<String>,
+    /// The latest epoch of `bits.csv` and its rows: per (cell type, edge, op, site), the
+    /// weights of the candidate widths.
+    pub bits: Option<(usize, BitTable)>,
+    /// `cost.csv`: the expected cost per epoch.
+    pub cost: Vec<CostRow>,
     /// Rows that did not parse (skipped).
     pub skipped_rows: usize,
 }
@@ -203,6 +227,8 @@ impl DashboardState {
             alphas: Vec::new(),
             genotypes: Vec::new(),
             final_genotype: None,
+            bits: None,
+            cost: Vec::new(),
             skipped_rows: 0,
         }
     }
@@ -216,6 +242,11 @@ impl DashboardState {
             Source::Quant => parse_line(header, line).map(|r| self.apply_quant(r)),
             Source::Alphas => parse_line(header, line).and_then(|r| self.apply_alpha(r)),
             Source::Genotypes => parse_line(header, line).map(|r| self.apply_genotype(r)),
+            Source::Bits => parse_line(header, line).map(|r| self.apply_bits(r)),
+            Source::Cost => parse_line(header, line).map(|r: CostRow| {
+                self.cost.retain(|c: &CostRow| c.epoch != r.epoch);
+                self.cost.push(r)
+            }),
         };
         if ok.is_none() {
             self.skipped_rows += 1;
@@ -303,6 +334,28 @@ impl DashboardState {
         }
         edges[edge][k] = r.weight;
         Some(())
+    }
+
+    fn apply_bits(&mut self, r: BitRow) {
+        if self.bits.as_ref().is_none_or(|(e, _)| *e != r.epoch) {
+            self.bits = Some((r.epoch, HashMap::new()));
+        }
+        if let Some((_, map)) = self.bits.as_mut() {
+            let widths = map.entry((r.cell_type, r.edge, r.op, r.site)).or_default();
+            widths.retain(|(b, _)| *b != r.bits);
+            widths.push((r.bits, r.weight));
+        }
+    }
+
+    /// The most likely widths `(weight, act)` of op `op` on edge `edge` of a cell type, at
+    /// the latest epoch of a bit-width search (`None` for ops without widths).
+    pub fn op_widths(&self, cell: CellType, edge: usize, op: &str) -> Option<(u32, u32)> {
+        let (_, map) = self.bits.as_ref()?;
+        let best = |site| {
+            let w = map.get(&(cell, edge, op.to_string(), site))?;
+            w.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(b, _)| *b)
+        };
+        Some((best(BitSite::Weight)?, best(BitSite::Act)?))
     }
 
     fn apply_genotype(&mut self, r: GenotypeRow) {

@@ -231,3 +231,42 @@ fn a_parameter_free_normal_cell_raises_the_collapse_alert_in_the_genotype_panel_
     let header = draw(&Header { state: &s, search: None }, 200, 3);
     assert!(header.contains("collapse: normal cell mostly parameter-free"), "{header}");
 }
+
+#[test]
+fn a_bit_search_shows_each_kept_ops_widths_and_the_expected_cost_over_time() {
+    let mut s = state();
+    // Epoch 1's widths of sep_conv_3x3 on normal edge 0 (node 2 reads 0) and of dil_conv_5x5 on
+    // normal edge 4 (node 3 reads node 2); epoch 0's rows are superseded.
+    feed::<qdarts_record::BitRow>(
+        &mut s,
+        Source::Bits,
+        &[
+            "0,normal,0,sep_conv_3x3,weight,2,0.100000",
+            "0,normal,0,sep_conv_3x3,weight,8,0.900000",
+            "1,normal,0,sep_conv_3x3,weight,2,0.200000",
+            "1,normal,0,sep_conv_3x3,weight,4,0.700000",
+            "1,normal,0,sep_conv_3x3,weight,8,0.100000",
+            "1,normal,0,sep_conv_3x3,act,4,0.300000",
+            "1,normal,0,sep_conv_3x3,act,8,0.700000",
+            "1,normal,4,dil_conv_5x5,weight,2,0.600000",
+            "1,normal,4,dil_conv_5x5,weight,8,0.400000",
+            "1,normal,4,dil_conv_5x5,act,4,0.550000",
+            "1,normal,4,dil_conv_5x5,act,8,0.450000",
+        ],
+    );
+    feed::<qdarts_record::CostRow>(
+        &mut s,
+        Source::Cost,
+        &["0,5.1e7,6242.058,0.250000", "1,4.6e7,5800.500,0.150000"],
+    );
+    assert_eq!(s.op_widths(CellType::Normal, 0, "sep_conv_3x3"), Some((4, 8)));
+    assert_eq!(s.op_widths(CellType::Normal, 4, "dil_conv_5x5"), Some((2, 4)));
+    assert_eq!(s.op_widths(CellType::Normal, 1, "skip_connect"), None);
+    let screen = draw(&GenotypePanel { state: &s, offset: 0, compact: true }, 120, 12);
+    assert!(screen.contains("sep_conv_3x3 w4a8 ← 0"), "{screen}");
+    assert!(screen.contains("dil_conv_5x5 w2a4 ← 2"), "{screen}");
+    assert!(screen.contains("skip_connect ← 1"), "{screen}");
+    let header = draw(&Header { state: &s, search: None }, 220, 3);
+    assert!(header.contains("E[BitOPs] 5.100e7 → 4.600e7"), "{header}");
+    assert!(header.contains("E[weights] 5800 B"), "{header}");
+}

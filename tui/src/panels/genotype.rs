@@ -7,7 +7,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Widget, Wrap};
 
 use super::framed;
-use crate::state::DashboardState;
+use crate::state::{CellType, DashboardState};
 use crate::theme::THEME;
 
 /// The genotype panel.
@@ -25,22 +25,38 @@ fn edges(e: &[Edge]) -> String {
     e.iter().map(|x| format!("{} ← {}", x.op, x.input)).collect::<Vec<_>>().join(", ")
 }
 
-/// One line per node of both cells.
-pub fn cell_lines(g: &Genotype) -> Vec<Line<'static>> {
+/// A node's edges with the widths of each op (`sep_conv_3x3 w4a8 ← 0`), where `widths` knows
+/// them; `offset` is the node's first edge index.
+fn edges_with(e: &[Edge], offset: usize, s: &DashboardState, cell: CellType) -> String {
+    e.iter()
+        .map(|x| match s.op_widths(cell, offset + x.input, x.op.name()) {
+            Some((w, a)) => format!("{} w{w}a{a} ← {}", x.op, x.input),
+            None => format!("{} ← {}", x.op, x.input),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One line per node of both cells, with each op's widths where a bit-width search recorded
+/// them in `s`.
+pub fn cell_lines(g: &Genotype, s: &DashboardState) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
-    for (name, cell, concat) in
-        [("normal", &g.normal, &g.normal_concat), ("reduce", &g.reduce, &g.reduce_concat)]
-    {
+    for (name, cell, concat, ct) in [
+        ("normal", &g.normal, &g.normal_concat, CellType::Normal),
+        ("reduce", &g.reduce, &g.reduce_concat, CellType::Reduce),
+    ] {
         let concat = concat.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
         lines.push(Line::styled(
             format!("{name} cell (output: concat of nodes {concat})"),
             THEME.title,
         ));
+        let mut offset = 0;
         for (i, node) in cell.iter().enumerate() {
             lines.push(Line::from(vec![
                 Span::styled(format!("  node {}: ", i + 2), THEME.label),
-                Span::styled(edges(node), THEME.value),
+                Span::styled(edges_with(node, offset, s, ct), THEME.value),
             ]));
+            offset += i + 2;
         }
     }
     lines
@@ -80,7 +96,7 @@ impl Widget for &GenotypePanel<'_> {
                     if let Some(alert) = g.collapse_alert() {
                         lines.push(Line::styled(format!("⚠ {alert}"), THEME.bad));
                     }
-                    lines.extend(cell_lines(&g));
+                    lines.extend(cell_lines(&g, s));
                     lines
                 }
                 Err(_) => vec![Line::raw(text.to_string())],

@@ -72,6 +72,18 @@ impl Widget for &Header<'_> {
             Span::styled("  ETA ", THEME.label),
             Span::styled(s.eta_seconds().map_or("-".into(), duration), THEME.value),
         ]);
+        if let Some(last) = s.cost.last() {
+            // The expected cost of the architecture at each epoch end, oldest first (at most 4).
+            let trail: Vec<String> = s.cost[s.cost.len().saturating_sub(4)..]
+                .iter()
+                .map(|c| format!("{:.3e}", c.bitops))
+                .collect();
+            second.extend([
+                Span::styled("  E[BitOPs] ", THEME.label),
+                Span::styled(trail.join(" → "), THEME.value),
+                Span::styled(format!("  E[weights] {:.0} B", last.weight_bytes), THEME.label),
+            ]);
+        }
         if s.collapse_alert().is_some() {
             second.push(Span::styled("  collapse: normal cell mostly parameter-free", THEME.bad));
         }
