@@ -164,9 +164,22 @@ pub enum PenaltyKind {
     Log,
 }
 
+/// Which architecture parameters the cost trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CostCharge {
+    /// Only the bit-width parameters (EdMIPS): the op choice is left to the loss. The
+    /// default: charging the op choice too makes parameter-free ops, which cost nothing,
+    /// win every edge of a small search.
+    #[default]
+    Bits,
+    /// The op choice α too (FBNet-style hardware-aware op search).
+    OpsAndBits,
+}
+
 /// `[search.cost]`: a differentiable hardware cost of the architecture (the expected BitOPs or
 /// weight bytes of the derived network under the softmaxes), added to the validation loss
-/// that trains α.
+/// that trains the architecture parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostConfig {
@@ -181,6 +194,9 @@ pub struct CostConfig {
     /// The penalty's form.
     #[serde(default)]
     pub penalty: PenaltyKind,
+    /// Which parameters it trains.
+    #[serde(default)]
+    pub charge: CostCharge,
 }
 
 impl CostConfig {
@@ -394,6 +410,13 @@ impl ExperimentConfig {
         }
         if let Some(c) = &s.cost {
             r.within("search.cost.weight", c.weight, 0.0, 1e6)?;
+            if c.charge == CostCharge::Bits && s.bits.is_none() {
+                return bad(
+                    "search.cost.charge",
+                    "\"bits\" (the default) needs [search.bits]; without a bit-width search use \
+                     charge = \"ops_and_bits\"",
+                );
+            }
             match (c.penalty, c.target) {
                 (PenaltyKind::Hinge, None) => {
                     return bad("search.cost.target", "the hinge penalty needs a target");

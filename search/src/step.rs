@@ -10,7 +10,7 @@ use qdarts_engine::{InjectSite, Sgd};
 use qdarts_ops::quant::lsq;
 
 use crate::architect::{self, AlphaGrads, Batch};
-use crate::config::{Order, SearchConfig};
+use crate::config::{CostCharge, Order, SearchConfig};
 use crate::cost::CostModel;
 use crate::supernet::{Alphas, SearchNetwork};
 
@@ -45,7 +45,12 @@ pub fn arch_step(
         Order::Second => architect::second_order(net, &alphas, train, val, lr, w_optim),
     };
     if let (Some(model), Some(c)) = (cost, &s.cost) {
-        let mut g = model.penalty(c.metric, &c.penalty(), &alphas.arch()).backward();
+        let mut arch = alphas.arch();
+        if c.charge == CostCharge::Bits {
+            arch.normal = arch.normal.detach();
+            arch.reduce = arch.reduce.detach();
+        }
+        let mut g = model.penalty(c.metric, &c.penalty(), &arch).backward();
         da = da.combine(1.0, &AlphaGrads::take(&mut g, &alphas), 1.0);
     }
     let grads = da.into_params(&alphas);

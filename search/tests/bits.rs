@@ -257,4 +257,14 @@ fn bad_bit_and_cost_configs_name_the_key() {
     let e = with_cost("metric = \"latency\"\nweight = 1.0").unwrap_err();
     assert!(e.contains("latency"), "{e}");
     with_cost("metric = \"size\"\nweight = 0.1\npenalty = \"log\"").unwrap();
+    // The default charge trains the bit widths: it needs a bit-width search.
+    let t =
+        common::tiny_text(&dir, "[search.cost]\nmetric = \"bitops\"\nweight = 1.0\ntarget = 1e6\n");
+    let e = ExperimentConfig::parse(&t, p, &[]).unwrap_err().to_string();
+    assert!(e.contains("search.cost.charge") && e.contains("[search.bits]"), "{e}");
+    let t = common::tiny_text(
+        &dir,
+        "[search.cost]\nmetric = \"bitops\"\nweight = 1.0\ntarget = 1e6\ncharge = \"ops_and_bits\"\n",
+    );
+    ExperimentConfig::parse(&t, p, &[]).unwrap();
 }
