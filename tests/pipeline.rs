@@ -57,6 +57,28 @@ fn onnx_check(py: &Path, run: &Path, min_fused: &str) {
     assert!(out.status.success(), "onnxruntime disagrees with the integer runtime:\n{text}");
 }
 
+/// `qdarts train` of `genotype` for `epochs` short epochs of a small network (C = 4, 3 cells,
+/// 16 steps of 512 images, 300 test images) into `results`; the run folder.
+fn train_small(genotype: &Path, results: &Path, epochs: usize) -> PathBuf {
+    let results = format!("\"{}\"", results.display());
+    let epochs = epochs.to_string();
+    let mut train = qdarts();
+    train.args(["train", "--genotype"]).arg(genotype);
+    for (k, v) in [
+        ("train.epochs", epochs.as_str()),
+        ("train.steps_per_epoch", "16"),
+        ("train.lr", "0.1"),
+        ("data.limit", "512"),
+        ("data.test_limit", "300"),
+        ("model.init_channels", "4"),
+        ("model.layers", "3"),
+        ("record.results_dir", &results),
+    ] {
+        train.args(["--set".to_string(), format!("{k}={v}")]);
+    }
+    PathBuf::from(ok(&mut train))
+}
+
 fn only_run(dir: &Path) -> PathBuf {
     let runs: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(runs.len(), 1, "{runs:?}");
@@ -84,22 +106,7 @@ fn searched_genotype_to_integer_model_and_onnx() {
     ok(&mut search);
     let srun = only_run(&sdir);
 
-    let tdir_s = format!("\"{}\"", tdir.display());
-    let mut train = qdarts();
-    train.args(["train", "--genotype"]).arg(&srun);
-    for (k, v) in [
-        ("train.epochs", "3"),
-        ("train.steps_per_epoch", "16"),
-        ("train.lr", "0.1"),
-        ("data.limit", "512"),
-        ("data.test_limit", "300"),
-        ("model.init_channels", "4"),
-        ("model.layers", "3"),
-        ("record.results_dir", &tdir_s),
-    ] {
-        train.args(set(k, v));
-    }
-    let run = PathBuf::from(ok(&mut train));
+    let run = train_small(&srun, &tdir, 3);
     assert_eq!(
         std::fs::read_to_string(run.join("genotype.json")).unwrap(),
         std::fs::read_to_string(srun.join("genotype.json")).unwrap(),
@@ -247,22 +254,7 @@ fn a_genotype_with_per_op_widths_trains_freezes_and_exports_at_them() {
     let g = d.join("widths.json");
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(&g, WIDTHS).unwrap();
-    let tdir_s = format!("\"{}\"", d.join("train").display());
-    let mut train = qdarts();
-    train.args(["train", "--genotype"]).arg(&g);
-    for (k, v) in [
-        ("train.epochs", "2"),
-        ("train.steps_per_epoch", "16"),
-        ("train.lr", "0.1"),
-        ("data.limit", "512"),
-        ("data.test_limit", "300"),
-        ("model.init_channels", "4"),
-        ("model.layers", "3"),
-        ("record.results_dir", &tdir_s),
-    ] {
-        train.args(["--set".to_string(), format!("{k}={v}")]);
-    }
-    let run = PathBuf::from(ok(&mut train));
+    let run = train_small(&g, &d.join("train"), 2);
     ok(qdarts().arg("freeze").arg(&run));
     ok(qdarts().arg("export").arg(&run));
     let report = ok(qdarts().arg("eval").arg(&run));

@@ -410,6 +410,13 @@ impl ExperimentConfig {
         }
         if let Some(c) = &s.cost {
             r.within("search.cost.weight", c.weight, 0.0, 1e6)?;
+            if m.partial_channels > 1 {
+                return bad(
+                    "search.cost",
+                    "is counted on the supernet's ops, which see C/K channels with \
+                     model.partial_channels > 1: not supported",
+                );
+            }
             if c.charge == CostCharge::Bits && s.bits.is_none() {
                 return bad(
                     "search.cost.charge",

@@ -410,7 +410,10 @@ pub fn prepare_search<'a>(
         Ok::<_, RunError>((net, alphas))
     })?;
     let (w_optim, a_optim) = build_optimizers(&cfg.search);
-    let cost = (cfg.search.bits.is_some() || cfg.search.cost.is_some()).then(|| {
+    // With partial channels the supernet's ops see C/K channels: no cost estimate (and no
+    // `[search.cost]`, which the config refuses).
+    let costed = cfg.search.bits.is_some() || cfg.search.cost.is_some();
+    let cost = (costed && cfg.model.partial_channels == 1).then(|| {
         let choices = shape.bits.clone();
         let hw = (set.height, set.width);
         CostModel::new(&net, hw, cfg.model.nodes, &cfg.model.primitives, &cfg.quant, choices)

@@ -267,4 +267,6 @@ fn bad_bit_and_cost_configs_name_the_key() {
         "[search.cost]\nmetric = \"bitops\"\nweight = 1.0\ntarget = 1e6\ncharge = \"ops_and_bits\"\n",
     );
     ExperimentConfig::parse(&t, p, &[]).unwrap();
+    let e = ExperimentConfig::parse(&t, p, &["model.partial_channels=2".into()]).unwrap_err();
+    assert!(e.to_string().contains("partial_channels"), "{e}");
 }

@@ -165,6 +165,26 @@ impl QConv {
     }
 }
 
+/// Convolutions applied one after another, each reading the previous one's output (ReLU, BN
+/// and quantizers between them change no shape): what a bit-width search's cost counts.
+pub trait ConvChain {
+    /// The convolutions in order.
+    fn chain(&self) -> Vec<&QConv>;
+
+    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
+    fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
+        self.chain().iter().fold((0, (h, w)), |(m, (h, w)), c| {
+            let (mc, out) = c.macs(h, w);
+            (m + mc, out)
+        })
+    }
+
+    /// Number of conv weights.
+    fn params(&self) -> u64 {
+        self.chain().iter().map(|c| c.params()).sum()
+    }
+}
+
 impl QuantSites for QConv {
     fn quantizers(&self) -> Vec<&FakeQuantizer> {
         let mut q: Vec<&FakeQuantizer> = self.wq.iter().collect();

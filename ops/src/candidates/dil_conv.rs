@@ -6,7 +6,7 @@ use burn::tensor::activation::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
-use super::conv::{ConvShape, QConv};
+use super::conv::{ConvChain, ConvShape, QConv};
 use crate::qconfig::Site;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
@@ -85,17 +85,11 @@ impl QDilConv {
         let y = self.bn.forward_biased(y, unit);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
+}
 
-    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
-    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
-        let (m1, (h, w)) = self.dw.macs(h, w);
-        let (m2, out) = self.pw.macs(h, w);
-        (m1 + m2, out)
-    }
-
-    /// Number of conv weights.
-    pub fn params(&self) -> u64 {
-        self.dw.params() + self.pw.params()
+impl ConvChain for QDilConv {
+    fn chain(&self) -> Vec<&QConv> {
+        vec![&self.dw, &self.pw]
     }
 }
 

@@ -20,7 +20,7 @@ use qdarts_genotypes::Primitive;
 pub use bn::QBatchNorm;
 pub use bn::quantize_bias;
 pub use common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, quantize_site};
-pub use conv::{Bias, ConvShape, QConv};
+pub use conv::{Bias, ConvChain, ConvShape, QConv};
 pub use dil_conv::{DilShape, QDilConv};
 pub use fac_conv::QFacConv;
 pub use factorized_reduce::QFactorizedReduce;

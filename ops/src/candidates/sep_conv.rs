@@ -4,6 +4,7 @@
 use burn::module::Module;
 
 use super::common::{BitProbs, Ctx, QTensor, QuantSites};
+use super::conv::{ConvChain, QConv};
 use super::dil_conv::{DilShape, QDilConv};
 use crate::quant::{FakeQuantizer, SpecError};
 
@@ -45,17 +46,13 @@ impl QSepConv {
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         self.op2.forward_bits(self.op1.forward_bits(x, bits), bits)
     }
+}
 
-    /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
-    pub fn macs(&self, h: usize, w: usize) -> (u64, (usize, usize)) {
-        let (m1, (h, w)) = self.op1.macs(h, w);
-        let (m2, out) = self.op2.macs(h, w);
-        (m1 + m2, out)
-    }
-
-    /// Number of conv weights.
-    pub fn params(&self) -> u64 {
-        self.op1.params() + self.op2.params()
+impl ConvChain for QSepConv {
+    fn chain(&self) -> Vec<&QConv> {
+        let mut c = self.op1.chain();
+        c.extend(self.op2.chain());
+        c
     }
 }
 
