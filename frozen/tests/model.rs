@@ -405,6 +405,31 @@ fn inconsistent_graphs_are_refused() {
     let mut m = base.clone();
     m.graph.nodes.pop();
     assert!(m.validate().unwrap_err().to_string().contains("classifier"));
+    // Narrower weights: the conv's int8 weights must fit its `weight_bits`.
+    let mut m = base.clone();
+    if let Node::Conv(c) = &mut m.graph.nodes[1] {
+        c.weight_bits = 4;
+    }
+    let err = m.validate().unwrap_err().to_string();
+    assert!(err.contains("does not fit 4 bits"), "{err}");
+    let mut m = base.clone();
+    if let Node::Conv(c) = &mut m.graph.nodes[1] {
+        c.weight_bits = 9;
+    }
+    assert!(m.validate().unwrap_err().to_string().contains("weight bits"));
+    let mut m = base.clone();
+    let name = match &mut m.graph.nodes[1] {
+        Node::Conv(c) => {
+            c.weight_bits = 4;
+            c.name.clone()
+        }
+        _ => unreachable!(),
+    };
+    let w = m.tensors.get_mut(&format!("{name}.weight")).unwrap();
+    w.data.iter_mut().for_each(|b| *b = ((*b as i8) % 8) as u8);
+    m.validate().unwrap();
+    let macs = m.macs().unwrap();
+    assert_eq!(macs[0].1, 4, "BitOPs count the conv at 4 bits");
     // A rescale that disagrees with the scales it joins (an edited shift: n = −5).
     let mut m = base.clone();
     if let Node::Conv(c) = &mut m.graph.nodes[1] {
