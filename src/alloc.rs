@@ -4,6 +4,12 @@
 //! the kernel and faults them in again on the next step, which cost ~10% of a flex search step.
 //! The counters give `qdarts bench` the peak host memory of a search step (on flex, all tensors
 //! live on the host heap).
+//!
+//! mimalloc itself, by default, purges freed memory a second after it is freed (gives it back
+//! to the kernel, which zeroes it again when it is touched next). A search step frees and
+//! re-allocates gigabytes of activations and gradients each step, so with purging on, half of a
+//! flex step went to the kernel zeroing pages (`perf`: 47 % of samples in `clear_page_erms`).
+//! [`keep_freed_memory`] turns purging off: the process keeps its peak heap mapped and reuses it.
 #![allow(unsafe_code)] // a GlobalAlloc implementation is unsafe by definition
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -64,6 +70,23 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
+/// mimalloc's `mi_option_purge_delay` (`include/mimalloc.h` of the libmimalloc-sys the lockfile
+/// pins, v3: the 16th option); -1 is "never purge".
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Never give freed memory back to the kernel (see the module's notes); call it first in `main`.
+pub fn keep_freed_memory() {
+    // SAFETY: sets one integer option of the allocator; any value is valid for this option.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
+/// mimalloc's current purge delay in milliseconds (-1: never).
+#[cfg(test)]
+fn purge_delay() -> i64 {
+    // SAFETY: reads one integer option of the allocator.
+    i64::from(unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) })
+}
+
 /// Restarts the peak at the current live size; returns that size.
 pub fn reset_peak() -> usize {
     let now = LIVE.load(Ordering::Relaxed);
@@ -74,4 +97,20 @@ pub fn reset_peak() -> usize {
 /// The largest live size since the last [`reset_peak`].
 pub fn peak_bytes() -> usize {
     PEAK.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_option_set_is_mimallocs_purge_delay_and_it_is_turned_off() {
+        // Option 15 holds the pinned mimalloc's default purge delay, 1000 ms (`src/options.c`;
+        // unless the environment overrides it), until `keep_freed_memory` sets "never".
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            assert_eq!(purge_delay(), 1000, "option {MI_OPTION_PURGE_DELAY} is not purge_delay");
+        }
+        keep_freed_memory();
+        assert_eq!(purge_delay(), -1);
+    }
 }

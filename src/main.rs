@@ -253,6 +253,7 @@ fn toml_string(s: &str) -> String {
 }
 
 fn main() -> ExitCode {
+    alloc::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Search {
