@@ -82,9 +82,9 @@ pub fn keep_freed_memory() {
 
 /// mimalloc's current purge delay in milliseconds (-1: never).
 #[cfg(test)]
-fn purge_delay() -> i64 {
+fn purge_delay() -> std::ffi::c_long {
     // SAFETY: reads one integer option of the allocator.
-    i64::from(unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) })
+    unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) }
 }
 
 /// Restarts the peak at the current live size; returns that size.
