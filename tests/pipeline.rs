@@ -79,6 +79,19 @@ fn train_small(genotype: &Path, results: &Path, epochs: usize) -> PathBuf {
     PathBuf::from(ok(&mut train))
 }
 
+/// `freeze`, `export` and `eval` of a training run; `eval.json`, whose integer model agrees
+/// with the fake-quant model on ≥ 99.5 % of the test images.
+fn freeze_export_eval(run: &Path) -> serde_json::Value {
+    ok(qdarts().arg("freeze").arg(run));
+    ok(qdarts().arg("export").arg(run));
+    let report = ok(qdarts().arg("eval").arg(run));
+    let eval: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
+    let agreement = eval["agreement"].as_f64().unwrap();
+    assert!(agreement >= 0.995, "agreement {agreement}:\n{report}");
+    eval
+}
+
 fn only_run(dir: &Path) -> PathBuf {
     let runs: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(runs.len(), 1, "{runs:?}");
@@ -116,13 +129,7 @@ fn searched_genotype_to_integer_model_and_onnx() {
     assert_eq!(metrics.lines().filter(|l| l.contains(",train,")).count(), 48);
     assert_eq!(metrics.lines().filter(|l| l.contains(",val,")).count(), 3);
 
-    ok(qdarts().arg("freeze").arg(&run));
-    ok(qdarts().arg("export").arg(&run));
-    let report = ok(qdarts().arg("eval").arg(&run));
-    let eval: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
-    let agreement = eval["agreement"].as_f64().unwrap();
-    assert!(agreement >= 0.995, "agreement {agreement}:\n{report}");
+    let eval = freeze_export_eval(&run);
     assert_eq!(eval["images"], 300);
     assert!(eval["bitops"].as_u64().unwrap() > 0);
 
@@ -255,13 +262,7 @@ fn a_genotype_with_per_op_widths_trains_freezes_and_exports_at_them() {
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(&g, WIDTHS).unwrap();
     let run = train_small(&g, &d.join("train"), 2);
-    ok(qdarts().arg("freeze").arg(&run));
-    ok(qdarts().arg("export").arg(&run));
-    let report = ok(qdarts().arg("eval").arg(&run));
-    let eval: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("eval.json")).unwrap()).unwrap();
-    let agreement = eval["agreement"].as_f64().unwrap();
-    assert!(agreement >= 0.995, "agreement {agreement}:\n{report}");
+    let eval = freeze_export_eval(&run);
 
     // The frozen graph holds the widths: conv weights of each op at its width, the op's own
     // activation grids at its width, everything else at 8 bits.
