@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Tensor};
 
 use super::kernel::{Grid, quantize};
 
@@ -38,8 +38,9 @@ pub enum HoldMode {
 #[derive(Debug, Default)]
 struct Held {
     mode: HoldMode,
-    /// In-range mask and offset, flattened, and the grid.
-    kept: Option<(Tensor<1>, Tensor<1>, Grid)>,
+    /// In-range mask (one byte per value, not a float: the second-order step holds one per
+    /// quantized tensor of the network) and offset, flattened, and the grid.
+    kept: Option<(Tensor<1, Bool>, Tensor<1>, Grid)>,
 }
 
 /// The held rounding of one quantizer, shared by the copies of its module.
@@ -74,8 +75,8 @@ impl Hold {
             return;
         }
         let x = x.clone().detach();
-        let mask = quantize(x.clone(), grid).in_range.float();
-        let offset = out.clone().detach().sub(x.mul(mask.clone()));
+        let mask = quantize(x.clone(), grid).in_range;
+        let offset = out.clone().detach().sub(x.mul(mask.clone().float()));
         // Detached: the pass that recorded them has run its backward.
         let grid = Grid {
             mult: grid.mult.clone().detach(),
@@ -83,7 +84,7 @@ impl Hold {
             zero_point: grid.zero_point.clone().detach(),
             ..grid.clone()
         };
-        h.kept = Some((mask.reshape([-1]).detach(), offset.reshape([-1]).detach(), grid));
+        h.kept = Some((mask.reshape([-1]), offset.reshape([-1]).detach(), grid));
     }
 
     /// In `Replay` mode with a recording for `x`'s size: `x·mask + offset` and the recorded
@@ -98,7 +99,8 @@ impl Hold {
         if mask.dims()[0] != dims.iter().product::<usize>() {
             return None;
         }
-        let out = x.clone().mul(mask.clone().reshape(dims)).add(offset.clone().reshape(dims));
+        let mask = mask.clone().reshape(dims).float();
+        let out = x.clone().mul(mask).add(offset.clone().reshape(dims));
         Some((out, Grid { held: true, ..grid.clone() }))
     }
 }
