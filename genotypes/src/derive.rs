@@ -14,6 +14,21 @@ pub fn edge_count(nodes: usize) -> usize {
     nodes * (nodes + 3) / 2
 }
 
+/// The index of the edge from state `input` into intermediate node `node` (0-based: node 0 is
+/// state 2), edges ordered node by node, inputs in increasing order.
+pub fn edge_index(node: usize, input: usize) -> usize {
+    edge_count(node) + input
+}
+
+/// The input state of edge `e` (the inverse of [`edge_index`] in its input).
+pub fn edge_input(e: usize) -> usize {
+    let mut node = 0;
+    while edge_count(node + 1) <= e {
+        node += 1;
+    }
+    e - edge_count(node)
+}
+
 /// The softmax of one edge's α over its ops: the weights `alphas.csv` records and the
 /// derivation ranks.
 pub fn softmax(row: &[f32]) -> Vec<f32> {
@@ -229,5 +244,25 @@ impl Genotype {
             normal_bits: None,
             reduce_bits: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod edge_layout_tests {
+    use super::*;
+
+    #[test]
+    fn edge_index_and_input_follow_the_node_by_node_order() {
+        // Node 0 (state 2) reads states 0, 1: edges 0, 1; node 1 reads 0..2: edges 2..4;
+        // node 2 reads 0..3: edges 5..8.
+        let mut e = 0;
+        for node in 0..4 {
+            for input in 0..node + 2 {
+                assert_eq!(edge_index(node, input), e);
+                assert_eq!(edge_input(e), input);
+                e += 1;
+            }
+        }
+        assert_eq!(e, edge_count(4));
     }
 }

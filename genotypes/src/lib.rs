@@ -10,7 +10,9 @@ mod primitive;
 mod random;
 mod text;
 
-pub use derive::{DeriveOptions, derive_cell, derive_cell_limited, edge_count, softmax};
+pub use derive::{
+    DeriveOptions, derive_cell, derive_cell_limited, edge_count, edge_index, edge_input, softmax,
+};
 pub use error::GenotypeError;
 pub use genotype::{Bits, Edge, Genotype, MAX_EDGES, MAX_NODES};
 pub use known::{KNOWN, known};

@@ -16,7 +16,9 @@ use qdarts_engine::{
     ConfigError, Progress, RunError, Sgd, apply_limit, load_module, load_optim, note_epochs_change,
     run_epochs, save_module, save_optim, seeded, start,
 };
-use qdarts_genotypes::{Bits, DeriveOptions, Edge, Genotype, Primitive, softmax};
+use qdarts_genotypes::{
+    Bits, DeriveOptions, Edge, Genotype, Primitive, edge_index, edge_input, softmax,
+};
 use qdarts_ops::candidates::{QuantSites, has_bits};
 use qdarts_ops::qconfig::Site;
 use qdarts_ops::quant::lsq;
@@ -82,13 +84,12 @@ fn kept_bits(
         Ok(Some(s)) => s.bits().clamp(2, 8) as u8,
         _ => 8,
     };
-    let mut offset = 0;
     let mut out = Vec::with_capacity(cell.len());
     for (i, node) in cell.iter().enumerate() {
         out.push(
             node.iter()
                 .map(|edge| {
-                    let (e, p) = (offset + edge.input, edge.op);
+                    let (e, p) = (edge_index(i, edge.input), edge.op);
                     let stride = if reduction && edge.input < 2 { 2 } else { 1 };
                     let k = cfg.model.primitives.iter().position(|q| *q == p);
                     match k {
@@ -101,7 +102,6 @@ fn kept_bits(
                 })
                 .collect(),
         );
-        offset += i + 2;
     }
     out
 }
@@ -285,7 +285,6 @@ impl SearchTask<'_> {
             return Ok(Vec::new());
         };
         let primitives = &self.cfg.model.primitives;
-        let nodes = self.cfg.model.nodes;
         let [wn, wr, a_n, a_r] = rows;
         let mut out = Vec::new();
         let parts = [
@@ -296,11 +295,8 @@ impl SearchTask<'_> {
         ];
         for (cell_type, site, rows, choices) in parts {
             for (edge, ops) in rows.iter().enumerate() {
-                let stride = if cell_type == CellType::Reduce && edge_input(edge, nodes) < 2 {
-                    2
-                } else {
-                    1
-                };
+                let stride =
+                    if cell_type == CellType::Reduce && edge_input(edge) < 2 { 2 } else { 1 };
                 for (k, probs) in ops.iter().enumerate() {
                     if !has_bits(primitives[k], stride) {
                         continue;
@@ -333,18 +329,6 @@ impl SearchTask<'_> {
         });
         vec![CostRow { epoch, bitops: c.bitops, weight_bytes: c.weight_bytes, penalty }]
     }
-}
-
-/// The input index of edge `e` of its node (edges run node by node, inputs in order).
-fn edge_input(e: usize, nodes: usize) -> usize {
-    let mut start = 0;
-    for i in 0..nodes {
-        if e < start + i + 2 {
-            return e - start;
-        }
-        start += i + 2;
-    }
-    e
 }
 
 /// A search ready to run: its data loaded and checked, its network built. Nothing is written

@@ -1,6 +1,6 @@
 //! The current derived genotype, one line per node, and how it changed from epoch to epoch.
 
-use qdarts_genotypes::{Edge, Genotype};
+use qdarts_genotypes::{Edge, Genotype, edge_index};
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
@@ -26,10 +26,10 @@ fn edges(e: &[Edge]) -> String {
 }
 
 /// A node's edges with the widths of each op (`sep_conv_3x3 w4a8 ← 0`), where `widths` knows
-/// them; `offset` is the node's first edge index.
-fn edges_with(e: &[Edge], offset: usize, s: &DashboardState, cell: CellType) -> String {
+/// them; `node` is the node's index (0: state 2).
+fn edges_with(e: &[Edge], node: usize, s: &DashboardState, cell: CellType) -> String {
     e.iter()
-        .map(|x| match s.op_widths(cell, offset + x.input, x.op.name()) {
+        .map(|x| match s.op_widths(cell, edge_index(node, x.input), x.op.name()) {
             Some((w, a)) => format!("{} w{w}a{a} ← {}", x.op, x.input),
             None => format!("{} ← {}", x.op, x.input),
         })
@@ -50,13 +50,11 @@ pub fn cell_lines(g: &Genotype, s: &DashboardState) -> Vec<Line<'static>> {
             format!("{name} cell (output: concat of nodes {concat})"),
             THEME.title,
         ));
-        let mut offset = 0;
         for (i, node) in cell.iter().enumerate() {
             lines.push(Line::from(vec![
                 Span::styled(format!("  node {}: ", i + 2), THEME.label),
-                Span::styled(edges_with(node, offset, s, ct), THEME.value),
+                Span::styled(edges_with(node, i, s, ct), THEME.value),
             ]));
-            offset += i + 2;
         }
     }
     lines
