@@ -174,6 +174,12 @@ impl Lanes {
         (f64::from(x) * self.m0f * self.scale).round_ties_even()
     }
 
+    /// `M0·2^-shift` as one f64 (exact): `x` times it, rounded half to even, is
+    /// [`Lanes::ties_to_even_f64`].
+    pub fn f64_factor(&self) -> f64 {
+        self.m0f * self.scale
+    }
+
     /// `FixedMultiplier::apply(x, rounding)`.
     #[inline(always)]
     pub fn apply(&self, x: i32) -> i32 {

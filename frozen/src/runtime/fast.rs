@@ -1,47 +1,101 @@
-//! The fast convolution: the input widened once to i16 (ReLU applied, padding filled with the
-//! input's zero point), unfolded (im2col) where the kernel needs it, and a register-blocked
-//! i16×i16→i32 matrix product; depthwise stride-1 convolutions skip the unfolding and sum
-//! shifted rows of the padded plane. The zero point is folded into the bias once:
-//! `Σ w·(x − z) + b = Σ w·x + (b − z·Σw)`, exact in wrapping i32 arithmetic, so the result is
-//! the direct convolution's bit for bit.
+//! The fast convolution, in three forms that give the direct convolution's integers bit for
+//! bit:
 //!
-//! The kernels are plain loops over fixed-size tiles that the compiler vectorizes ([`simd`]).
+//! - a depthwise 1×1 convolution (a BatchNorm after a pool: one affine map per channel) maps
+//!   each of the 256 stored input values through a table computed once, at load, with the
+//!   runtime's own requantization;
+//! - other depthwise convolutions sum whole rows of the padded plane, split into its stride
+//!   phases so that every tap reads contiguous memory ([`packed::taps`]);
+//! - everything else (dense and grouped) is a matrix product of the packed weights and the
+//!   unfolded input ([`packed::gemm`]); a 1×1 convolution without stride, padding or crop packs
+//!   its input straight from the stored values.
+//!
+//! The input is widened to i16 once (ReLU applied, padding filled with the input's zero point)
+//! and the zero point is folded into the bias: `Σ w·(x − z) + b = Σ w·x + (b − z·Σw)`, exact in
+//! wrapping i32 arithmetic.
 
 use crate::fixed::Rounding;
 use crate::model::{ConvNode, Shape};
 
-use super::simd;
-use super::store_requantized;
+use super::packed::{self, MR, NR};
+use super::{simd, store_requantized};
+
+/// How a convolution runs.
+#[derive(Debug)]
+enum Form {
+    /// Depthwise 1×1, no stride, padding or crop: `out = table[c][stored input]`.
+    Table(Vec<[i8; 256]>),
+    /// Depthwise: the taps `[c][kh·kw]`.
+    Depthwise(Vec<i32>),
+    /// Dense or grouped: per group, weights from [`packed::pack_weights`].
+    Gemm(Vec<Vec<i32>>),
+}
 
 /// A convolution's weights laid out for the kernels.
 #[derive(Debug)]
 pub(crate) struct ConvPlan {
-    /// Weights `[c_out][k]`.
-    w: Vec<i32>,
-    /// `b − z_in·Σw` per output channel.
+    form: Form,
+    /// `b − z_in·Σw` per output channel, padded to whole blocks of [`MR`] per group.
     bias: Vec<i32>,
     /// Stored value (i8 domain) of the input's zero point.
     z: i16,
     /// Products per output (`c_in/groups · kh · kw`).
     k: usize,
-    depthwise: bool,
+}
+
+/// The stored value `i` of a table (`i as u8` read as i8).
+fn stored(i: usize) -> i32 {
+    i32::from(i as u8 as i8)
 }
 
 impl ConvPlan {
     /// `w`: the widened weights `[c_out, c_in/groups, kh, kw]` (sign flips applied), `bias`
-    /// the int32 biases, `z` the input's zero point in storage (`zero_point − offset`).
-    pub(crate) fn new(c: &ConvNode, w: &[i32], bias: &[i32], z: i32) -> Self {
+    /// the int32 biases, `z` the input's zero point in storage (`zero_point − offset`), `r`
+    /// the model's rounding.
+    pub(crate) fn new(c: &ConvNode, w: &[i32], bias: &[i32], z: i32, r: Rounding) -> Self {
         let co_n = c.multipliers.len();
+        let groups = c.groups.max(1);
         let k = w.len() / co_n.max(1);
-        let cog = co_n / c.groups.max(1);
-        let depthwise = k == c.kernel[0] * c.kernel[1] && cog == 1;
-        let bias = (0..co_n)
+        let cog = co_n / groups;
+        let folded: Vec<i32> = (0..co_n)
             .map(|co| {
                 let sum = w[co * k..(co + 1) * k].iter().fold(0i32, |a, &v| a.wrapping_add(v));
                 bias[co].wrapping_sub(z.wrapping_mul(sum))
             })
             .collect();
-        ConvPlan { w: w.to_vec(), bias, z: z as i16, k, depthwise }
+        let depthwise = k == c.kernel[0] * c.kernel[1] && cog == 1;
+        let plain = c.stride == [1, 1] && c.padding == [0, 0] && c.offset == 0;
+        if depthwise && c.kernel == [1, 1] && plain {
+            // The direct kernel's arithmetic on every stored value.
+            let tables = (0..co_n)
+                .map(|co| {
+                    let acc: Vec<i32> = (0..256)
+                        .map(|i| {
+                            let v = stored(i) - z;
+                            let v = if c.relu { v.max(0) } else { v };
+                            bias[co].wrapping_add(w[co].wrapping_mul(v))
+                        })
+                        .collect();
+                    let mut t = [0i8; 256];
+                    store_requantized(&acc, c.multipliers[co], &c.out, r, &mut t);
+                    t
+                })
+                .collect();
+            return ConvPlan { form: Form::Table(tables), bias: folded, z: z as i16, k };
+        }
+        if depthwise {
+            return ConvPlan { form: Form::Depthwise(w.to_vec()), bias: folded, z: z as i16, k };
+        }
+        let blocks = cog.div_ceil(MR) * MR;
+        let mut padded = Vec::with_capacity(groups * blocks);
+        let packs = (0..groups)
+            .map(|g| {
+                padded.extend_from_slice(&folded[g * cog..(g + 1) * cog]);
+                padded.resize((g + 1) * blocks, 0);
+                packed::pack_weights(&w[g * cog * k..(g + 1) * cog * k], cog, k)
+            })
+            .collect();
+        ConvPlan { form: Form::Gemm(packs), bias: padded, z: z as i16, k }
     }
 
     /// The convolution of one image `x` (`[c_in, h, w]` i8 storage) on the plan.
@@ -53,92 +107,183 @@ impl ConvPlan {
         out_shape: Shape,
         r: Rounding,
     ) -> Vec<i8> {
-        let [ci_n, h, wd] = s;
         let [co_n, oh, ow] = out_shape;
-        let (ph, pw) = (c.padding[0], c.padding[1]);
-        let (hp, wp) = (h - c.offset + 2 * ph, wd - c.offset + 2 * pw);
-        // The padded input in storage units: padding holds the zero point, ReLU is max(q, z).
-        let mut xp = vec![self.z; ci_n * hp * wp];
-        for ch in 0..ci_n {
-            for y in c.offset..h {
-                let src = &x[(ch * h + y) * wd + c.offset..(ch * h + y + 1) * wd];
-                let dst = &mut xp[(ch * hp + y - c.offset + ph) * wp + pw..][..src.len()];
-                for (d, &q) in dst.iter_mut().zip(src) {
-                    let v = i16::from(q);
-                    *d = if c.relu { v.max(self.z) } else { v };
-                }
-            }
-        }
-        let p = oh * ow;
-        let mut out = vec![0i8; co_n * p];
-        if self.depthwise && c.stride == [1, 1] {
-            // Accumulate over whole padded rows (`oh × wp`), then keep the `ow` valid columns.
-            let mut acc = vec![0i32; oh * wp];
-            for co in 0..co_n {
-                let plane = &xp[co * hp * wp..(co + 1) * hp * wp];
-                let taps = &self.w[co * self.k..(co + 1) * self.k];
-                simd::depthwise_rows(
-                    plane,
-                    taps,
-                    c.kernel,
-                    c.dilation,
-                    wp,
-                    self.bias[co],
-                    &mut acc,
-                );
-                // Keep the valid columns, then requantize the channel at once.
-                if wp != ow {
-                    for oy in 1..oh {
-                        acc.copy_within(oy * wp..oy * wp + ow, oy * ow);
+        let mut out = vec![0i8; co_n * oh * ow];
+        match &self.form {
+            Form::Table(tables) => {
+                let p = s[1] * s[2];
+                for ((src, dst), t) in x.chunks_exact(p).zip(out.chunks_exact_mut(p)).zip(tables) {
+                    for (d, &q) in dst.iter_mut().zip(src) {
+                        *d = t[usize::from(q as u8)];
                     }
                 }
-                let dst = &mut out[co * p..(co + 1) * p];
-                store_requantized(&acc[..p], c.multipliers[co], &c.out, r, dst);
             }
-            return out;
-        }
-        // Unfold: row `(cl, ky, kx)` of group `g` holds the input under that tap for every
-        // output position.
-        let cig = ci_n / c.groups;
-        let cog = co_n / c.groups;
-        let mut cols = vec![0i16; self.k * p];
-        let mut acc = vec![0i32; cog * p];
-        for g in 0..c.groups {
-            unfold(
-                c,
-                &xp[g * cig * hp * wp..(g + 1) * cig * hp * wp],
-                [hp, wp],
-                [oh, ow],
-                &mut cols,
-            );
-            if self.depthwise {
-                // One channel: a weighted sum of the unfolded rows.
-                let taps = &self.w[g * self.k..(g + 1) * self.k];
-                simd::depthwise_cols(&cols, taps, self.bias[g], &mut acc[..p]);
-                store_requantized(
-                    &acc[..p],
-                    c.multipliers[g],
-                    &c.out,
-                    r,
-                    &mut out[g * p..(g + 1) * p],
-                );
-                continue;
-            }
-            let w = &self.w[g * cog * self.k..(g + 1) * cog * self.k];
-            let bias = &self.bias[g * cog..(g + 1) * cog];
-            simd::gemm(w, &cols, bias, &mut acc);
-            for cl in 0..cog {
-                let co = g * cog + cl;
-                store_requantized(
-                    &acc[cl * p..(cl + 1) * p],
-                    c.multipliers[co],
-                    &c.out,
-                    r,
-                    &mut out[co * p..(co + 1) * p],
-                );
-            }
+            Form::Depthwise(w) => self.depthwise(c, w, x, s, [oh, ow], r, &mut out),
+            Form::Gemm(packs) => self.gemm(c, packs, x, s, [oh, ow], r, &mut out),
         }
         out
+    }
+
+    /// Stored input value `q` as the kernels read it (ReLU: `max(q, z)`).
+    #[inline(always)]
+    fn widen(&self, relu: bool) -> impl Fn(i8) -> i16 + Copy {
+        let z = self.z;
+        move |q| if relu { i16::from(q).max(z) } else { i16::from(q) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn depthwise(
+        &self,
+        c: &ConvNode,
+        w: &[i32],
+        x: &[i8],
+        s: Shape,
+        [oh, ow]: [usize; 2],
+        r: Rounding,
+        out: &mut [i8],
+    ) {
+        let [_, h, wd] = s;
+        let [sh, sw] = c.stride;
+        let (hp, wp) = (h - c.offset + 2 * c.padding[0], wd - c.offset + 2 * c.padding[1]);
+        let (hq, wq) = (hp.div_ceil(sh), wp.div_ceil(sw));
+        let phase = hq * wq;
+        // Accumulate over whole phase rows (`oh × wq`), then keep the `ow` valid columns.
+        let n = (oh * wq).div_ceil(NR) * NR;
+        let [kh, kw] = c.kernel;
+        let d = c.dilation;
+        let at: Vec<usize> = (0..kh * kw)
+            .map(|t| {
+                let (yy, xx) = ((t / kw) * d, (t % kw) * d);
+                ((yy % sh) * sw + xx % sw) * phase + (yy / sh) * wq + xx / sw
+            })
+            .collect();
+        let mut buf = vec![self.z; sh * sw * phase + n];
+        let mut acc = vec![0i32; n];
+        let p = oh * ow;
+        for (co, (plane, dst)) in x.chunks_exact(h * wd).zip(out.chunks_exact_mut(p)).enumerate() {
+            buf.fill(self.z);
+            let f = self.widen(c.relu);
+            fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, [hq, wq], f, &mut buf);
+            let taps: Vec<(usize, i32)> =
+                at.iter().copied().zip(w[co * self.k..(co + 1) * self.k].iter().copied()).collect();
+            packed::taps(&buf, &packed::pair_taps(&taps), self.bias[co], &mut acc);
+            if wq != ow {
+                for oy in 1..oh {
+                    acc.copy_within(oy * wq..oy * wq + ow, oy * ow);
+                }
+            }
+            store_requantized(&acc[..p], c.multipliers[co], &c.out, r, dst);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        c: &ConvNode,
+        packs: &[Vec<i32>],
+        x: &[i8],
+        s: Shape,
+        [oh, ow]: [usize; 2],
+        r: Rounding,
+        out: &mut [i8],
+    ) {
+        let [ci_n, h, wd] = s;
+        let groups = packs.len();
+        let (cig, cog) = (ci_n / groups, c.multipliers.len() / groups);
+        let blocks = cog.div_ceil(MR) * MR;
+        let p = oh * ow;
+        let np = p.div_ceil(NR) * NR;
+        let mut cp = vec![0i32; np / NR * packed::panel_len(self.k)];
+        let mut acc = vec![0i32; blocks * np];
+        let pointwise =
+            c.kernel == [1, 1] && c.stride == [1, 1] && c.padding == [0, 0] && c.offset == 0;
+        let mut cols = if pointwise { Vec::new() } else { vec![0i16; self.k * p] };
+        let (hp, wp) = (h - c.offset + 2 * c.padding[0], wd - c.offset + 2 * c.padding[1]);
+        let mut xp = if pointwise { Vec::new() } else { vec![self.z; cig * hp * wp] };
+        let f = self.widen(c.relu);
+        let floor = if c.relu { self.z } else { i16::MIN };
+        for (g, wpk) in packs.iter().enumerate() {
+            let xg = &x[g * cig * h * wd..(g + 1) * cig * h * wd];
+            if pointwise {
+                packed::pack_cols(xg, self.k, p, p, floor, &mut cp);
+            } else {
+                // The padded planes (stride 1: one phase each), then the unfolded rows.
+                xp.fill(self.z);
+                for (plane, dst) in xg.chunks_exact(h * wd).zip(xp.chunks_exact_mut(hp * wp)) {
+                    fill_phases(plane, [h, wd], c.offset, c.padding, [1, 1], [hp, wp], f, dst);
+                }
+                unfold(c, &xp, [hp, wp], [oh, ow], &mut cols);
+                packed::pack_cols(&cols, self.k, p, p, i16::MIN, &mut cp);
+            }
+            packed::gemm(wpk, &cp, &self.bias[g * blocks..(g + 1) * blocks], np, &mut acc);
+            for (cl, row) in acc.chunks_exact(np).take(cog).enumerate() {
+                let co = g * cog + cl;
+                let dst = &mut out[co * p..(co + 1) * p];
+                store_requantized(&row[..p], c.multipliers[co], &c.out, r, dst);
+            }
+        }
+    }
+}
+
+/// One `h × w` plane of stored values, its first `crop` rows and columns dropped and padded by
+/// `pad`, written through `f` into `dst` as `[sh·sw][hq][wq]` stride phases: phase `(a, b)`
+/// holds the padded rows `a, a + sh, …` and columns `b, b + sw, …`, so that a tap of a strided
+/// window reads one contiguous run of a phase. `dst` already holds the padding value.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fill_phases<F: Fn(i8) -> i16>(
+    plane: &[i8],
+    hw: [usize; 2],
+    crop: usize,
+    pad: [usize; 2],
+    stride: [usize; 2],
+    hwq: [usize; 2],
+    f: F,
+    dst: &mut [i16],
+) {
+    pulp::Arch::new().dispatch(FillPhases { plane, hw, crop, pad, stride, hwq, f, dst });
+}
+
+struct FillPhases<'a, F> {
+    plane: &'a [i8],
+    hw: [usize; 2],
+    crop: usize,
+    pad: [usize; 2],
+    stride: [usize; 2],
+    hwq: [usize; 2],
+    f: F,
+    dst: &'a mut [i16],
+}
+
+impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let FillPhases { plane, hw: [h, w], crop, pad: [ph, pw], stride: [sh, sw], hwq, f, dst } =
+            self;
+        let [hq, wq] = hwq;
+        let phase = hq * wq;
+        for y in crop..h {
+            let yp = y - crop + ph;
+            let row = &plane[y * w + crop..(y + 1) * w];
+            let base = (yp % sh) * sw * phase + (yp / sh) * wq;
+            if sw == 1 {
+                for (d, &q) in dst[base + pw..][..row.len()].iter_mut().zip(row) {
+                    *d = f(q);
+                }
+                continue;
+            }
+            for b in 0..sw {
+                // Input columns `i` with `(i + pw) % sw == b`, landing at `(i + pw) / sw`.
+                let i0 = (b + sw - pw % sw) % sw;
+                if i0 >= row.len() {
+                    continue;
+                }
+                let d = &mut dst[base + b * phase + (i0 + pw) / sw..];
+                for (d, &q) in d.iter_mut().zip(row[i0..].iter().step_by(sw)) {
+                    *d = f(q);
+                }
+            }
+        }
     }
 }
 
@@ -166,4 +311,65 @@ fn unfold(c: &ConvNode, xp: &[i16], [hp, wp]: [usize; 2], [oh, ow]: [usize; 2], 
             }
         }
     }
+}
+
+/// Max or average (padding excluded) pooling of one image `x` (`s`, i8 storage, zero point
+/// `z` in storage) into `[c, oh, ow]`. Each plane is written into its stride phases padded with
+/// the smallest stored value (max) or the zero point (average, so that padding adds nothing to
+/// `Σ (q − z)`), then every window is a sum or max of contiguous runs, one per tap; an
+/// average divides by the window's in-image count and rounds as the model rounds.
+pub(crate) fn pool(
+    x: &[i8],
+    s: Shape,
+    [oh, ow]: [usize; 2],
+    [k, st, p]: [usize; 3],
+    max: bool,
+    z: i32,
+    r: Rounding,
+) -> Vec<i8> {
+    let [_, h, w] = s;
+    let (hq, wq) = ((h + 2 * p).div_ceil(st), (w + 2 * p).div_ceil(st));
+    let phase = hq * wq;
+    let n = (oh * wq).div_ceil(NR) * NR;
+    let at: Vec<usize> = (0..k * k)
+        .map(|t| {
+            let (ky, kx) = (t / k, t % k);
+            ((ky % st) * st + kx % st) * phase + (ky / st) * wq + kx / st
+        })
+        .collect();
+    let pad = if max { i16::from(i8::MIN) } else { z as i16 };
+    let mut buf = vec![pad; st * st * phase + n];
+    let q = oh * ow;
+    let mut out = vec![0i8; x.len() / (h * w) * q];
+    // In-image taps per output (average only).
+    let count = |n_in: usize, o: usize| {
+        let start = (o * st) as isize - p as isize;
+        (start + k as isize).min(n_in as isize) - start.max(0)
+    };
+    let counts: Vec<i32> =
+        (0..q).map(|i| (count(h, i / ow) * count(w, i % ow)).max(0) as i32).collect();
+    let pairs = packed::pair_taps(&at.iter().map(|&o| (o, 1)).collect::<Vec<_>>());
+    let mut acc = vec![0i32; n];
+    let mut best = vec![0i16; n];
+    for (plane, dst) in x.chunks_exact(h * w).zip(out.chunks_exact_mut(q)) {
+        buf.fill(pad);
+        fill_phases(plane, [h, w], 0, [p, p], [st, st], [hq, wq], i16::from, &mut buf);
+        if max {
+            simd::max_taps(&buf, &at, &mut best);
+            for oy in 0..oh {
+                for (d, &v) in dst[oy * ow..(oy + 1) * ow].iter_mut().zip(&best[oy * wq..]) {
+                    *d = v as i8;
+                }
+            }
+            continue;
+        }
+        packed::taps(&buf, &pairs, -((k * k) as i32) * z, &mut acc);
+        if wq != ow {
+            for oy in 1..oh {
+                acc.copy_within(oy * wq..oy * wq + ow, oy * ow);
+            }
+        }
+        simd::divide_rounded(&acc[..q], &counts, z, r == Rounding::TiesToEven, dst);
+    }
+    out
 }

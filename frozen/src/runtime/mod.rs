@@ -8,6 +8,7 @@
 
 mod direct;
 mod fast;
+mod packed;
 mod simd;
 
 use crate::fixed::{FixedMultiplier, Rounding, requantize};
@@ -63,6 +64,16 @@ enum Prepared {
     },
     /// A convolution on the fast kernels.
     Plan(fast::ConvPlan),
+    /// A sum on the fast kernels: per operand, `M·(q − z)` for each of the 256 stored values.
+    Sum(Vec<[i32; 256]>),
+    /// A concatenation on the fast kernels: per operand, each stored value moved onto the
+    /// output grid.
+    Moves(Vec<[i8; 256]>),
+}
+
+/// Every stored value, in table order (`i as u8` read as i8).
+fn every_stored() -> [i8; 256] {
+    std::array::from_fn(|i| i as u8 as i8)
 }
 
 /// A model ready to run: shapes checked, weights widened.
@@ -154,6 +165,7 @@ impl<'a> Runtime<'a> {
                 last_use[v] = last_use[v].max(i);
             }
         }
+        let r = model.graph.rounding;
         let prepared = nodes
             .iter()
             .map(|n| match n {
@@ -168,11 +180,37 @@ impl<'a> Runtime<'a> {
                                 &w,
                                 &bias,
                                 g.zero_point - g.offset(),
+                                r,
                             ))
                         }
                         _ => Prepared::Weights { w, bias },
                     }
                 }
+                // The same arithmetic as the direct path below, once per stored value.
+                Node::Add { inputs, .. } if kernels == Kernels::Fast => Prepared::Sum(
+                    inputs
+                        .iter()
+                        .map(|(v, m)| {
+                            let g = model.grid_of(*v).unwrap_or(FALLBACK_GRID);
+                            let mut t = [0i32; 256];
+                            let z = g.zero_point - g.offset();
+                            simd::add_scaled(&mut t, &every_stored(), z, m.lanes(r));
+                            t
+                        })
+                        .collect(),
+                ),
+                Node::Concat { inputs, out } if kernels == Kernels::Fast => Prepared::Moves(
+                    inputs
+                        .iter()
+                        .map(|(v, m)| {
+                            let g = model.grid_of(*v).unwrap_or(FALLBACK_GRID);
+                            let mut t = [0i8; 256];
+                            let z = g.zero_point - g.offset();
+                            simd::rescale(&every_stored(), z, m.lanes(r), out, &mut t);
+                            t
+                        })
+                        .collect(),
+                ),
                 _ => Prepared::None,
             })
             .collect();
@@ -290,33 +328,23 @@ impl<'a> Runtime<'a> {
                     Prepared::Weights { w, bias } => {
                         direct::conv(c, x, s, self.grid(c.input), w, bias, r)
                     }
-                    Prepared::None => unreachable!("every convolution is prepared"),
+                    _ => unreachable!("every convolution is prepared"),
                 }
             }
             Node::Pool { input, kind, kernel, stride, padding }
                 if self.kernels == Kernels::Fast =>
             {
                 let g = self.grid(*input);
-                let ([c, h, w], [_, oh, ow]) = (self.shapes[*input], self.shapes[i]);
-                let (mut rows, mut acc) = (vec![0i32; h * ow], vec![0i32; oh * ow]);
-                let mut out = vec![0i8; c * oh * ow];
-                for (plane, dst) in
-                    values[*input].chunks_exact(h * w).zip(out.chunks_exact_mut(oh * ow))
-                {
-                    simd::pool_plane(
-                        plane,
-                        [h, w],
-                        [oh, ow],
-                        [*kernel, *stride, *padding],
-                        *kind == PoolKind::Max,
-                        g.zero_point - g.offset(),
-                        r == Rounding::TiesToEven,
-                        &mut rows,
-                        &mut acc,
-                        dst,
-                    );
-                }
-                out
+                let [_, oh, ow] = self.shapes[i];
+                fast::pool(
+                    &values[*input],
+                    self.shapes[*input],
+                    [oh, ow],
+                    [*kernel, *stride, *padding],
+                    *kind == PoolKind::Max,
+                    g.zero_point - g.offset(),
+                    r,
+                )
             }
             Node::Pool { input, kind, kernel, stride, padding } => {
                 let g = self.grid(*input);
@@ -329,6 +357,21 @@ impl<'a> Runtime<'a> {
                     g,
                     r,
                 )
+            }
+            Node::Add { inputs, out } if matches!(self.prepared[i], Prepared::Sum(_)) => {
+                let Prepared::Sum(tables) = &self.prepared[i] else { unreachable!() };
+                let operands: Vec<&[i8]> = inputs.iter().map(|(v, _)| &values[*v][..]).collect();
+                let mut y = vec![0i8; operands[0].len()];
+                simd::sum_tables(&operands, tables, out, &mut y);
+                y
+            }
+            Node::Concat { inputs, .. } if matches!(self.prepared[i], Prepared::Moves(_)) => {
+                let Prepared::Moves(tables) = &self.prepared[i] else { unreachable!() };
+                let mut y = Vec::with_capacity(inputs.iter().map(|(v, _)| values[*v].len()).sum());
+                for ((v, _), t) in inputs.iter().zip(tables) {
+                    y.extend(values[*v].iter().map(|&q| t[usize::from(q as u8)]));
+                }
+                y
             }
             Node::Add { inputs, out } => {
                 let n = values[inputs[0].0].len();
@@ -427,7 +470,7 @@ impl<'a> Runtime<'a> {
 
 /// Pooling on the input's grid: max of the window (padding ignored), or the average of the
 /// window's in-image values rounded as the model rounds. The direct form, per output; the
-/// fast kernels pool rows then columns ([`simd::pool_plane`]).
+/// fast kernels pool whole runs of the stride phases ([`fast::pool`]).
 fn pool(
     x: &[i8],
     s: Shape,

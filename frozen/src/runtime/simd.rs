@@ -64,6 +64,11 @@ impl WithSimd for Requantize<'_> {
 
 /// `dst = store(M·acc + z_out)`: accumulators requantized onto `out`.
 pub(crate) fn requantize(acc: &[i32], lanes: Lanes, out: &ActGrid, dst: &mut [i8]) {
+    let zlho = [out.zero_point, out.qmin, out.qmax, out.offset()];
+    if lanes.is_ties_to_even() && super::packed::requantize_even(acc, lanes.f64_factor(), zlho, dst)
+    {
+        return;
+    }
     pulp::Arch::new().dispatch(Requantize { acc, lanes, out, dst });
 }
 
@@ -149,263 +154,101 @@ pub(crate) fn add_scaled(acc: &mut [i32], x: &[i8], z: i32, lanes: Lanes) {
     pulp::Arch::new().dispatch(AddScaled { acc, x, z, lanes });
 }
 
-struct Gemm<'a> {
-    w: &'a [i32],
-    cols: &'a [i16],
-    bias: &'a [i32],
-    acc: &'a mut [i32],
+struct SumTables<'a> {
+    operands: &'a [&'a [i8]],
+    tables: &'a [[i32; 256]],
+    out: &'a ActGrid,
+    dst: &'a mut [i8],
 }
 
-impl WithSimd for Gemm<'_> {
+impl WithSimd for SumTables<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
-        let Gemm { w, cols, bias, acc } = self;
-        let p = acc.len() / bias.len().max(1);
-        let k = w.len() / bias.len().max(1);
-        // Row by row: a multiply-add of one unfolded row into one channel's accumulators,
-        // over contiguous positions (both rows stay in L1).
-        for ((row, wc), &b) in acc.chunks_exact_mut(p).zip(w.chunks_exact(k)).zip(bias) {
-            row.fill(b);
-            for (x, &wv) in cols.chunks_exact(p).zip(wc) {
-                if wv == 0 {
-                    continue;
-                }
-                for (a, &xv) in row.iter_mut().zip(x) {
-                    *a = a.wrapping_add(wv.wrapping_mul(i32::from(xv)));
-                }
-            }
-        }
-    }
-}
-
-/// `acc[co][p] = bias[co] + Σ_k w[co][k]·cols[k][p]` for the `bias.len()` channels of a
-/// group: `w` is `[co][k]`, `cols` `[k][p]`, `acc` `[co][p]`. Wrapping i32 arithmetic, as
-/// the direct kernel's.
-pub(crate) fn gemm(w: &[i32], cols: &[i16], bias: &[i32], acc: &mut [i32]) {
-    pulp::Arch::new().dispatch(Gemm { w, cols, bias, acc });
-}
-
-struct DepthwiseRows<'a> {
-    plane: &'a [i16],
-    taps: &'a [i32],
-    kernel: [usize; 2],
-    dilation: usize,
-    wp: usize,
-    bias: i32,
-    acc: &'a mut [i32],
-}
-
-impl WithSimd for DepthwiseRows<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
-        let DepthwiseRows { plane, taps, kernel: [kh, kw], dilation: d, wp, bias, acc } = self;
-        acc.fill(bias);
-        let n = acc.len();
-        for ky in 0..kh {
-            for kx in 0..kw {
-                let wv = taps[ky * kw + kx];
-                let start = ky * d * wp + kx * d;
-                // The last row's tail may run past the plane: those columns are never kept.
-                let len = n.min(plane.len() - start);
-                for (a, &xv) in acc[..len].iter_mut().zip(&plane[start..start + len]) {
-                    *a = a.wrapping_add(wv.wrapping_mul(i32::from(xv)));
-                }
-            }
-        }
-    }
-}
-
-/// A depthwise stride-1 convolution of one channel over whole padded rows (`wp` wide):
-/// `acc[i] = bias + Σ_tap w·plane[i + ky·d·wp + kx·d]` for `i < acc.len()`.
-pub(crate) fn depthwise_rows(
-    plane: &[i16],
-    taps: &[i32],
-    kernel: [usize; 2],
-    dilation: usize,
-    wp: usize,
-    bias: i32,
-    acc: &mut [i32],
-) {
-    pulp::Arch::new().dispatch(DepthwiseRows { plane, taps, kernel, dilation, wp, bias, acc });
-}
-
-struct DepthwiseCols<'a> {
-    cols: &'a [i16],
-    taps: &'a [i32],
-    bias: i32,
-    acc: &'a mut [i32],
-}
-
-impl WithSimd for DepthwiseCols<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
-        let DepthwiseCols { cols, taps, bias, acc } = self;
-        acc.fill(bias);
-        let p = acc.len();
-        for (row, &wv) in cols.chunks_exact(p).zip(taps) {
-            for (a, &xv) in acc.iter_mut().zip(row) {
-                *a = a.wrapping_add(wv.wrapping_mul(i32::from(xv)));
-            }
-        }
-    }
-}
-
-/// One channel of a depthwise convolution from its unfolded input (`cols` `[taps][p]`):
-/// `acc[p] = bias + Σ_tap w·cols[tap][p]`.
-pub(crate) fn depthwise_cols(cols: &[i16], taps: &[i32], bias: i32, acc: &mut [i32]) {
-    pulp::Arch::new().dispatch(DepthwiseCols { cols, taps, bias, acc });
-}
-
-struct Pool<'a> {
-    plane: &'a [i8],
-    /// `[h, w]` in, `[oh, ow]` out.
-    hw: [usize; 2],
-    ohw: [usize; 2],
-    /// `[kernel, stride, padding]`.
-    window: [usize; 3],
-    max: bool,
-    z: i32,
-    ties_to_even: bool,
-    /// Scratch: `h × ow` row results and `oh × ow` results.
-    rows: &'a mut [i32],
-    acc: &'a mut [i32],
-    out: &'a mut [i8],
-}
-
-/// The output positions `o` (of `n_out`) whose window tap `t` reads an input inside `0..n`.
-#[inline(always)]
-fn tap_range(n: usize, n_out: usize, [_, s, p]: [usize; 3], t: usize) -> std::ops::Range<usize> {
-    // o·s + t − p ∈ [0, n)  ⇔  o ∈ [ceil((p − t)/s), floor((n − 1 + p − t)/s)].
-    let lo = p.saturating_sub(t).div_ceil(s);
-    let hi = if n + p > t { ((n - 1 + p - t) / s + 1).min(n_out) } else { 0 };
-    lo.min(hi)..hi
-}
-
-impl WithSimd for Pool<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) {
-        let Pool { plane, hw: [h, w], ohw: [oh, ow], window, max, z, ties_to_even, rows, acc, out } =
-            self;
-        let [k, s, p] = window;
-        let init = if max { i32::MIN } else { 0 };
-        // Along rows: each row's window results at every output column.
-        rows[..h * ow].fill(init);
-        for dx in 0..k {
-            let cols = tap_range(w, ow, window, dx);
-            if cols.is_empty() {
-                continue;
-            }
-            for y in 0..h {
-                let src = &plane[y * w..(y + 1) * w];
-                let dst = &mut rows[y * ow..(y + 1) * ow];
-                if s == 1 {
-                    let x0 = cols.start + dx - p;
-                    let src = &src[x0..x0 + cols.len()];
-                    let dst = &mut dst[cols.clone()];
-                    if max {
-                        for (d, &q) in dst.iter_mut().zip(src) {
-                            *d = (*d).max(i32::from(q));
-                        }
-                    } else {
-                        for (d, &q) in dst.iter_mut().zip(src) {
-                            *d += i32::from(q);
-                        }
-                    }
-                } else {
-                    for ox in cols.clone() {
-                        let q = i32::from(src[ox * s + dx - p]);
-                        dst[ox] = if max { dst[ox].max(q) } else { dst[ox] + q };
-                    }
-                }
-            }
-        }
-        // Down columns: whole output rows at a time.
-        acc[..oh * ow].fill(init);
-        for dy in 0..k {
-            for oy in tap_range(h, oh, window, dy) {
-                let y = oy * s + dy - p;
-                let src = &rows[y * ow..(y + 1) * ow];
-                let dst = &mut acc[oy * ow..(oy + 1) * ow];
-                if max {
-                    for (d, &v) in dst.iter_mut().zip(src) {
-                        *d = (*d).max(v);
-                    }
-                } else {
-                    for (d, &v) in dst.iter_mut().zip(src) {
-                        *d += v;
-                    }
-                }
-            }
-        }
-        if max {
-            for (o, &v) in out.iter_mut().zip(&acc[..oh * ow]) {
-                *o = v.clamp(-128, 127) as i8;
+        let SumTables { operands, tables, out, dst } = self;
+        let z = out.zero_point;
+        let at = |t: &[i32; 256], q: i8| t[usize::from(q as u8)];
+        if let ([a, b], [ta, tb]) = (operands, tables) {
+            for ((d, &qa), &qb) in dst.iter_mut().zip(*a).zip(*b) {
+                *d = store(at(ta, qa).saturating_add(at(tb, qb)).saturating_add(z), out);
             }
             return;
         }
-        // Average over the in-image elements: round((Σq − n·z)/n) + z, with n the window's
-        // rows in the image times its columns in the image.
-        // Columns in the image per output column (scratch: the first row of `rows`).
-        let cw = &mut rows[..ow];
-        for (ox, c) in cw.iter_mut().enumerate() {
-            *c = tap_count(w, window, ox) as i32;
+        for (i, d) in dst.iter_mut().enumerate() {
+            let sum =
+                operands.iter().zip(tables).fold(0i32, |s, (x, t)| s.saturating_add(at(t, x[i])));
+            *d = store(sum.saturating_add(z), out);
         }
-        for oy in 0..oh {
-            let rn = tap_count(h, window, oy) as i32;
-            for ox in 0..ow {
-                let n = rn * cw[ox];
-                let sum = acc[oy * ow + ox] - n * z;
-                let n = n.max(1);
-                // floor of the correctly rounded quotient is exact: |sum| < 2^20, n ≤ 256.
-                let q = (f64::from(sum) / f64::from(n)).floor() as i32;
-                let twice = 2 * (sum - q * n);
-                let tie_up = if ties_to_even { q & 1 == 1 } else { q >= 0 };
-                let up = twice > n || (twice == n && tie_up);
-                out[oy * ow + ox] = (q + i32::from(up) + z).clamp(-128, 127) as i8;
+    }
+}
+
+/// `dst = store(Σ_j table_j[x_j] + z_out)`: a sum of operands, each through its table of
+/// `M_j·(q − z_j)` per stored value, added in operand order with saturation (as the direct
+/// path adds them).
+pub(crate) fn sum_tables(operands: &[&[i8]], tables: &[[i32; 256]], out: &ActGrid, dst: &mut [i8]) {
+    pulp::Arch::new().dispatch(SumTables { operands, tables, out, dst });
+}
+
+struct MaxTaps<'a> {
+    x: &'a [i16],
+    at: &'a [usize],
+    best: &'a mut [i16],
+}
+
+impl WithSimd for MaxTaps<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let MaxTaps { x, at, best } = self;
+        best.fill(i16::MIN);
+        let n = best.len();
+        for &o in at {
+            for (b, &v) in best.iter_mut().zip(&x[o..o + n]) {
+                *b = (*b).max(v);
             }
         }
     }
 }
 
-/// Window taps of output `o` that fall inside `0..n`.
-#[inline(always)]
-fn tap_count(n: usize, [k, s, p]: [usize; 3], o: usize) -> usize {
-    let start = (o * s) as isize - p as isize;
-    let lo = start.max(0);
-    let hi = (start + k as isize).min(n as isize);
-    (hi - lo).max(0) as usize
+/// `best[i] = max_t x[o_t + i]` over the tap offsets `at`.
+pub(crate) fn max_taps(x: &[i16], at: &[usize], best: &mut [i16]) {
+    pulp::Arch::new().dispatch(MaxTaps { x, at, best });
 }
 
-/// Max or average (padding excluded) pooling of one channel `plane` (`h × w`, i8 storage,
-/// zero point `z` in storage) into `out` (`oh × ow`); `rows` and `acc` are scratch of at least
-/// `h·ow` and `oh·ow`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pool_plane(
-    plane: &[i8],
-    hw: [usize; 2],
-    ohw: [usize; 2],
-    window: [usize; 3],
-    max: bool,
+struct DivideRounded<'a> {
+    sums: &'a [i32],
+    counts: &'a [i32],
     z: i32,
     ties_to_even: bool,
-    rows: &mut [i32],
-    acc: &mut [i32],
+    out: &'a mut [i8],
+}
+
+impl WithSimd for DivideRounded<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) {
+        let DivideRounded { sums, counts, z, ties_to_even, out } = self;
+        for ((o, &sum), &n) in out.iter_mut().zip(sums).zip(counts) {
+            let n = n.max(1);
+            // |sum| ≤ 255·n with n < 2^16: the quotient is below 256 and at least 1/n from
+            // any integer it is not, so the correctly rounded f32 quotient has the same floor.
+            let q = (sum as f32 / n as f32).floor() as i32;
+            let twice = 2 * (sum - q * n);
+            let tie_up = (ties_to_even & (q & 1 == 1)) | (!ties_to_even & (q >= 0));
+            let up = (twice > n) | ((twice == n) & tie_up);
+            *o = (q + i32::from(up) + z).clamp(-128, 127) as i8;
+        }
+    }
+}
+
+/// `out = round(sum / count) + z`, clamped to i8, ties as the model rounds: an average of
+/// `count` stored values' `q − z` (`count < 2^16`, `|sum| ≤ 255·count`).
+pub(crate) fn divide_rounded(
+    sums: &[i32],
+    counts: &[i32],
+    z: i32,
+    ties_to_even: bool,
     out: &mut [i8],
 ) {
-    pulp::Arch::new().dispatch(Pool {
-        plane,
-        hw,
-        ohw,
-        window,
-        max,
-        z,
-        ties_to_even,
-        rows,
-        acc,
-        out,
-    });
+    pulp::Arch::new().dispatch(DivideRounded { sums, counts, z, ties_to_even, out });
 }

@@ -1,0 +1,503 @@
+//! Packed integer kernels built on the i16 pair product (`vpmaddwd`: two i16×i16 products
+//! summed into one i32 lane), written with AVX2 intrinsics where the CPU has them and as plain
+//! loops on the same packed layouts elsewhere; both give the same integers.
+//!
+//! - [`gemm`]: a convolution's matrix product. Weights are packed `[co/MR][k/2][MR]` and the
+//!   unfolded input in panels `[p/NR][k/2][NR]`, each lane holding the i16 pair of rows
+//!   `2j, 2j+1`; a 4 × 16 block of outputs lives in eight registers over the whole `k`.
+//! - [`taps`]: a depthwise convolution over whole rows of a padded plane (or of its stride
+//!   phases): `acc[i] = bias + Σ_t w_t·x[o_t + i]`, two taps per pair product.
+//!
+//! Operands are i8 storage values and i8 weights widened to i16 (a flipped channel's −128 becomes
+//! 128), so a pair sum is at most 2·128·128 and never overflows; the accumulators add in
+//! wrapping i32 arithmetic, as the direct kernel's, and addition order does not change them.
+
+/// Output channels per register block of [`gemm`].
+pub(crate) const MR: usize = 4;
+/// Output positions per register block of [`gemm`] (two 8-lane registers).
+pub(crate) const NR: usize = 16;
+
+/// Two i16 in one i32 lane as the pair product reads them: `lo` in the low half.
+#[inline(always)]
+fn pair(lo: i16, hi: i16) -> i32 {
+    (u32::from(lo as u16) | (u32::from(hi as u16) << 16)) as i32
+}
+
+/// The two halves of a pair.
+#[inline(always)]
+fn unpair(v: i32) -> (i32, i32) {
+    (i32::from(v as i16), v >> 16)
+}
+
+/// `a·b` of two pairs, summed: the scalar reading of `vpmaddwd`.
+#[inline(always)]
+fn madd(a: i32, b: i32) -> i32 {
+    let ((a0, a1), (b0, b1)) = (unpair(a), unpair(b));
+    (a0 * b0).wrapping_add(a1 * b1)
+}
+
+/// Weights `[co][k]` (i8 values widened, sign flips applied) packed for [`gemm`]:
+/// `[co/MR][k/2][MR]` pairs, channels and `k` padded with zeros.
+pub(crate) fn pack_weights(w: &[i32], co: usize, k: usize) -> Vec<i32> {
+    let (cb, kp) = (co.div_ceil(MR), k.div_ceil(2));
+    let at = |c: usize, j: usize| if c < co && j < k { w[c * k + j] as i16 } else { 0 };
+    let mut out = vec![0; cb * kp * MR];
+    for b in 0..cb {
+        for j in 0..kp {
+            for r in 0..MR {
+                let c = b * MR + r;
+                out[(b * kp + j) * MR + r] = pair(at(c, 2 * j), at(c, 2 * j + 1));
+            }
+        }
+    }
+    out
+}
+
+/// Pairs per packed column panel of `k` rows.
+pub(crate) fn panel_len(k: usize) -> usize {
+    k.div_ceil(2) * NR
+}
+
+/// A stored value the packing widens to i16: i8 activations, or i16 unfolded rows.
+pub(crate) trait Widen: Copy {
+    fn widen(self) -> i16;
+    /// Sixteen values from the start of `s`, widened.
+    #[cfg(target_arch = "x86_64")]
+    fn load16(simd: pulp::x86::V3, s: &[Self]) -> std::arch::x86_64::__m256i;
+}
+
+impl Widen for i8 {
+    #[inline(always)]
+    fn widen(self) -> i16 {
+        i16::from(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn load16(simd: pulp::x86::V3, s: &[i8]) -> std::arch::x86_64::__m256i {
+        let mut v = [0i8; 16];
+        v.copy_from_slice(&s[..16]);
+        simd.avx2._mm256_cvtepi8_epi16(pulp::bytemuck::cast(v))
+    }
+}
+
+impl Widen for i16 {
+    #[inline(always)]
+    fn widen(self) -> i16 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn load16(_: pulp::x86::V3, s: &[i16]) -> std::arch::x86_64::__m256i {
+        let mut v = [0i16; 16];
+        v.copy_from_slice(&s[..16]);
+        pulp::bytemuck::cast(v)
+    }
+}
+
+/// Rows `[k][p]` (`stride` apart), each value widened and raised to at least `floor` (a ReLU
+/// in storage units, or `i16::MIN` for none), packed into panels `[p/NR][k/2][NR]` of pairs
+/// (`out` is `p.div_ceil(NR)·panel_len(k)` long; padding is zero).
+pub(crate) fn pack_cols<T: Widen>(
+    rows: &[T],
+    k: usize,
+    p: usize,
+    stride: usize,
+    floor: i16,
+    out: &mut [i32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        simd.vectorize(v3::PackCols { simd, rows, k, p, stride, floor, out: &mut *out });
+        return pack_edges(rows, k, p, stride, floor, out, p / NR, k / 2);
+    }
+    pack_edges(rows, k, p, stride, floor, out, 0, 0);
+}
+
+/// The pairs of [`pack_cols`] outside the first `full` panels' first `pairs` row pairs.
+#[allow(clippy::too_many_arguments)]
+fn pack_edges<T: Widen>(
+    rows: &[T],
+    k: usize,
+    p: usize,
+    stride: usize,
+    floor: i16,
+    out: &mut [i32],
+    full: usize,
+    pairs: usize,
+) {
+    let kp = k.div_ceil(2);
+    let f = |v: T| v.widen().max(floor);
+    for (pb, panel) in out.chunks_exact_mut(kp * NR).enumerate() {
+        let from = if pb < full { pairs } else { 0 };
+        for (j, dst) in panel.chunks_exact_mut(NR).enumerate().skip(from) {
+            let r0 = &rows[2 * j * stride..];
+            for (i, d) in dst.iter_mut().enumerate() {
+                let at = pb * NR + i;
+                let x0 = if at < p { f(r0[at]) } else { 0 };
+                let x1 = if at < p && 2 * j + 1 < k { f(r0[stride + at]) } else { 0 };
+                *d = pair(x0, x1);
+            }
+        }
+    }
+}
+
+/// `acc[c][i] = bias[c] + Σ_j w[c][j]·cols[j][i]`: `wp` from [`pack_weights`] (`bias` padded to
+/// whole blocks of [`MR`]), `cp` from [`pack_cols`], `acc` `[bias.len()][np]` with `np` the
+/// padded positions (a multiple of [`NR`]).
+pub(crate) fn gemm(wp: &[i32], cp: &[i32], bias: &[i32], np: usize, acc: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        return simd.vectorize(v3::Gemm { simd, wp, cp, bias, np, acc });
+    }
+    gemm_portable(wp, cp, bias, np, acc);
+}
+
+/// [`gemm`] without intrinsics.
+pub(crate) fn gemm_portable(wp: &[i32], cp: &[i32], bias: &[i32], np: usize, acc: &mut [i32]) {
+    let kp = wp.len() / bias.len().max(1);
+    for (pb, panel) in cp.chunks_exact(kp * NR).enumerate().take(np / NR) {
+        for (b, wb) in wp.chunks_exact(kp * MR).enumerate() {
+            for r in 0..MR {
+                let c = b * MR + r;
+                let mut out = [bias[c]; NR];
+                for (cols, w) in panel.chunks_exact(NR).zip(wb.chunks_exact(MR)) {
+                    for (o, &x) in out.iter_mut().zip(cols) {
+                        *o = o.wrapping_add(madd(x, w[r]));
+                    }
+                }
+                acc[c * np + pb * NR..][..NR].copy_from_slice(&out);
+            }
+        }
+    }
+}
+
+/// One tap pair of [`taps`]: offsets into the buffer and the paired weights.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TapPair {
+    pub(crate) at: [usize; 2],
+    pub(crate) w: i32,
+}
+
+/// Taps `(offset, weight)` paired for [`taps`] (an odd last tap pairs with a zero weight).
+pub(crate) fn pair_taps(taps: &[(usize, i32)]) -> Vec<TapPair> {
+    taps.chunks(2)
+        .map(|t| match *t {
+            [(a, wa), (b, wb)] => TapPair { at: [a, b], w: pair(wa as i16, wb as i16) },
+            [(a, wa)] => TapPair { at: [a, a], w: pair(wa as i16, 0) },
+            _ => unreachable!("chunks of two"),
+        })
+        .collect()
+}
+
+/// `acc[i] = bias + Σ_t w_t·x[o_t + i]` for `i < acc.len()` (a multiple of [`NR`]); `x` must
+/// hold every `o_t + acc.len()`.
+pub(crate) fn taps(x: &[i16], pairs: &[TapPair], bias: i32, acc: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        return simd.vectorize(v3::Taps { simd, x, pairs, bias, acc });
+    }
+    taps_portable(x, pairs, bias, acc);
+}
+
+/// [`taps`] without intrinsics.
+pub(crate) fn taps_portable(x: &[i16], pairs: &[TapPair], bias: i32, acc: &mut [i32]) {
+    acc.fill(bias);
+    for t in pairs {
+        let (w0, w1) = unpair(t.w);
+        let (a, b) = (&x[t.at[0]..t.at[0] + acc.len()], &x[t.at[1]..t.at[1] + acc.len()]);
+        for ((o, &x0), &x1) in acc.iter_mut().zip(a).zip(b) {
+            *o = o.wrapping_add((w0 * i32::from(x0)).wrapping_add(w1 * i32::from(x1)));
+        }
+    }
+}
+
+/// `dst[i] = clamp(round_half_even(acc[i]·m) + z, lo, hi) − off` in f64 with AVX2, for a
+/// multiplier `m` (`M0·2^-shift`, exact in f64) and `|acc[i]| < 2^22`, where every product is
+/// exact and the rounding is the fixed-point one (see `Lanes::ties_to_even_f64`). Returns
+/// false, writing nothing, where the CPU lacks AVX2 or an accumulator is out of that range.
+pub(crate) fn requantize_even(
+    acc: &[i32],
+    m: f64,
+    [z, lo, hi, off]: [i32; 4],
+    dst: &mut [i8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        return simd.vectorize(v3::Requantize { simd, acc, m, zlh: [z, lo, hi], off, dst });
+    }
+    let _ = (acc, m, z, lo, hi, off, dst);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod v3 {
+    use pulp::bytemuck::cast;
+    use pulp::x86::V3;
+    use pulp::{NullaryFnOnce, as_arrays, as_arrays_mut};
+    use std::arch::x86_64::__m256i;
+
+    use super::{MR, NR, TapPair, Widen};
+    use crate::fixed::Lanes;
+
+    pub(super) struct Gemm<'a> {
+        pub(super) simd: V3,
+        pub(super) wp: &'a [i32],
+        pub(super) cp: &'a [i32],
+        pub(super) bias: &'a [i32],
+        pub(super) np: usize,
+        pub(super) acc: &'a mut [i32],
+    }
+
+    impl NullaryFnOnce for Gemm<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn call(self) {
+            let Gemm { simd, wp, cp, bias, np, acc } = self;
+            let (avx, avx2) = (simd.avx, simd.avx2);
+            let kp = wp.len() / bias.len().max(1);
+            for (pb, panel) in cp.chunks_exact(kp * NR).enumerate().take(np / NR) {
+                let cols = as_arrays::<NR, i32>(panel).0;
+                for (b, wb) in wp.chunks_exact(kp * MR).enumerate() {
+                    let w = as_arrays::<MR, i32>(wb).0;
+                    let mut a = [[avx._mm256_setzero_si256(); 2]; MR];
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let v = avx._mm256_set1_epi32(bias[b * MR + r]);
+                        *ar = [v, v];
+                    }
+                    for (c, w) in cols.iter().zip(w) {
+                        let [lo, hi]: [__m256i; 2] = cast(*c);
+                        for (ar, &wr) in a.iter_mut().zip(w) {
+                            let wv = avx._mm256_set1_epi32(wr);
+                            ar[0] = avx2._mm256_add_epi32(ar[0], avx2._mm256_madd_epi16(lo, wv));
+                            ar[1] = avx2._mm256_add_epi32(ar[1], avx2._mm256_madd_epi16(hi, wv));
+                        }
+                    }
+                    for (r, ar) in a.iter().enumerate() {
+                        let dst = &mut acc[(b * MR + r) * np + pb * NR..][..NR];
+                        dst.copy_from_slice(&cast::<[__m256i; 2], [i32; NR]>(*ar));
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) struct PackCols<'a, T> {
+        pub(super) simd: V3,
+        pub(super) rows: &'a [T],
+        pub(super) k: usize,
+        pub(super) p: usize,
+        pub(super) stride: usize,
+        pub(super) floor: i16,
+        pub(super) out: &'a mut [i32],
+    }
+
+    impl<T: Widen> NullaryFnOnce for PackCols<'_, T> {
+        type Output = ();
+        /// The whole panels' whole row pairs; [`super::pack_edges`] does the rest.
+        #[inline(always)]
+        fn call(self) {
+            let PackCols { simd, rows, k, p, stride, floor, out } = self;
+            let (avx, avx2) = (simd.avx, simd.avx2);
+            let fl = avx._mm256_set1_epi16(floor);
+            let kp = k.div_ceil(2);
+            for (pb, panel) in out.chunks_exact_mut(kp * NR).enumerate().take(p / NR) {
+                for (j, dst) in as_arrays_mut::<NR, i32>(panel).0.iter_mut().enumerate().take(k / 2)
+                {
+                    let at = 2 * j * stride + pb * NR;
+                    let a = avx2._mm256_max_epi16(T::load16(simd, &rows[at..]), fl);
+                    let b = avx2._mm256_max_epi16(T::load16(simd, &rows[at + stride..]), fl);
+                    let lo = avx2._mm256_unpacklo_epi16(a, b);
+                    let hi = avx2._mm256_unpackhi_epi16(a, b);
+                    let first = avx2._mm256_permute2x128_si256::<0x20>(lo, hi);
+                    let second = avx2._mm256_permute2x128_si256::<0x31>(lo, hi);
+                    *dst = cast([first, second]);
+                }
+            }
+        }
+    }
+
+    pub(super) struct Requantize<'a> {
+        pub(super) simd: V3,
+        pub(super) acc: &'a [i32],
+        pub(super) m: f64,
+        pub(super) zlh: [i32; 3],
+        pub(super) off: i32,
+        pub(super) dst: &'a mut [i8],
+    }
+
+    impl NullaryFnOnce for Requantize<'_> {
+        type Output = bool;
+        #[inline(always)]
+        fn call(self) -> bool {
+            let Requantize { simd, acc, m, zlh: [z, lo, hi], off, dst } = self;
+            if acc.iter().fold(0u32, |m, a| m.max(a.unsigned_abs())) >= Lanes::F64_EXACT as u32 {
+                return false;
+            }
+            let (avx, avx2, sse2) = (simd.avx, simd.avx2, simd.sse2);
+            let (mv, zv) = (avx._mm256_set1_pd(m), avx._mm256_set1_pd(f64::from(z)));
+            let (lv, hv) = (avx._mm256_set1_pd(f64::from(lo)), avx._mm256_set1_pd(f64::from(hi)));
+            let offv = sse2._mm_set1_epi16(off as i16);
+            let four = |x| {
+                let v = avx._mm256_mul_pd(avx._mm256_cvtepi32_pd(x), mv);
+                // Round to nearest, ties to even, no exceptions.
+                let v = avx._mm256_add_pd(avx._mm256_round_pd::<0x08>(v), zv);
+                avx._mm256_cvtpd_epi32(avx._mm256_min_pd(avx._mm256_max_pd(v, lv), hv))
+            };
+            let (a8, a_tail) = as_arrays::<8, i32>(acc);
+            let (d8, d_tail) = as_arrays_mut::<8, i8>(dst);
+            for (a, d) in a8.iter().zip(d8.iter_mut()) {
+                let v: __m256i = cast(*a);
+                let lo4 = four(avx._mm256_castsi256_si128(v));
+                let hi4 = four(avx2._mm256_extracti128_si256::<1>(v));
+                // On the grid, minus the offset: within i8, so the saturating packs are exact.
+                let w = sse2._mm_sub_epi16(sse2._mm_packs_epi32(lo4, hi4), offv);
+                let bytes: [i8; 16] = cast(sse2._mm_packs_epi16(w, w));
+                d.copy_from_slice(&bytes[..8]);
+            }
+            let (zf, lf, hf) = (f64::from(z), f64::from(lo), f64::from(hi));
+            for (d, &a) in d_tail.iter_mut().zip(a_tail) {
+                let v = (f64::from(a) * m).round_ties_even() + zf;
+                *d = ((v.clamp(lf, hf) as i32) - off) as i8;
+            }
+            true
+        }
+    }
+
+    pub(super) struct Taps<'a> {
+        pub(super) simd: V3,
+        pub(super) x: &'a [i16],
+        pub(super) pairs: &'a [TapPair],
+        pub(super) bias: i32,
+        pub(super) acc: &'a mut [i32],
+    }
+
+    impl NullaryFnOnce for Taps<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn call(self) {
+            let Taps { simd, x, pairs, bias, acc } = self;
+            let (avx, avx2) = (simd.avx, simd.avx2);
+            let b = avx._mm256_set1_epi32(bias);
+            for (blk, out) in as_arrays_mut::<NR, i32>(acc).0.iter_mut().enumerate() {
+                let i = blk * NR;
+                // Lanes 0–3 and 8–11 of the block in `lo`, 4–7 and 12–15 in `hi` (the unpacks
+                // work within each 128-bit half).
+                let (mut lo, mut hi) = (b, b);
+                for t in pairs {
+                    let x0: __m256i = cast(load16(x, t.at[0] + i));
+                    let x1: __m256i = cast(load16(x, t.at[1] + i));
+                    let w = avx._mm256_set1_epi32(t.w);
+                    let l = avx2._mm256_unpacklo_epi16(x0, x1);
+                    let h = avx2._mm256_unpackhi_epi16(x0, x1);
+                    lo = avx2._mm256_add_epi32(lo, avx2._mm256_madd_epi16(l, w));
+                    hi = avx2._mm256_add_epi32(hi, avx2._mm256_madd_epi16(h, w));
+                }
+                let first = avx2._mm256_permute2x128_si256::<0x20>(lo, hi);
+                let second = avx2._mm256_permute2x128_si256::<0x31>(lo, hi);
+                *out = cast([first, second]);
+            }
+        }
+    }
+
+    /// Sixteen i16 from `x[at..]`.
+    #[inline(always)]
+    fn load16(x: &[i16], at: usize) -> [i16; 16] {
+        let mut v = [0i16; 16];
+        v.copy_from_slice(&x[at..at + 16]);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// The packed product (both forms) against the plain triple loop, on shapes that leave
+    /// partial channel blocks, odd `k` and partial panels, with weights and inputs at the
+    /// extremes of their ranges.
+    #[test]
+    fn gemm_equals_the_plain_product() {
+        let mut next = xorshift(7);
+        for &(co, k, p) in &[(1, 1, 1), (3, 5, 17), (8, 48, 49), (5, 7, 33), (16, 96, 196)] {
+            let w: Vec<i32> = (0..co * k)
+                .map(|i| if i % 11 == 0 { 128 } else { i32::from(next() as u8 as i8) })
+                .collect();
+            let x: Vec<i16> = (0..k * p)
+                .map(|i| if i % 7 == 0 { -128 } else { i16::from(next() as u8 as i8) })
+                .collect();
+            let bias: Vec<i32> = (0..co).map(|_| next() as i32).collect();
+            let want: Vec<i32> = (0..co)
+                .flat_map(|c| {
+                    let (w, x, b) = (&w, &x, bias[c]);
+                    (0..p).map(move |i| {
+                        (0..k)
+                            .fold(b, |a, j| a.wrapping_add(w[c * k + j] * i32::from(x[j * p + i])))
+                    })
+                })
+                .collect();
+            let wp = pack_weights(&w, co, k);
+            let np = p.div_ceil(NR) * NR;
+            let mut cp = vec![0; np / NR * panel_len(k)];
+            pack_cols(&x, k, p, p, i16::MIN, &mut cp);
+            let mut plain = vec![0; cp.len()];
+            pack_edges(&x, k, p, p, i16::MIN, &mut plain, 0, 0);
+            assert_eq!(cp, plain, "packing, co {co} k {k} p {p}");
+            let mut bp = bias.clone();
+            bp.resize(co.div_ceil(MR) * MR, 0);
+            for fast in [true, false] {
+                let mut acc = vec![0; bp.len() * np];
+                if fast {
+                    gemm(&wp, &cp, &bp, np, &mut acc);
+                } else {
+                    gemm_portable(&wp, &cp, &bp, np, &mut acc);
+                }
+                let got: Vec<i32> =
+                    (0..co).flat_map(|c| acc[c * np..c * np + p].to_vec()).collect();
+                assert_eq!(got, want, "co {co} k {k} p {p} fast {fast}");
+            }
+        }
+    }
+
+    /// The tap sums (both forms) against the plain loop, for odd and even tap counts.
+    #[test]
+    fn taps_equal_the_plain_sum() {
+        let mut next = xorshift(9);
+        for &(n, t) in &[(16, 1), (32, 9), (48, 25), (64, 2)] {
+            let x: Vec<i16> = (0..n + 200).map(|_| i16::from(next() as u8 as i8)).collect();
+            let taps: Vec<(usize, i32)> = (0..t)
+                .map(|i| {
+                    (
+                        (next() % 150) as usize,
+                        if i == 0 { 128 } else { i32::from(next() as u8 as i8) },
+                    )
+                })
+                .collect();
+            let bias = next() as i32;
+            let want: Vec<i32> = (0..n)
+                .map(|i| {
+                    taps.iter().fold(bias, |a, &(o, w)| a.wrapping_add(w * i32::from(x[o + i])))
+                })
+                .collect();
+            let pairs = pair_taps(&taps);
+            for fast in [true, false] {
+                let mut acc = vec![0; n];
+                if fast {
+                    super::taps(&x, &pairs, bias, &mut acc);
+                } else {
+                    taps_portable(&x, &pairs, bias, &mut acc);
+                }
+                assert_eq!(acc, want, "n {n} taps {t} fast {fast}");
+            }
+        }
+    }
+}
