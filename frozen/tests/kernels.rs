@@ -283,3 +283,86 @@ proptest! {
         prop_assert_eq!(&vf[1], &vd[1], "pool output differs");
     }
 }
+
+/// Input → sum of the input with itself → concatenation of the input and the sum → global
+/// average → a one-class classifier: the fast kernels' tables against the direct arithmetic.
+fn sum_model(
+    g: ActGrid,
+    sum: ActGrid,
+    cat: ActGrid,
+    operands: usize,
+    [c, h, w]: [usize; 3],
+    rounding: Rounding,
+) -> FrozenModel {
+    let m = |from: ActGrid, to: ActGrid| {
+        FixedMultiplier::new(f64::from(from.scale) / f64::from(to.scale)).unwrap()
+    };
+    let mut tensors = BTreeMap::new();
+    tensors.insert(
+        "fc.weight".into(),
+        tensor("fc.weight", DType::I8, &[1, 2 * c as u32], vec![1.0], vec![1; 2 * c]),
+    );
+    tensors.insert("fc.bias".into(), tensor("fc.bias", DType::I32, &[1], vec![1.0], vec![0; 4]));
+    let nodes = vec![
+        Node::Input { grid: g },
+        Node::Add { inputs: vec![(0, m(g, sum)); operands], out: sum },
+        Node::Concat { inputs: vec![(0, m(g, cat)), (1, m(sum, cat))], out: cat },
+        Node::GlobalAvgPool {
+            input: 2,
+            multiplier: FixedMultiplier::new(1.0 / (h * w) as f64).unwrap(),
+            out: cat,
+        },
+        Node::Linear {
+            name: "fc".into(),
+            input: 3,
+            multipliers: vec![FixedMultiplier::new(1.0).unwrap()],
+            logit_scale: 1.0,
+        },
+    ];
+    let graph = Graph {
+        input_shape: [c, h, w],
+        mean: vec![0.0; c],
+        std: vec![1.0; c],
+        classes: 1,
+        rounding,
+        nodes,
+    };
+    FrozenModel { genotype: qdarts_genotypes::known("DARTS_V2").unwrap(), graph, tensors }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(2013),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn fast_sums_and_concatenations_equal_the_direct_ones(
+        grids in (grid(), grid(), grid()),
+        operands in 1usize..4,
+        (c, h, w) in (1usize..4, 1usize..12, 1usize..12),
+        even in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let (g, sum, cat) = grids;
+        let r = if even { Rounding::TiesToEven } else { Rounding::TiesAwayFromZero };
+        let model = sum_model(g, sum, cat, operands, [c, h, w], r);
+        model.validate().unwrap();
+        let fast = Runtime::with_kernels(&model, Kernels::Fast).unwrap();
+        let direct = Runtime::with_kernels(&model, Kernels::Direct).unwrap();
+        let mut st = seed | 1;
+        let image: Vec<f32> = (0..c * h * w)
+            .map(|_| {
+                st ^= st << 13;
+                st ^= st >> 7;
+                st ^= st << 17;
+                ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 300.0 * g.scale
+            })
+            .collect();
+        let (_, vf) = fast.run_image_values(&image);
+        let (_, vd) = direct.run_image_values(&image);
+        prop_assert_eq!(&vf[1], &vd[1], "sum differs");
+        prop_assert_eq!(&vf[2], &vd[2], "concatenation differs");
+    }
+}

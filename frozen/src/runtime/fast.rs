@@ -199,7 +199,10 @@ impl ConvPlan {
             c.kernel == [1, 1] && c.stride == [1, 1] && c.padding == [0, 0] && c.offset == 0;
         let mut cols = if pointwise { Vec::new() } else { vec![0i16; self.k * p] };
         let (hp, wp) = (h - c.offset + 2 * c.padding[0], wd - c.offset + 2 * c.padding[1]);
-        let mut xp = if pointwise { Vec::new() } else { vec![self.z; cig * hp * wp] };
+        let [sh, sw] = c.stride;
+        let (hq, wq) = (hp.div_ceil(sh), wp.div_ceil(sw));
+        let plane_len = sh * sw * hq * wq;
+        let mut xp = if pointwise { Vec::new() } else { vec![self.z; cig * plane_len] };
         let f = self.widen(c.relu);
         let floor = if c.relu { self.z } else { i16::MIN };
         for (g, wpk) in packs.iter().enumerate() {
@@ -207,12 +210,13 @@ impl ConvPlan {
             if pointwise {
                 packed::pack_cols(xg, self.k, p, p, floor, &mut cp);
             } else {
-                // The padded planes (stride 1: one phase each), then the unfolded rows.
+                // The padded planes' stride phases, then the unfolded rows.
                 xp.fill(self.z);
-                for (plane, dst) in xg.chunks_exact(h * wd).zip(xp.chunks_exact_mut(hp * wp)) {
-                    fill_phases(plane, [h, wd], c.offset, c.padding, [1, 1], [hp, wp], f, dst);
+                for (plane, dst) in xg.chunks_exact(h * wd).zip(xp.chunks_exact_mut(plane_len)) {
+                    let hwq = [hq, wq];
+                    fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, hwq, f, dst);
                 }
-                unfold(c, &xp, [hp, wp], [oh, ow], &mut cols);
+                unfold(c, &xp, [hq, wq], [oh, ow], &mut cols);
                 packed::pack_cols(&cols, self.k, p, p, i16::MIN, &mut cp);
             }
             packed::gemm(wpk, &cp, &self.bias[g * blocks..(g + 1) * blocks], np, &mut acc);
@@ -287,26 +291,22 @@ impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
     }
 }
 
-/// The unfolded input of one group (`xp`: its `c_in/groups` padded planes, `hp × wp`): row
-/// `(cl, ky, kx)` of `cols` holds the input under that tap at every output position.
-fn unfold(c: &ConvNode, xp: &[i16], [hp, wp]: [usize; 2], [oh, ow]: [usize; 2], cols: &mut [i16]) {
+/// The unfolded input of one group (`xp`: its `c_in/groups` planes as [`fill_phases`] writes
+/// them, phases `hq × wq`): row `(cl, ky, kx)` of `cols` holds the input under that tap at
+/// every output position, copied from one contiguous run of a phase per output row.
+fn unfold(c: &ConvNode, xp: &[i16], [hq, wq]: [usize; 2], [oh, ow]: [usize; 2], cols: &mut [i16]) {
     let [kh, kw] = c.kernel;
     let [sh, sw] = c.stride;
     let d = c.dilation;
-    for (cl, plane) in xp.chunks_exact(hp * wp).enumerate() {
+    let phase = hq * wq;
+    for (cl, plane) in xp.chunks_exact(sh * sw * phase).enumerate() {
         for ky in 0..kh {
             for kx in 0..kw {
+                let (yy, xx) = (ky * d, kx * d);
+                let at = ((yy % sh) * sw + xx % sw) * phase + (yy / sh) * wq + xx / sw;
                 let row = &mut cols[((cl * kh + ky) * kw + kx) * oh * ow..][..oh * ow];
-                for oy in 0..oh {
-                    let src = &plane[(oy * sh + ky * d) * wp + kx * d..];
-                    let dst = &mut row[oy * ow..(oy + 1) * ow];
-                    if sw == 1 {
-                        dst.copy_from_slice(&src[..ow]);
-                    } else {
-                        for (ox, v) in dst.iter_mut().enumerate() {
-                            *v = src[ox * sw];
-                        }
-                    }
+                for (oy, dst) in row.chunks_exact_mut(ow).enumerate() {
+                    dst.copy_from_slice(&plane[at + oy * wq..][..ow]);
                 }
             }
         }
