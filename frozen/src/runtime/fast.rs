@@ -25,8 +25,8 @@ use super::{simd, store_requantized};
 enum Form {
     /// Depthwise 1×1, no stride, padding or crop: `out = table[c][stored input]`.
     Table(Vec<[i8; 256]>),
-    /// Depthwise: the taps `[c][kh·kw]`.
-    Depthwise(Vec<i32>),
+    /// Depthwise: each channel's taps paired by [`packed::pair_weights`].
+    Depthwise(Vec<Vec<i32>>),
     /// Dense or grouped: per group, weights from [`packed::pack_weights`].
     Gemm(Vec<Vec<i32>>),
 }
@@ -84,7 +84,8 @@ impl ConvPlan {
             return ConvPlan { form: Form::Table(tables), bias: folded, z: z as i16, k };
         }
         if depthwise {
-            return ConvPlan { form: Form::Depthwise(w.to_vec()), bias: folded, z: z as i16, k };
+            let pairs = w.chunks_exact(k.max(1)).map(packed::pair_weights).collect();
+            return ConvPlan { form: Form::Depthwise(pairs), bias: folded, z: z as i16, k };
         }
         let blocks = cog.div_ceil(MR) * MR;
         let mut padded = Vec::with_capacity(groups * blocks);
@@ -135,7 +136,7 @@ impl ConvPlan {
     fn depthwise(
         &self,
         c: &ConvNode,
-        w: &[i32],
+        w: &[Vec<i32>],
         x: &[i8],
         s: Shape,
         [oh, ow]: [usize; 2],
@@ -157,16 +158,19 @@ impl ConvPlan {
                 ((yy % sh) * sw + xx % sw) * phase + (yy / sh) * wq + xx / sw
             })
             .collect();
-        let mut buf = vec![self.z; sh * sw * phase + n];
+        let at = packed::pair_offsets(&at);
+        // Every channel's phases, one after the other; a channel's last runs read into the
+        // next one's (or the tail), in columns that are never kept.
+        let region = sh * sw * phase;
+        let mut buf = vec![self.z; w.len() * region + n];
+        let f = self.widen(c.relu);
+        for (plane, dst) in x.chunks_exact(h * wd).zip(buf.chunks_exact_mut(region)) {
+            fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, [hq, wq], f, dst);
+        }
         let mut acc = vec![0i32; n];
         let p = oh * ow;
-        for (co, (plane, dst)) in x.chunks_exact(h * wd).zip(out.chunks_exact_mut(p)).enumerate() {
-            buf.fill(self.z);
-            let f = self.widen(c.relu);
-            fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, [hq, wq], f, &mut buf);
-            let taps: Vec<(usize, i32)> =
-                at.iter().copied().zip(w[co * self.k..(co + 1) * self.k].iter().copied()).collect();
-            packed::taps(&buf, &packed::pair_taps(&taps), self.bias[co], &mut acc);
+        for (co, (wc, dst)) in w.iter().zip(out.chunks_exact_mut(p)).enumerate() {
+            packed::taps(&buf[co * region..], &at, wc, self.bias[co], &mut acc);
             if wq != ow {
                 for oy in 1..oh {
                     acc.copy_within(oy * wq..oy * wq + ow, oy * ow);
@@ -266,23 +270,31 @@ impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
             self;
         let [hq, wq] = hwq;
         let phase = hq * wq;
+        // Per column phase `b`: the first input column `i0` with `(i0 + pw) % sw == b`, and
+        // where it lands in the phase row, `(i0 + pw) / sw` (no division inside the loops).
+        let starts: Vec<(usize, usize)> = (0..sw)
+            .map(|b| ((b + sw - pw % sw) % sw, ((b + sw - pw % sw) % sw + pw) / sw))
+            .collect();
+        let (mut a, mut row_in_phase) = (ph % sh, ph / sh);
         for y in crop..h {
-            let yp = y - crop + ph;
             let row = &plane[y * w + crop..(y + 1) * w];
-            let base = (yp % sh) * sw * phase + (yp / sh) * wq;
+            let base = a * sw * phase + row_in_phase * wq;
+            a += 1;
+            if a == sh {
+                a = 0;
+                row_in_phase += 1;
+            }
             if sw == 1 {
                 for (d, &q) in dst[base + pw..][..row.len()].iter_mut().zip(row) {
                     *d = f(q);
                 }
                 continue;
             }
-            for b in 0..sw {
-                // Input columns `i` with `(i + pw) % sw == b`, landing at `(i + pw) / sw`.
-                let i0 = (b + sw - pw % sw) % sw;
+            for (b, &(i0, j0)) in starts.iter().enumerate() {
                 if i0 >= row.len() {
                     continue;
                 }
-                let d = &mut dst[base + b * phase + (i0 + pw) / sw..];
+                let d = &mut dst[base + b * phase + j0..];
                 for (d, &q) in d.iter_mut().zip(row[i0..].iter().step_by(sw)) {
                     *d = f(q);
                 }
@@ -338,9 +350,16 @@ pub(crate) fn pool(
         })
         .collect();
     let pad = if max { i16::from(i8::MIN) } else { z as i16 };
-    let mut buf = vec![pad; st * st * phase + n];
+    let planes = x.len() / (h * w);
+    // Every plane's phases, one after the other (a plane's last runs read on, into columns
+    // that are never kept).
+    let region = st * st * phase;
+    let mut buf = vec![pad; planes * region + n];
+    for (plane, dst) in x.chunks_exact(h * w).zip(buf.chunks_exact_mut(region)) {
+        fill_phases(plane, [h, w], 0, [p, p], [st, st], [hq, wq], i16::from, dst);
+    }
     let q = oh * ow;
-    let mut out = vec![0i8; x.len() / (h * w) * q];
+    let mut out = vec![0i8; planes * q];
     // In-image taps per output (average only).
     let count = |n_in: usize, o: usize| {
         let start = (o * st) as isize - p as isize;
@@ -348,14 +367,14 @@ pub(crate) fn pool(
     };
     let counts: Vec<i32> =
         (0..q).map(|i| (count(h, i / ow) * count(w, i % ow)).max(0) as i32).collect();
-    let pairs = packed::pair_taps(&at.iter().map(|&o| (o, 1)).collect::<Vec<_>>());
+    let ones = packed::pair_weights(&vec![1; at.len()]);
+    let pairs = packed::pair_offsets(&at);
     let mut acc = vec![0i32; n];
     let mut best = vec![0i16; n];
-    for (plane, dst) in x.chunks_exact(h * w).zip(out.chunks_exact_mut(q)) {
-        buf.fill(pad);
-        fill_phases(plane, [h, w], 0, [p, p], [st, st], [hq, wq], i16::from, &mut buf);
+    for (ch, dst) in out.chunks_exact_mut(q).enumerate() {
+        let buf = &buf[ch * region..];
         if max {
-            simd::max_taps(&buf, &at, &mut best);
+            simd::max_taps(buf, &at, &mut best);
             for oy in 0..oh {
                 for (d, &v) in dst[oy * ow..(oy + 1) * ow].iter_mut().zip(&best[oy * wq..]) {
                     *d = v as i8;
@@ -363,7 +382,7 @@ pub(crate) fn pool(
             }
             continue;
         }
-        packed::taps(&buf, &pairs, -((k * k) as i32) * z, &mut acc);
+        packed::taps(buf, &pairs, &ones, -((k * k) as i32) * z, &mut acc);
         if wq != ow {
             for oy in 1..oh {
                 acc.copy_within(oy * wq..oy * wq + ow, oy * ow);

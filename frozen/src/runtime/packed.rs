@@ -171,40 +171,33 @@ pub(crate) fn gemm_portable(wp: &[i32], cp: &[i32], bias: &[i32], np: usize, acc
     }
 }
 
-/// One tap pair of [`taps`]: offsets into the buffer and the paired weights.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TapPair {
-    pub(crate) at: [usize; 2],
-    pub(crate) w: i32,
+/// Tap offsets paired for [`taps`] (an odd last tap pairs with itself).
+pub(crate) fn pair_offsets(at: &[usize]) -> Vec<[usize; 2]> {
+    at.chunks(2).map(|t| [t[0], *t.last().unwrap_or(&t[0])]).collect()
 }
 
-/// Taps `(offset, weight)` paired for [`taps`] (an odd last tap pairs with a zero weight).
-pub(crate) fn pair_taps(taps: &[(usize, i32)]) -> Vec<TapPair> {
-    taps.chunks(2)
-        .map(|t| match *t {
-            [(a, wa), (b, wb)] => TapPair { at: [a, b], w: pair(wa as i16, wb as i16) },
-            [(a, wa)] => TapPair { at: [a, a], w: pair(wa as i16, 0) },
-            _ => unreachable!("chunks of two"),
-        })
-        .collect()
+/// Tap weights paired for [`taps`], as [`pair_offsets`] pairs them (an odd last tap's partner
+/// weighs zero).
+pub(crate) fn pair_weights(w: &[i32]) -> Vec<i32> {
+    w.chunks(2).map(|t| pair(t[0] as i16, if t.len() == 2 { t[1] as i16 } else { 0 })).collect()
 }
 
-/// `acc[i] = bias + Σ_t w_t·x[o_t + i]` for `i < acc.len()` (a multiple of [`NR`]); `x` must
-/// hold every `o_t + acc.len()`.
-pub(crate) fn taps(x: &[i16], pairs: &[TapPair], bias: i32, acc: &mut [i32]) {
+/// `acc[i] = bias + Σ_t w_t·x[o_t + i]` for `i < acc.len()` (a multiple of [`NR`]), the taps
+/// paired by [`pair_offsets`] and [`pair_weights`]; `x` must hold every `o_t + acc.len()`.
+pub(crate) fn taps(x: &[i16], at: &[[usize; 2]], w: &[i32], bias: i32, acc: &mut [i32]) {
     #[cfg(target_arch = "x86_64")]
     if let Some(simd) = pulp::x86::V3::try_new() {
-        return simd.vectorize(v3::Taps { simd, x, pairs, bias, acc });
+        return simd.vectorize(v3::Taps { simd, x, at, w, bias, acc });
     }
-    taps_portable(x, pairs, bias, acc);
+    taps_portable(x, at, w, bias, acc);
 }
 
 /// [`taps`] without intrinsics.
-pub(crate) fn taps_portable(x: &[i16], pairs: &[TapPair], bias: i32, acc: &mut [i32]) {
+pub(crate) fn taps_portable(x: &[i16], at: &[[usize; 2]], w: &[i32], bias: i32, acc: &mut [i32]) {
     acc.fill(bias);
-    for t in pairs {
-        let (w0, w1) = unpair(t.w);
-        let (a, b) = (&x[t.at[0]..t.at[0] + acc.len()], &x[t.at[1]..t.at[1] + acc.len()]);
+    for (o, &wp) in at.iter().zip(w) {
+        let (w0, w1) = unpair(wp);
+        let (a, b) = (&x[o[0]..o[0] + acc.len()], &x[o[1]..o[1] + acc.len()]);
         for ((o, &x0), &x1) in acc.iter_mut().zip(a).zip(b) {
             *o = o.wrapping_add((w0 * i32::from(x0)).wrapping_add(w1 * i32::from(x1)));
         }
@@ -236,7 +229,7 @@ mod v3 {
     use pulp::{NullaryFnOnce, as_arrays, as_arrays_mut};
     use std::arch::x86_64::__m256i;
 
-    use super::{MR, NR, TapPair, Widen};
+    use super::{MR, NR, Widen};
     use crate::fixed::Lanes;
 
     pub(super) struct Gemm<'a> {
@@ -366,7 +359,8 @@ mod v3 {
     pub(super) struct Taps<'a> {
         pub(super) simd: V3,
         pub(super) x: &'a [i16],
-        pub(super) pairs: &'a [TapPair],
+        pub(super) at: &'a [[usize; 2]],
+        pub(super) w: &'a [i32],
         pub(super) bias: i32,
         pub(super) acc: &'a mut [i32],
     }
@@ -375,7 +369,7 @@ mod v3 {
         type Output = ();
         #[inline(always)]
         fn call(self) {
-            let Taps { simd, x, pairs, bias, acc } = self;
+            let Taps { simd, x, at, w, bias, acc } = self;
             let (avx, avx2) = (simd.avx, simd.avx2);
             let b = avx._mm256_set1_epi32(bias);
             for (blk, out) in as_arrays_mut::<NR, i32>(acc).0.iter_mut().enumerate() {
@@ -383,10 +377,10 @@ mod v3 {
                 // Lanes 0–3 and 8–11 of the block in `lo`, 4–7 and 12–15 in `hi` (the unpacks
                 // work within each 128-bit half).
                 let (mut lo, mut hi) = (b, b);
-                for t in pairs {
-                    let x0: __m256i = cast(load16(x, t.at[0] + i));
-                    let x1: __m256i = cast(load16(x, t.at[1] + i));
-                    let w = avx._mm256_set1_epi32(t.w);
+                for (o, &wp) in at.iter().zip(w) {
+                    let x0: __m256i = cast(load16(x, o[0] + i));
+                    let x1: __m256i = cast(load16(x, o[1] + i));
+                    let w = avx._mm256_set1_epi32(wp);
                     let l = avx2._mm256_unpacklo_epi16(x0, x1);
                     let h = avx2._mm256_unpackhi_epi16(x0, x1);
                     lo = avx2._mm256_add_epi32(lo, avx2._mm256_madd_epi16(l, w));
@@ -488,13 +482,14 @@ mod tests {
                     taps.iter().fold(bias, |a, &(o, w)| a.wrapping_add(w * i32::from(x[o + i])))
                 })
                 .collect();
-            let pairs = pair_taps(&taps);
+            let at = pair_offsets(&taps.iter().map(|t| t.0).collect::<Vec<_>>());
+            let w = pair_weights(&taps.iter().map(|t| t.1).collect::<Vec<_>>());
             for fast in [true, false] {
                 let mut acc = vec![0; n];
                 if fast {
-                    super::taps(&x, &pairs, bias, &mut acc);
+                    super::taps(&x, &at, &w, bias, &mut acc);
                 } else {
-                    taps_portable(&x, &pairs, bias, &mut acc);
+                    taps_portable(&x, &at, &w, bias, &mut acc);
                 }
                 assert_eq!(acc, want, "n {n} taps {t} fast {fast}");
             }
