@@ -80,10 +80,14 @@ pub fn runtime_bench(
         kernels.push(Kernels::Direct);
     }
     let mut rows = Vec::new();
+    let mut logits = Vec::new();
     for k in kernels {
         let rt = Runtime::with_kernels(&model, k)?;
         for &t in &threads {
-            let _ = rt.run(&images, t);
+            let warm = rt.run(&images, t);
+            if logits.len() == usize::from(k == Kernels::Direct) {
+                logits.push(warm);
+            }
             let rates: Vec<f64> = (0..reps)
                 .map(|_| {
                     let t0 = Instant::now();
@@ -96,6 +100,22 @@ pub fn runtime_bench(
                 Kernels::Direct => "qdarts (direct kernel)",
             };
             rows.push(summarise(name, t, rates));
+        }
+    }
+    if let [fast, direct] = &logits[..] {
+        let classes = model.graph.classes.max(1);
+        let differ =
+            fast.chunks(classes).zip(direct.chunks(classes)).filter(|(a, b)| a != b).count();
+        println!(
+            "fast vs direct kernel: {} of {n} images' int32 logits differ{}",
+            differ,
+            if differ == 0 { " (bit-exact)" } else { "" }
+        );
+        if differ > 0 {
+            bail!(
+                "the fast kernels disagree with the direct one on {differ} of {n} images of {}",
+                layout.root().display()
+            );
         }
     }
     if let Some(py) = python {
