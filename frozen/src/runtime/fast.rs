@@ -360,13 +360,13 @@ pub(crate) fn pool(
     }
     let q = oh * ow;
     let mut out = vec![0i8; planes * q];
-    // In-image taps per output (average only).
+    // In-image taps per output (average only; at least one, as the direct kernel divides).
     let count = |n_in: usize, o: usize| {
         let start = (o * st) as isize - p as isize;
         (start + k as isize).min(n_in as isize) - start.max(0)
     };
     let counts: Vec<i32> =
-        (0..q).map(|i| (count(h, i / ow) * count(w, i % ow)).max(0) as i32).collect();
+        (0..q).map(|i| (count(h, i / ow) * count(w, i % ow)).max(1) as i32).collect();
     let ones = packed::pair_weights(&vec![1; at.len()]);
     let pairs = packed::pair_offsets(&at);
     let mut acc = vec![0i32; n];

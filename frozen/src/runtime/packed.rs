@@ -222,6 +222,24 @@ pub(crate) fn requantize_even(
     false
 }
 
+/// `out[i] = clamp(round(sums[i] / counts[i]) + z, -128, 127)`, ties to even or away from
+/// zero, with AVX2 (`|sums[i]| ≤ 255·counts[i]`, `0 < counts[i] < 2^16`). Returns how many
+/// leading outputs it wrote (a multiple of 8; none without AVX2).
+pub(crate) fn divide_rounded(
+    sums: &[i32],
+    counts: &[i32],
+    z: i32,
+    ties_to_even: bool,
+    out: &mut [i8],
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
+        return simd.vectorize(v3::Divide { simd, sums, counts, z, ties_to_even, out });
+    }
+    let _ = (sums, counts, z, ties_to_even, out);
+    0
+}
+
 #[cfg(target_arch = "x86_64")]
 mod v3 {
     use pulp::bytemuck::cast;
@@ -306,6 +324,62 @@ mod v3 {
                     *dst = cast([first, second]);
                 }
             }
+        }
+    }
+
+    pub(super) struct Divide<'a> {
+        pub(super) simd: V3,
+        pub(super) sums: &'a [i32],
+        pub(super) counts: &'a [i32],
+        pub(super) z: i32,
+        pub(super) ties_to_even: bool,
+        pub(super) out: &'a mut [i8],
+    }
+
+    impl NullaryFnOnce for Divide<'_> {
+        type Output = usize;
+        #[inline(always)]
+        fn call(self) -> usize {
+            let Divide { simd, sums, counts, z, ties_to_even, out } = self;
+            let (avx, avx2, sse2) = (simd.avx, simd.avx2, simd.sse2);
+            let (one, zero) = (avx._mm256_set1_epi32(1), avx._mm256_setzero_si256());
+            let (zv, lo, hi) =
+                (avx._mm256_set1_epi32(z), avx._mm256_set1_epi32(-128), avx._mm256_set1_epi32(127));
+            let (s8, _) = as_arrays::<8, i32>(sums);
+            let (n8, _) = as_arrays::<8, i32>(counts);
+            let (o8, _) = as_arrays_mut::<8, i8>(out);
+            let mut done = 0;
+            for ((s, n), o) in s8.iter().zip(n8).zip(o8.iter_mut()) {
+                let s: __m256i = cast(*s);
+                let n: __m256i = cast(*n);
+                // The quotient's floor: the correctly rounded f32 quotient (below 256 in
+                // magnitude, and 1/n or more from any integer it is not) has the same floor.
+                let f = avx._mm256_div_ps(avx._mm256_cvtepi32_ps(s), avx._mm256_cvtepi32_ps(n));
+                let q = avx._mm256_cvttps_epi32(avx._mm256_round_ps::<0x09>(f));
+                let twice = avx2._mm256_slli_epi32::<1>(
+                    avx2._mm256_sub_epi32(s, avx2._mm256_mullo_epi32(q, n)),
+                );
+                let tie_up = if ties_to_even {
+                    avx2._mm256_cmpeq_epi32(avx2._mm256_and_si256(q, one), one)
+                } else {
+                    avx2._mm256_cmpgt_epi32(q, avx2._mm256_sub_epi32(zero, one))
+                };
+                let up = avx2._mm256_or_si256(
+                    avx2._mm256_cmpgt_epi32(twice, n),
+                    avx2._mm256_and_si256(avx2._mm256_cmpeq_epi32(twice, n), tie_up),
+                );
+                // `up` is −1 where the quotient rounds up.
+                let v = avx2._mm256_add_epi32(avx2._mm256_sub_epi32(q, up), zv);
+                let v = avx2._mm256_min_epi32(avx2._mm256_max_epi32(v, lo), hi);
+                let w = sse2._mm_packs_epi32(
+                    avx._mm256_castsi256_si128(v),
+                    avx2._mm256_extracti128_si256::<1>(v),
+                );
+                let bytes: [i8; 16] = cast(sse2._mm_packs_epi16(w, w));
+                o.copy_from_slice(&bytes[..8]);
+                done += 8;
+            }
+            done
         }
     }
 

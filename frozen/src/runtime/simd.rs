@@ -250,5 +250,7 @@ pub(crate) fn divide_rounded(
     ties_to_even: bool,
     out: &mut [i8],
 ) {
+    let done = super::packed::divide_rounded(sums, counts, z, ties_to_even, out);
+    let (sums, counts, out) = (&sums[done..], &counts[done..], &mut out[done..]);
     pulp::Arch::new().dispatch(DivideRounded { sums, counts, z, ties_to_even, out });
 }
