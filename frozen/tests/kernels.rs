@@ -205,6 +205,55 @@ proptest! {
     }
 }
 
+/// `nodes` (the input first, the value under test last, `features` channels of `hw`
+/// positions on grid `g`) → global average → a one-class classifier.
+fn classified(
+    mut nodes: Vec<Node>,
+    [features, hw]: [usize; 2],
+    g: ActGrid,
+    input_shape: [usize; 3],
+    rounding: Rounding,
+) -> FrozenModel {
+    let last = nodes.len() - 1;
+    let gap = FixedMultiplier::new(1.0 / hw as f64).unwrap();
+    nodes.push(Node::GlobalAvgPool { input: last, multiplier: gap, out: g });
+    nodes.push(Node::Linear {
+        name: "fc".into(),
+        input: last + 1,
+        multipliers: vec![FixedMultiplier::new(1.0).unwrap()],
+        logit_scale: 1.0,
+    });
+    let mut tensors = BTreeMap::new();
+    let n = features as u32;
+    tensors.insert(
+        "fc.weight".into(),
+        tensor("fc.weight", DType::I8, &[1, n], vec![1.0], vec![1; features]),
+    );
+    tensors.insert("fc.bias".into(), tensor("fc.bias", DType::I32, &[1], vec![1.0], vec![0; 4]));
+    let c = input_shape[0];
+    let graph =
+        Graph { input_shape, mean: vec![0.0; c], std: vec![1.0; c], classes: 1, rounding, nodes };
+    FrozenModel { genotype: qdarts_genotypes::known("DARTS_V2").unwrap(), graph, tensors }
+}
+
+/// Every value of one image on the fast and on the direct kernels: the image spreads over
+/// the whole input grid (`scale`) and past it (clamped).
+fn fast_and_direct(model: &FrozenModel, seed: u64, scale: f32) -> (Vec<Vec<i8>>, Vec<Vec<i8>>) {
+    model.validate().unwrap();
+    let fast = Runtime::with_kernels(model, Kernels::Fast).unwrap();
+    let direct = Runtime::with_kernels(model, Kernels::Direct).unwrap();
+    let mut st = seed | 1;
+    let image: Vec<f32> = (0..fast.input_len())
+        .map(|_| {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 300.0 * scale
+        })
+        .collect();
+    (fast.run_image_values(&image).1, direct.run_image_values(&image).1)
+}
+
 /// Input → pooling → global average → a one-class classifier.
 fn pool_model(
     kind: PoolKind,
@@ -214,33 +263,11 @@ fn pool_model(
     rounding: Rounding,
 ) -> FrozenModel {
     let [oh, ow] = [(h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1];
-    let gap = FixedMultiplier::new(1.0 / (oh * ow) as f64).unwrap();
-    let mut tensors = BTreeMap::new();
-    tensors.insert(
-        "fc.weight".into(),
-        tensor("fc.weight", DType::I8, &[1, c as u32], vec![1.0], vec![1; c]),
-    );
-    tensors.insert("fc.bias".into(), tensor("fc.bias", DType::I32, &[1], vec![1.0], vec![0; 4]));
     let nodes = vec![
         Node::Input { grid: g },
         Node::Pool { input: 0, kind, kernel: k, stride: s, padding: p },
-        Node::GlobalAvgPool { input: 1, multiplier: gap, out: g },
-        Node::Linear {
-            name: "fc".into(),
-            input: 2,
-            multipliers: vec![FixedMultiplier::new(1.0).unwrap()],
-            logit_scale: 1.0,
-        },
     ];
-    let graph = Graph {
-        input_shape: [c, h, w],
-        mean: vec![0.0; c],
-        std: vec![1.0; c],
-        classes: 1,
-        rounding,
-        nodes,
-    };
-    FrozenModel { genotype: qdarts_genotypes::known("DARTS_V2").unwrap(), graph, tensors }
+    classified(nodes, [c, oh * ow], g, [c, h, w], rounding)
 }
 
 proptest! {
@@ -266,20 +293,7 @@ proptest! {
         let kind = if max { PoolKind::Max } else { PoolKind::Avg };
         let r = if even { Rounding::TiesToEven } else { Rounding::TiesAwayFromZero };
         let model = pool_model(kind, [k, s, p], [c, h, w], g, r);
-        model.validate().unwrap();
-        let fast = Runtime::with_kernels(&model, Kernels::Fast).unwrap();
-        let direct = Runtime::with_kernels(&model, Kernels::Direct).unwrap();
-        let mut st = seed | 1;
-        let image: Vec<f32> = (0..c * h * w)
-            .map(|_| {
-                st ^= st << 13;
-                st ^= st >> 7;
-                st ^= st << 17;
-                ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 300.0 * g.scale
-            })
-            .collect();
-        let (_, vf) = fast.run_image_values(&image);
-        let (_, vd) = direct.run_image_values(&image);
+        let (vf, vd) = fast_and_direct(&model, seed, g.scale);
         prop_assert_eq!(&vf[1], &vd[1], "pool output differs");
     }
 }
@@ -287,9 +301,7 @@ proptest! {
 /// Input → sum of the input with itself → concatenation of the input and the sum → global
 /// average → a one-class classifier: the fast kernels' tables against the direct arithmetic.
 fn sum_model(
-    g: ActGrid,
-    sum: ActGrid,
-    cat: ActGrid,
+    [g, sum, cat]: [ActGrid; 3],
     operands: usize,
     [c, h, w]: [usize; 3],
     rounding: Rounding,
@@ -297,37 +309,12 @@ fn sum_model(
     let m = |from: ActGrid, to: ActGrid| {
         FixedMultiplier::new(f64::from(from.scale) / f64::from(to.scale)).unwrap()
     };
-    let mut tensors = BTreeMap::new();
-    tensors.insert(
-        "fc.weight".into(),
-        tensor("fc.weight", DType::I8, &[1, 2 * c as u32], vec![1.0], vec![1; 2 * c]),
-    );
-    tensors.insert("fc.bias".into(), tensor("fc.bias", DType::I32, &[1], vec![1.0], vec![0; 4]));
     let nodes = vec![
         Node::Input { grid: g },
         Node::Add { inputs: vec![(0, m(g, sum)); operands], out: sum },
         Node::Concat { inputs: vec![(0, m(g, cat)), (1, m(sum, cat))], out: cat },
-        Node::GlobalAvgPool {
-            input: 2,
-            multiplier: FixedMultiplier::new(1.0 / (h * w) as f64).unwrap(),
-            out: cat,
-        },
-        Node::Linear {
-            name: "fc".into(),
-            input: 3,
-            multipliers: vec![FixedMultiplier::new(1.0).unwrap()],
-            logit_scale: 1.0,
-        },
     ];
-    let graph = Graph {
-        input_shape: [c, h, w],
-        mean: vec![0.0; c],
-        std: vec![1.0; c],
-        classes: 1,
-        rounding,
-        nodes,
-    };
-    FrozenModel { genotype: qdarts_genotypes::known("DARTS_V2").unwrap(), graph, tensors }
+    classified(nodes, [2 * c, h * w], cat, [c, h, w], rounding)
 }
 
 proptest! {
@@ -347,21 +334,8 @@ proptest! {
     ) {
         let (g, sum, cat) = grids;
         let r = if even { Rounding::TiesToEven } else { Rounding::TiesAwayFromZero };
-        let model = sum_model(g, sum, cat, operands, [c, h, w], r);
-        model.validate().unwrap();
-        let fast = Runtime::with_kernels(&model, Kernels::Fast).unwrap();
-        let direct = Runtime::with_kernels(&model, Kernels::Direct).unwrap();
-        let mut st = seed | 1;
-        let image: Vec<f32> = (0..c * h * w)
-            .map(|_| {
-                st ^= st << 13;
-                st ^= st >> 7;
-                st ^= st << 17;
-                ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 300.0 * g.scale
-            })
-            .collect();
-        let (_, vf) = fast.run_image_values(&image);
-        let (_, vd) = direct.run_image_values(&image);
+        let model = sum_model([g, sum, cat], operands, [c, h, w], r);
+        let (vf, vd) = fast_and_direct(&model, seed, g.scale);
         prop_assert_eq!(&vf[1], &vd[1], "sum differs");
         prop_assert_eq!(&vf[2], &vd[2], "concatenation differs");
     }

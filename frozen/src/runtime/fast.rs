@@ -144,24 +144,14 @@ impl ConvPlan {
         out: &mut [i8],
     ) {
         let [_, h, wd] = s;
-        let [sh, sw] = c.stride;
-        let (hp, wp) = (h - c.offset + 2 * c.padding[0], wd - c.offset + 2 * c.padding[1]);
-        let (hq, wq) = (hp.div_ceil(sh), wp.div_ceil(sw));
-        let phase = hq * wq;
+        let ph = Phases::new([h, wd], c.offset, c.padding, c.stride);
+        let [hq, wq] = ph.hwq;
         // Accumulate over whole phase rows (`oh × wq`), then keep the `ow` valid columns.
         let n = (oh * wq).div_ceil(NR) * NR;
-        let [kh, kw] = c.kernel;
-        let d = c.dilation;
-        let at: Vec<usize> = (0..kh * kw)
-            .map(|t| {
-                let (yy, xx) = ((t / kw) * d, (t % kw) * d);
-                ((yy % sh) * sw + xx % sw) * phase + (yy / sh) * wq + xx / sw
-            })
-            .collect();
-        let at = packed::pair_offsets(&at);
+        let at = packed::pair_offsets(&ph.taps(c.kernel, c.dilation));
         // Every channel's phases, one after the other; a channel's last runs read into the
         // next one's (or the tail), in columns that are never kept.
-        let region = sh * sw * phase;
+        let region = ph.len();
         let mut buf = vec![self.z; w.len() * region + n];
         let f = self.widen(c.relu);
         for (plane, dst) in x.chunks_exact(h * wd).zip(buf.chunks_exact_mut(region)) {
@@ -202,10 +192,8 @@ impl ConvPlan {
         let pointwise =
             c.kernel == [1, 1] && c.stride == [1, 1] && c.padding == [0, 0] && c.offset == 0;
         let mut cols = if pointwise { Vec::new() } else { vec![0i16; self.k * p] };
-        let (hp, wp) = (h - c.offset + 2 * c.padding[0], wd - c.offset + 2 * c.padding[1]);
-        let [sh, sw] = c.stride;
-        let (hq, wq) = (hp.div_ceil(sh), wp.div_ceil(sw));
-        let plane_len = sh * sw * hq * wq;
+        let ph = Phases::new([h, wd], c.offset, c.padding, c.stride);
+        let plane_len = ph.len();
         let mut xp = if pointwise { Vec::new() } else { vec![self.z; cig * plane_len] };
         let f = self.widen(c.relu);
         let floor = if c.relu { self.z } else { i16::MIN };
@@ -217,10 +205,9 @@ impl ConvPlan {
                 // The padded planes' stride phases, then the unfolded rows.
                 xp.fill(self.z);
                 for (plane, dst) in xg.chunks_exact(h * wd).zip(xp.chunks_exact_mut(plane_len)) {
-                    let hwq = [hq, wq];
-                    fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, hwq, f, dst);
+                    fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, ph.hwq, f, dst);
                 }
-                unfold(c, &xp, [hq, wq], [oh, ow], &mut cols);
+                unfold(c, &xp, ph, [oh, ow], &mut cols);
                 packed::pack_cols(&cols, self.k, p, p, i16::MIN, &mut cp);
             }
             packed::gemm(wpk, &cp, &self.bias[g * blocks..(g + 1) * blocks], np, &mut acc);
@@ -306,22 +293,50 @@ impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
 /// The unfolded input of one group (`xp`: its `c_in/groups` planes as [`fill_phases`] writes
 /// them, phases `hq × wq`): row `(cl, ky, kx)` of `cols` holds the input under that tap at
 /// every output position, copied from one contiguous run of a phase per output row.
-fn unfold(c: &ConvNode, xp: &[i16], [hq, wq]: [usize; 2], [oh, ow]: [usize; 2], cols: &mut [i16]) {
-    let [kh, kw] = c.kernel;
-    let [sh, sw] = c.stride;
-    let d = c.dilation;
-    let phase = hq * wq;
-    for (cl, plane) in xp.chunks_exact(sh * sw * phase).enumerate() {
-        for ky in 0..kh {
-            for kx in 0..kw {
-                let (yy, xx) = (ky * d, kx * d);
-                let at = ((yy % sh) * sw + xx % sw) * phase + (yy / sh) * wq + xx / sw;
-                let row = &mut cols[((cl * kh + ky) * kw + kx) * oh * ow..][..oh * ow];
-                for (oy, dst) in row.chunks_exact_mut(ow).enumerate() {
-                    dst.copy_from_slice(&plane[at + oy * wq..][..ow]);
-                }
+fn unfold(c: &ConvNode, xp: &[i16], ph: Phases, [oh, ow]: [usize; 2], cols: &mut [i16]) {
+    let taps = ph.taps(c.kernel, c.dilation);
+    let wq = ph.hwq[1];
+    for (plane, rows) in xp.chunks_exact(ph.len()).zip(cols.chunks_exact_mut(taps.len() * oh * ow))
+    {
+        for (&at, row) in taps.iter().zip(rows.chunks_exact_mut(oh * ow)) {
+            for (oy, dst) in row.chunks_exact_mut(ow).enumerate() {
+                dst.copy_from_slice(&plane[at + oy * wq..][..ow]);
             }
         }
+    }
+}
+
+/// The stride phases of a padded, cropped plane, as [`fill_phases`] writes them.
+#[derive(Debug, Clone, Copy)]
+struct Phases {
+    stride: [usize; 2],
+    /// Rows and columns of one phase.
+    hwq: [usize; 2],
+}
+
+impl Phases {
+    /// Phases of an `h × w` plane, its first `crop` rows and columns dropped, padded by `pad`.
+    fn new([h, w]: [usize; 2], crop: usize, [ph, pw]: [usize; 2], stride: [usize; 2]) -> Self {
+        let hwq =
+            [(h - crop + 2 * ph).div_ceil(stride[0]), (w - crop + 2 * pw).div_ceil(stride[1])];
+        Phases { stride, hwq }
+    }
+
+    /// Values of one plane's phases.
+    fn len(&self) -> usize {
+        self.stride[0] * self.stride[1] * self.hwq[0] * self.hwq[1]
+    }
+
+    /// Where each tap `(ky, kx)` of a `kh × kw` window (dilation `d`) reads for the first
+    /// output; output `(oy, ox)` reads `oy·wq + ox` further on.
+    fn taps(&self, [kh, kw]: [usize; 2], d: usize) -> Vec<usize> {
+        let ([sh, sw], [hq, wq]) = (self.stride, self.hwq);
+        (0..kh * kw)
+            .map(|t| {
+                let (yy, xx) = ((t / kw) * d, (t % kw) * d);
+                ((yy % sh) * sw + xx % sw) * hq * wq + (yy / sh) * wq + xx / sw
+            })
+            .collect()
     }
 }
 
@@ -340,20 +355,15 @@ pub(crate) fn pool(
     r: Rounding,
 ) -> Vec<i8> {
     let [_, h, w] = s;
-    let (hq, wq) = ((h + 2 * p).div_ceil(st), (w + 2 * p).div_ceil(st));
-    let phase = hq * wq;
+    let ph = Phases::new([h, w], 0, [p, p], [st, st]);
+    let [hq, wq] = ph.hwq;
     let n = (oh * wq).div_ceil(NR) * NR;
-    let at: Vec<usize> = (0..k * k)
-        .map(|t| {
-            let (ky, kx) = (t / k, t % k);
-            ((ky % st) * st + kx % st) * phase + (ky / st) * wq + kx / st
-        })
-        .collect();
+    let at = ph.taps([k, k], 1);
     let pad = if max { i16::from(i8::MIN) } else { z as i16 };
     let planes = x.len() / (h * w);
     // Every plane's phases, one after the other (a plane's last runs read on, into columns
     // that are never kept).
-    let region = st * st * phase;
+    let region = ph.len();
     let mut buf = vec![pad; planes * region + n];
     for (plane, dst) in x.chunks_exact(h * w).zip(buf.chunks_exact_mut(region)) {
         fill_phases(plane, [h, w], 0, [p, p], [st, st], [hq, wq], i16::from, dst);

@@ -71,6 +71,25 @@ enum Prepared {
     Moves(Vec<[i8; 256]>),
 }
 
+/// One 256-entry table per operand `(v, M)` of a sum or concatenation, written by
+/// `fill(z_v, M, table)` (`z_v`: the operand's zero point in storage).
+fn operand_tables<T: Copy + Default>(
+    model: &FrozenModel,
+    inputs: &[(usize, FixedMultiplier)],
+    r: Rounding,
+    fill: impl Fn(i32, crate::fixed::Lanes, &mut [T; 256]),
+) -> Vec<[T; 256]> {
+    inputs
+        .iter()
+        .map(|(v, m)| {
+            let g = model.grid_of(*v).unwrap_or(FALLBACK_GRID);
+            let mut t = [T::default(); 256];
+            fill(g.zero_point - g.offset(), m.lanes(r), &mut t);
+            t
+        })
+        .collect()
+}
+
 /// Every stored value, in table order (`i as u8` read as i8).
 fn every_stored() -> [i8; 256] {
     std::array::from_fn(|i| i as u8 as i8)
@@ -187,30 +206,16 @@ impl<'a> Runtime<'a> {
                     }
                 }
                 // The same arithmetic as the direct path below, once per stored value.
-                Node::Add { inputs, .. } if kernels == Kernels::Fast => Prepared::Sum(
-                    inputs
-                        .iter()
-                        .map(|(v, m)| {
-                            let g = model.grid_of(*v).unwrap_or(FALLBACK_GRID);
-                            let mut t = [0i32; 256];
-                            let z = g.zero_point - g.offset();
-                            simd::add_scaled(&mut t, &every_stored(), z, m.lanes(r));
-                            t
-                        })
-                        .collect(),
-                ),
-                Node::Concat { inputs, out } if kernels == Kernels::Fast => Prepared::Moves(
-                    inputs
-                        .iter()
-                        .map(|(v, m)| {
-                            let g = model.grid_of(*v).unwrap_or(FALLBACK_GRID);
-                            let mut t = [0i8; 256];
-                            let z = g.zero_point - g.offset();
-                            simd::rescale(&every_stored(), z, m.lanes(r), out, &mut t);
-                            t
-                        })
-                        .collect(),
-                ),
+                Node::Add { inputs, .. } if kernels == Kernels::Fast => {
+                    Prepared::Sum(operand_tables(model, inputs, r, |z, l, t| {
+                        simd::add_scaled(t, &every_stored(), z, l);
+                    }))
+                }
+                Node::Concat { inputs, out } if kernels == Kernels::Fast => {
+                    Prepared::Moves(operand_tables(model, inputs, r, |z, l, t| {
+                        simd::rescale(&every_stored(), z, l, out, t);
+                    }))
+                }
                 _ => Prepared::None,
             })
             .collect();
