@@ -66,6 +66,9 @@ enum Prepared {
     Plan(fast::ConvPlan),
     /// A sum on the fast kernels: per operand, `M·(q − z)` for each of the 256 stored values.
     Sum(Vec<[i32; 256]>),
+    /// A sum of two operands on the fast kernels: the stored result for every pair of stored
+    /// operands, `[a][b]`.
+    Pairs(Vec<i8>),
     /// A concatenation on the fast kernels: per operand, each stored value moved onto the
     /// output grid.
     Moves(Vec<[i8; 256]>),
@@ -206,10 +209,20 @@ impl<'a> Runtime<'a> {
                     }
                 }
                 // The same arithmetic as the direct path below, once per stored value.
-                Node::Add { inputs, .. } if kernels == Kernels::Fast => {
-                    Prepared::Sum(operand_tables(model, inputs, r, |z, l, t| {
+                Node::Add { inputs, out } if kernels == Kernels::Fast => {
+                    let tables = operand_tables(model, inputs, r, |z, l, t| {
                         simd::add_scaled(t, &every_stored(), z, l);
-                    }))
+                    });
+                    if let [ta, tb] = &tables[..] {
+                        // Two operands: the stored result of every pair, by the same sum.
+                        let a: Vec<i8> = (0..1 << 16).map(|i| (i >> 8) as u8 as i8).collect();
+                        let b: Vec<i8> = (0..1 << 16).map(|i| i as u8 as i8).collect();
+                        let mut pairs = vec![0i8; 1 << 16];
+                        simd::sum_tables(&[&a, &b], &[*ta, *tb], out, &mut pairs);
+                        Prepared::Pairs(pairs)
+                    } else {
+                        Prepared::Sum(tables)
+                    }
                 }
                 Node::Concat { inputs, out } if kernels == Kernels::Fast => {
                     Prepared::Moves(operand_tables(model, inputs, r, |z, l, t| {
@@ -362,6 +375,14 @@ impl<'a> Runtime<'a> {
                     g,
                     r,
                 )
+            }
+            Node::Add { inputs, .. } if matches!(self.prepared[i], Prepared::Pairs(_)) => {
+                let Prepared::Pairs(pairs) = &self.prepared[i] else { unreachable!() };
+                let (a, b) = (&values[inputs[0].0], &values[inputs[1].0]);
+                a.iter()
+                    .zip(b)
+                    .map(|(&qa, &qb)| pairs[usize::from(qa as u8) << 8 | usize::from(qb as u8)])
+                    .collect()
             }
             Node::Add { inputs, out } if matches!(self.prepared[i], Prepared::Sum(_)) => {
                 let Prepared::Sum(tables) = &self.prepared[i] else { unreachable!() };
