@@ -18,7 +18,7 @@ use crate::fixed::Rounding;
 use crate::model::{ConvNode, Shape};
 
 use super::packed::{self, MR, NR};
-use super::{simd, store_requantized};
+use super::{every_stored, simd, store_requantized};
 
 /// How a convolution runs.
 #[derive(Debug)]
@@ -43,11 +43,6 @@ pub(crate) struct ConvPlan {
     k: usize,
 }
 
-/// The stored value `i` of a table (`i as u8` read as i8).
-fn stored(i: usize) -> i32 {
-    i32::from(i as u8 as i8)
-}
-
 impl ConvPlan {
     /// `w`: the widened weights `[c_out, c_in/groups, kh, kw]` (sign flips applied), `bias`
     /// the int32 biases, `z` the input's zero point in storage (`zero_point − offset`), `r`
@@ -69,9 +64,10 @@ impl ConvPlan {
             // The direct kernel's arithmetic on every stored value.
             let tables = (0..co_n)
                 .map(|co| {
-                    let acc: Vec<i32> = (0..256)
-                        .map(|i| {
-                            let v = stored(i) - z;
+                    let acc: Vec<i32> = every_stored()
+                        .iter()
+                        .map(|&q| {
+                            let v = i32::from(q) - z;
                             let v = if c.relu { v.max(0) } else { v };
                             bias[co].wrapping_add(w[co].wrapping_mul(v))
                         })
@@ -125,11 +121,9 @@ impl ConvPlan {
         out
     }
 
-    /// Stored input value `q` as the kernels read it (ReLU: `max(q, z)`).
-    #[inline(always)]
-    fn widen(&self, relu: bool) -> impl Fn(i8) -> i16 + Copy {
-        let z = self.z;
-        move |q| if relu { i16::from(q).max(z) } else { i16::from(q) }
+    /// The least value the kernels read: a ReLU is `max(q, z)`.
+    fn floor(&self, relu: bool) -> i16 {
+        if relu { self.z } else { i16::MIN }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -153,9 +147,9 @@ impl ConvPlan {
         // next one's (or the tail), in columns that are never kept.
         let region = ph.len();
         let mut buf = vec![self.z; w.len() * region + n];
-        let f = self.widen(c.relu);
+        let floor = self.floor(c.relu);
         for (plane, dst) in x.chunks_exact(h * wd).zip(buf.chunks_exact_mut(region)) {
-            fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, [hq, wq], f, dst);
+            fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, [hq, wq], floor, dst);
         }
         let mut acc = vec![0i32; n];
         let p = oh * ow;
@@ -195,8 +189,7 @@ impl ConvPlan {
         let ph = Phases::new([h, wd], c.offset, c.padding, c.stride);
         let plane_len = ph.len();
         let mut xp = if pointwise { Vec::new() } else { vec![self.z; cig * plane_len] };
-        let f = self.widen(c.relu);
-        let floor = if c.relu { self.z } else { i16::MIN };
+        let floor = self.floor(c.relu);
         for (g, wpk) in packs.iter().enumerate() {
             let xg = &x[g * cig * h * wd..(g + 1) * cig * h * wd];
             if pointwise {
@@ -205,7 +198,7 @@ impl ConvPlan {
                 // The padded planes' stride phases, then the unfolded rows.
                 xp.fill(self.z);
                 for (plane, dst) in xg.chunks_exact(h * wd).zip(xp.chunks_exact_mut(plane_len)) {
-                    fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, ph.hwq, f, dst);
+                    fill_phases(plane, [h, wd], c.offset, c.padding, c.stride, ph.hwq, floor, dst);
                 }
                 unfold(c, &xp, ph, [oh, ow], &mut cols);
                 packed::pack_cols(&cols, self.k, p, p, i16::MIN, &mut cp);
@@ -221,40 +214,49 @@ impl ConvPlan {
 }
 
 /// One `h × w` plane of stored values, its first `crop` rows and columns dropped and padded by
-/// `pad`, written through `f` into `dst` as `[sh·sw][hq][wq]` stride phases: phase `(a, b)`
+/// `pad`, widened and raised to at least `floor` (a ReLU in storage units, or `i16::MIN`), written
+/// into `dst` as `[sh·sw][hq][wq]` stride phases: phase `(a, b)`
 /// holds the padded rows `a, a + sh, …` and columns `b, b + sw, …`, so that a tap of a strided
 /// window reads one contiguous run of a phase. `dst` already holds the padding value.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn fill_phases<F: Fn(i8) -> i16>(
+pub(crate) fn fill_phases(
     plane: &[i8],
     hw: [usize; 2],
     crop: usize,
     pad: [usize; 2],
     stride: [usize; 2],
     hwq: [usize; 2],
-    f: F,
+    floor: i16,
     dst: &mut [i16],
 ) {
-    pulp::Arch::new().dispatch(FillPhases { plane, hw, crop, pad, stride, hwq, f, dst });
+    pulp::Arch::new().dispatch(FillPhases { plane, hw, crop, pad, stride, hwq, floor, dst });
 }
 
-struct FillPhases<'a, F> {
+struct FillPhases<'a> {
     plane: &'a [i8],
     hw: [usize; 2],
     crop: usize,
     pad: [usize; 2],
     stride: [usize; 2],
     hwq: [usize; 2],
-    f: F,
+    floor: i16,
     dst: &'a mut [i16],
 }
 
-impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
+impl pulp::WithSimd for FillPhases<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) {
-        let FillPhases { plane, hw: [h, w], crop, pad: [ph, pw], stride: [sh, sw], hwq, f, dst } =
-            self;
+        let FillPhases {
+            plane,
+            hw: [h, w],
+            crop,
+            pad: [ph, pw],
+            stride: [sh, sw],
+            hwq,
+            floor,
+            dst,
+        } = self;
         let [hq, wq] = hwq;
         let phase = hq * wq;
         // Per column phase `b`: the first input column `i0` with `(i0 + pw) % sw == b`, and
@@ -273,7 +275,7 @@ impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
             }
             if sw == 1 {
                 for (d, &q) in dst[base + pw..][..row.len()].iter_mut().zip(row) {
-                    *d = f(q);
+                    *d = i16::from(q).max(floor);
                 }
                 continue;
             }
@@ -283,7 +285,7 @@ impl<F: Fn(i8) -> i16> pulp::WithSimd for FillPhases<'_, F> {
                 }
                 let d = &mut dst[base + b * phase + j0..];
                 for (d, &q) in d.iter_mut().zip(row[i0..].iter().step_by(sw)) {
-                    *d = f(q);
+                    *d = i16::from(q).max(floor);
                 }
             }
         }
@@ -366,7 +368,7 @@ pub(crate) fn pool(
     let region = ph.len();
     let mut buf = vec![pad; planes * region + n];
     for (plane, dst) in x.chunks_exact(h * w).zip(buf.chunks_exact_mut(region)) {
-        fill_phases(plane, [h, w], 0, [p, p], [st, st], [hq, wq], i16::from, dst);
+        fill_phases(plane, [h, w], 0, [p, p], [st, st], [hq, wq], i16::MIN, dst);
     }
     let q = oh * ow;
     let mut out = vec![0i8; planes * q];

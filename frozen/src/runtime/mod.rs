@@ -94,7 +94,7 @@ fn operand_tables<T: Copy + Default>(
 }
 
 /// Every stored value, in table order (`i as u8` read as i8).
-fn every_stored() -> [i8; 256] {
+pub(super) fn every_stored() -> [i8; 256] {
     std::array::from_fn(|i| i as u8 as i8)
 }
 

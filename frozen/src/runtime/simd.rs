@@ -168,12 +168,6 @@ impl WithSimd for SumTables<'_> {
         let SumTables { operands, tables, out, dst } = self;
         let z = out.zero_point;
         let at = |t: &[i32; 256], q: i8| t[usize::from(q as u8)];
-        if let ([a, b], [ta, tb]) = (operands, tables) {
-            for ((d, &qa), &qb) in dst.iter_mut().zip(*a).zip(*b) {
-                *d = store(at(ta, qa).saturating_add(at(tb, qb)).saturating_add(z), out);
-            }
-            return;
-        }
         for (i, d) in dst.iter_mut().enumerate() {
             let sum =
                 operands.iter().zip(tables).fold(0i32, |s, (x, t)| s.saturating_add(at(t, x[i])));
