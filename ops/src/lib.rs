@@ -7,6 +7,7 @@
 pub mod arith;
 pub mod candidates;
 pub mod cost;
+pub mod depthwise;
 pub mod network;
 pub mod qconfig;
 pub mod quant;

@@ -2,11 +2,11 @@
 //! conv candidate ops; BN follows it).
 
 use burn::module::{Module, Param};
-use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, QuantSites};
+use crate::depthwise::conv2d;
 use crate::qconfig::Site;
 use crate::quant::{BitMix, FakeQuantizer, Grid, RoundMode, SpecError};
 
@@ -109,7 +109,7 @@ impl QConv {
     /// - x: `[N, c_in, H, W]`
     /// - output: `[N, c_out, H', W']`, `H' = (H + 2p − d(k − 1) − 1)/s + 1`
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        conv2d(x, self.effective_weight(), None, self.options())
+        conv2d(x, self.effective_weight(), self.options())
     }
 
     /// [`forward`](Self::forward) under a bit-width search: with `probs` (softmax over the
@@ -118,7 +118,7 @@ impl QConv {
     pub fn forward_mixed(&self, x: Tensor<4>, probs: Option<&Tensor<1>>) -> Tensor<4> {
         match (&self.wmix, probs) {
             (Some(m), Some(p)) => {
-                conv2d(x, m.forward(self.weight.val(), p.clone()), None, self.options())
+                conv2d(x, m.forward(self.weight.val(), p.clone()), self.options())
             }
             _ => self.forward(x),
         }
@@ -156,7 +156,7 @@ impl QConv {
                 let unit = Tensor::<1>::ones([c], &w.device())
                     .mul(g.step.detach())
                     .mul(ig.step.clone().detach());
-                let y = conv2d(x, w, None, self.options());
+                let y = conv2d(x, w, self.options());
                 let bias = (!g.held && !ig.held).then(|| Bias { unit, round: q.spec().round() });
                 (y, bias)
             }
