@@ -26,6 +26,8 @@ use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor};
 
+use crate::lanes::{axpy, dot};
+
 /// The geometry of one depthwise convolution, per axis `[h, w]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DwGeom {
@@ -170,35 +172,6 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
     }
 }
 
-/// `dst[i] += a · src[i]`.
-#[inline(always)]
-fn axpy(dst: &mut [f32], a: f32, src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += a * s;
-    }
-}
-
-/// `Σ a[i] · b[i]` in eight interleaved partial sums (so the loop vectorizes), combined in a
-/// fixed order.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    let mut tail = 0.0;
-    for (x, y) in ar.iter().zip(br) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
 /// A plane laid out flat with its zero padding, so that every tap of a stride-1 convolution is
 /// one contiguous run.
 ///
@@ -317,11 +290,10 @@ impl Flat {
 
 #[cfg(feature = "flex")]
 mod flex_impl {
+    use super::{DepthwiseBackend, DwGeom, Flat};
+    use crate::lanes::planes;
     use burn::backend::flex::{Flex, FlexTensor};
     use burn::tensor::{DType, Shape, TensorData};
-    use rayon::prelude::*;
-
-    use super::{DepthwiseBackend, DwGeom, Flat};
 
     /// The dims and a contiguous copy (or view) of an f32 tensor.
     ///
@@ -338,24 +310,6 @@ mod flex_impl {
 
     fn tensor(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
         FlexTensor::from_data(TensorData::new(values, Shape::from(dims)))
-    }
-
-    /// Runs `plane(p, dst, scratch_a, scratch_b)` for every plane `p`, each writing its `dst`
-    /// chunk of `out`, in parallel, compiled for the best instruction set the CPU has.
-    fn planes(
-        out: &mut [f32],
-        chunk: usize,
-        scratch: [usize; 2],
-        plane: impl Fn(usize, &mut [f32], &mut [f32], &mut [f32]) + Sync,
-    ) {
-        if chunk == 0 {
-            return;
-        }
-        let arch = pulp::Arch::new();
-        out.par_chunks_mut(chunk).enumerate().for_each_init(
-            || (vec![0.0f32; scratch[0]], vec![0.0f32; scratch[1]]),
-            |(a, b), (p, dst)| arch.dispatch(|| plane(p, dst, a, b)),
-        );
     }
 
     impl DepthwiseBackend for Flex {

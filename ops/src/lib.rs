@@ -6,8 +6,10 @@
 
 pub mod arith;
 pub mod candidates;
+pub mod channel;
 pub mod cost;
 pub mod depthwise;
+mod lanes;
 pub mod network;
 pub mod qconfig;
 pub mod quant;

@@ -17,6 +17,7 @@ use burn::tensor::Tensor;
 
 use super::common::{Ctx, QuantSites};
 use super::conv::Bias;
+use crate::channel::{affine, moments};
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
 
@@ -58,17 +59,14 @@ impl QBatchNorm {
     /// The statistics to normalize with: the batch's (updating the running ones) in training
     /// mode, the running ones otherwise. Returns `(mean, biased variance)`, each `[C]`.
     fn statistics(&self, x: &Tensor<4>) -> (Tensor<1>, Tensor<1>) {
-        let [n, c, h, w] = x.dims();
+        let [n, _, h, w] = x.dims();
         let device = x.device();
         if !self.training.is_enabled() {
             let mean = self.running_mean.value_sync().to_device(&device).detach();
             let var = self.running_var.value_sync().to_device(&device).detach();
             return (mean, var);
         }
-        let rows = x.clone().swap_dims(0, 1).reshape([c, n * h * w]);
-        let mean = rows.clone().mean_dim(1);
-        let var = rows.sub(mean.clone()).square().mean_dim(1).reshape([c]);
-        let mean = mean.reshape([c]);
+        let (mean, var) = moments(x.clone());
         let count = (n * h * w) as f64;
         let unbiased = var.clone().detach().mul_scalar(count / (count - 1.0).max(1.0));
         let rm = self.running_mean.value_sync().to_device(&device).detach();
@@ -108,13 +106,12 @@ impl QBatchNorm {
     /// bias is fake-quantized at the derived scale `unit·w` (int32, straight-through), as the
     /// frozen model stores it, so that freeze changes no value.
     pub fn forward_biased(&self, x: Tensor<4>, bias: Option<Bias>) -> Tensor<4> {
-        let c = x.dims()[1];
         let (w, b) = self.folded(&x);
         let b = match bias {
             Some(Bias { unit, round }) => quantize_bias(b, unit.mul(w.clone().detach()), round),
             None => b,
         };
-        x.mul(w.reshape([1, c, 1, 1])).add(b.reshape([1, c, 1, 1]))
+        affine(x, w, b)
     }
 }
 

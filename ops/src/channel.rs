@@ -1,0 +1,336 @@
+//! Per-channel batch statistics and the per-channel affine map: the two halves of a training
+//! BatchNorm, each one pass forward and one backward on flex.
+//!
+//! [`QBatchNorm`](crate::candidates::bn::QBatchNorm) fake-quantizes its folded weight between
+//! them, so they stay two primitives:
+//!
+//! - [`moments`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`.
+//!   Backward: `∂x = ∂μ/M + ∂σ²·2(x − μ)/M` with `M = N·H·W`.
+//! - [`affine`]: `y = x·w_c + b_c`. Backward: `∂x = ∂y·w_c`, `∂w_c = Σ ∂y·x`, `∂b_c = Σ ∂y`.
+//!
+//! As tensor expressions these are a dozen passes over the activation forward and backward
+//! (transposed copy, mean, centring, square, broadcasts, and their gradients). Sums run per
+//! (image, channel) plane in eight f32 lanes and are combined over the batch in f64 in a fixed
+//! order, so the result does not depend on thread timing. Other backends and dtypes use the
+//! tensor expressions ([`channel_available`] decides); `tests/channel.rs` holds the two together.
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::{AutodiffBackend, TensorMetadata};
+use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
+use burn::tensor::{DType, Device, Tensor};
+
+/// The per-channel primitives (see the module docs).
+#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+pub trait ChannelBackend: Backend {
+    /// `[mean, biased variance]` per channel of `x` `[N, C, H, W]`: `[2, C]`.
+    fn channel_moments(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `∂x` from `x`, its moments and their gradient `[2, C]`.
+    fn channel_moments_backward(
+        x: FloatTensor<Self>,
+        moments: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// `x·w_c + b_c` with `w`, `b` `[C]`.
+    fn channel_affine(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// `∂x = ∂y·w_c`.
+    fn channel_affine_x_backward(
+        grad: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// `[Σ ∂y·x, Σ ∂y]` per channel: `[2, C]`.
+    fn channel_affine_wb_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+/// Whether [`moments`] and [`affine`] run this module's kernels for tensors on `device` with
+/// this dtype.
+pub fn channel_available(device: &Device, dtype: DType) -> bool {
+    crate::depthwise::depthwise_available(device, dtype)
+}
+
+/// `(mean, biased variance)` per channel of `x` `[N, C, H, W]`, each `[C]`.
+pub fn moments(x: Tensor<4>) -> (Tensor<1>, Tensor<1>) {
+    let c = x.dims()[1];
+    let m = if channel_available(&x.device(), x.dtype()) {
+        Tensor::<2>::from_dispatch(<burn::backend::Dispatch as ChannelBackend>::channel_moments(
+            x.into_dispatch(),
+        ))
+    } else {
+        let [n, c, h, w] = x.dims();
+        let rows = x.swap_dims(0, 1).reshape([c, n * h * w]);
+        let mean = rows.clone().mean_dim(1);
+        let var = rows.sub(mean.clone()).square().mean_dim(1);
+        Tensor::cat(vec![mean.reshape([1, c]), var.reshape([1, c])], 0)
+    };
+    (m.clone().slice([0..1, 0..c]).reshape([c]), m.slice([1..2, 0..c]).reshape([c]))
+}
+
+/// `x·w_c + b_c` for `x` `[N, C, H, W]` and `w`, `b` `[C]`.
+pub fn affine(x: Tensor<4>, w: Tensor<1>, b: Tensor<1>) -> Tensor<4> {
+    if channel_available(&x.device(), x.dtype()) {
+        Tensor::from_dispatch(<burn::backend::Dispatch as ChannelBackend>::channel_affine(
+            x.into_dispatch(),
+            w.into_dispatch(),
+            b.into_dispatch(),
+        ))
+    } else {
+        let c = x.dims()[1];
+        x.mul(w.reshape([1, c, 1, 1])).add(b.reshape([1, c, 1, 1]))
+    }
+}
+
+impl<B: Backend + ChannelBackend, C: CheckpointStrategy> ChannelBackend for Autodiff<B, C> {
+    fn channel_moments(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct MomentsStep;
+
+        impl<B: Backend + ChannelBackend> Backward<B, 1> for MomentsStep {
+            type State = (FloatTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let (x, m) = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::channel_moments_backward(x, m, grad)
+                });
+            }
+        }
+
+        match MomentsStep.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let xp = x.primitive().clone();
+                let m = B::channel_moments(xp.clone());
+                prep.finish((xp, m.clone()), m)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::channel_moments(x.into_primitive())),
+        }
+    }
+
+    fn channel_moments_backward(
+        x: FloatTensor<Self>,
+        moments: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::channel_moments_backward(
+            x.into_primitive(),
+            moments.into_primitive(),
+            grad.into_primitive(),
+        ))
+    }
+
+    fn channel_affine(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct AffineStep;
+
+        impl<B: Backend + ChannelBackend> Backward<B, 3> for AffineStep {
+            /// `x`, `w` and the number of channels.
+            type State = (FloatTensor<B>, FloatTensor<B>, usize);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_w, node_b] = ops.parents;
+                let grad = grads.consume::<B>(&ops.node);
+                let (x, w, c) = ops.state;
+                if node_w.is_some() || node_b.is_some() {
+                    let wb = B::channel_affine_wb_backward(x, grad.clone());
+                    let row = |r: usize| {
+                        let t = B::float_slice(wb.clone(), &[(r..r + 1).into(), (0..c).into()]);
+                        B::float_reshape(t, [c].into())
+                    };
+                    if let Some(node) = node_w {
+                        grads.register::<B>(node.id, row(0));
+                    }
+                    if let Some(node) = node_b {
+                        grads.register::<B>(node.id, row(1));
+                    }
+                }
+                if let Some(node) = node_x {
+                    grads.register::<B>(node.id, B::channel_affine_x_backward(grad, w));
+                }
+            }
+        }
+
+        let c = x.primitive().shape()[1];
+        let prep = AffineStep.prepare::<C>([x.node(), w.node(), b.node()]);
+        match prep.compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
+                let out = B::channel_affine(xp.clone(), wp.clone(), b.into_primitive());
+                prep.finish((xp, wp, c), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::channel_affine(
+                x.into_primitive(),
+                w.into_primitive(),
+                b.into_primitive(),
+            )),
+        }
+    }
+
+    fn channel_affine_x_backward(
+        grad: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::channel_affine_x_backward(grad.into_primitive(), w.into_primitive()))
+    }
+
+    fn channel_affine_wb_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::channel_affine_wb_backward(x.into_primitive(), grad.into_primitive()))
+    }
+}
+
+#[cfg(feature = "flex")]
+mod flex_impl {
+    use burn::backend::flex::{Flex, FlexTensor};
+    use burn::tensor::{DType, Shape, TensorData};
+
+    use super::ChannelBackend;
+    use crate::lanes::{centered_squares, dot, planes, sum};
+
+    /// The dims and a contiguous copy (or view) of an f32 tensor.
+    ///
+    /// # Panics
+    /// If it is not f32 (the public functions only call these kernels for f32).
+    fn f32s(t: &FlexTensor) -> (Vec<usize>, FlexTensor) {
+        assert_eq!(t.dtype(), DType::F32, "channel op: expected f32, got {:?}", t.dtype());
+        (t.layout().shape().to_vec(), t.to_contiguous())
+    }
+
+    fn slice(t: &FlexTensor) -> &[f32] {
+        t.as_slice::<f32>().expect("a contiguous f32 tensor has a slice")
+    }
+
+    fn tensor(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
+        FlexTensor::from_data(TensorData::new(values, Shape::from(dims)))
+    }
+
+    /// `[N, C, H, W]` as (channels, plane size, elements per channel).
+    fn geometry(dims: &[usize]) -> (usize, usize, usize) {
+        let plane: usize = dims[2..].iter().product();
+        (dims[1], plane, dims[0] * plane)
+    }
+
+    /// Per-plane values (`parts`, `[N·C]` then reduced) summed over the batch per channel, in
+    /// f64, image by image.
+    fn per_channel(parts: &[f32], c: usize) -> Vec<f64> {
+        let mut out = vec![0.0f64; c];
+        for image in parts.chunks_exact(c) {
+            for (o, &v) in out.iter_mut().zip(image) {
+                *o += f64::from(v);
+            }
+        }
+        out
+    }
+
+    /// `f(p, plane)` for every plane `p` of `xs` (`plane` long), in parallel: one value each.
+    fn per_plane(xs: &[f32], plane: usize, f: impl Fn(usize, &[f32]) -> f32 + Sync) -> Vec<f32> {
+        let mut parts = vec![0.0f32; xs.len() / plane.max(1)];
+        planes(&mut parts, 1, [0, 0], |p, out, _, _| out[0] = f(p, &xs[p * plane..][..plane]));
+        parts
+    }
+
+    impl ChannelBackend for Flex {
+        fn channel_moments(x: FlexTensor) -> FlexTensor {
+            let (xd, x) = f32s(&x);
+            let xs = slice(&x);
+            let (c, plane, count) = geometry(&xd);
+            let count = count as f64;
+            let means: Vec<f64> = per_channel(&per_plane(xs, plane, |_, v| sum(v)), c)
+                .into_iter()
+                .map(|s| s / count)
+                .collect();
+            let mean32: Vec<f32> = means.iter().map(|&m| m as f32).collect();
+            let squares = per_plane(xs, plane, |p, v| centered_squares(v, mean32[p % c]));
+            let vars = per_channel(&squares, c).into_iter().map(|s| s / count);
+            let out = mean32.iter().copied().chain(vars.map(|v| v as f32)).collect();
+            tensor(out, vec![2, c])
+        }
+
+        fn channel_moments_backward(
+            x: FlexTensor,
+            moments: FlexTensor,
+            grad: FlexTensor,
+        ) -> FlexTensor {
+            let ((xd, x), (_, m), (_, g)) = (f32s(&x), f32s(&moments), f32s(&grad));
+            let (xs, ms, gs) = (slice(&x), slice(&m), slice(&g));
+            let (c, plane, count) = geometry(&xd);
+            let count = count as f32;
+            // ∂x = a + b·(x − μ), a = ∂μ/M, b = 2∂σ²/M.
+            let ab: Vec<(f32, f32, f32)> =
+                (0..c).map(|ch| (gs[ch] / count, 2.0 * gs[c + ch] / count, ms[ch])).collect();
+            let mut out = vec![0.0f32; xs.len()];
+            planes(&mut out, plane, [0, 0], |p, dx, _, _| {
+                let (a, b, mean) = ab[p % c];
+                for (d, &v) in dx.iter_mut().zip(&xs[p * plane..][..plane]) {
+                    *d = a + b * (v - mean);
+                }
+            });
+            tensor(out, xd)
+        }
+
+        fn channel_affine(x: FlexTensor, w: FlexTensor, b: FlexTensor) -> FlexTensor {
+            let ((xd, x), (_, w), (_, b)) = (f32s(&x), f32s(&w), f32s(&b));
+            let (xs, ws, bs) = (slice(&x), slice(&w), slice(&b));
+            let (c, plane, _) = geometry(&xd);
+            let mut out = vec![0.0f32; xs.len()];
+            planes(&mut out, plane, [0, 0], |p, y, _, _| {
+                let (wv, bv) = (ws[p % c], bs[p % c]);
+                for (o, &v) in y.iter_mut().zip(&xs[p * plane..][..plane]) {
+                    *o = v * wv + bv;
+                }
+            });
+            tensor(out, xd)
+        }
+
+        fn channel_affine_x_backward(grad: FlexTensor, w: FlexTensor) -> FlexTensor {
+            let ((gd, g), (_, w)) = (f32s(&grad), f32s(&w));
+            let (gs, ws) = (slice(&g), slice(&w));
+            let (c, plane, _) = geometry(&gd);
+            let mut out = vec![0.0f32; gs.len()];
+            planes(&mut out, plane, [0, 0], |p, dx, _, _| {
+                let wv = ws[p % c];
+                for (o, &v) in dx.iter_mut().zip(&gs[p * plane..][..plane]) {
+                    *o = v * wv;
+                }
+            });
+            tensor(out, gd)
+        }
+
+        fn channel_affine_wb_backward(x: FlexTensor, grad: FlexTensor) -> FlexTensor {
+            let ((xd, x), (_, g)) = (f32s(&x), f32s(&grad));
+            let (xs, gs) = (slice(&x), slice(&g));
+            let (c, plane, _) = geometry(&xd);
+            let dw = per_plane(gs, plane, |p, gv| dot(gv, &xs[p * plane..][..plane]));
+            let db = per_plane(gs, plane, |_, gv| sum(gv));
+            let out = per_channel(&dw, c).into_iter().chain(per_channel(&db, c));
+            tensor(out.map(|v| v as f32).collect(), vec![2, c])
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Element loops shared by the flex kernels (`depthwise`, `channel`), written so that LLVM
+//! vectorizes them (independent lanes, no reassociation needed), and the per-plane parallel
+//! loop they run under.
+
+/// `dst[i] += a · src[i]`.
+#[inline(always)]
+pub(crate) fn axpy(dst: &mut [f32], a: f32, src: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d += a * s;
+    }
+}
+
+/// `Σ a[i] · b[i]` in eight interleaved partial sums (so the loop vectorizes), combined in a
+/// fixed order.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let mut tail = 0.0;
+    for (x, y) in ar.iter().zip(br) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `Σ a[i]` in eight interleaved partial sums, combined in a fixed order.
+#[inline(always)]
+pub(crate) fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = a.chunks_exact(8);
+    let rest = chunks.remainder();
+    for x in chunks {
+        for k in 0..8 {
+            acc[k] += x[k];
+        }
+    }
+    let tail: f32 = rest.iter().sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `Σ (a[i] − m)²` in eight interleaved partial sums, combined in a fixed order.
+#[inline(always)]
+pub(crate) fn centered_squares(a: &[f32], m: f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = a.chunks_exact(8);
+    let rest = chunks.remainder();
+    for x in chunks {
+        for k in 0..8 {
+            let d = x[k] - m;
+            acc[k] += d * d;
+        }
+    }
+    let tail: f32 = rest.iter().map(|&v| (v - m) * (v - m)).sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// Runs `plane(p, dst, scratch_a, scratch_b)` for every plane `p`, each writing its `dst`
+/// chunk of `out`, in parallel (the scratch buffers are per rayon task, reused across its
+/// planes).
+pub(crate) fn planes(
+    out: &mut [f32],
+    chunk: usize,
+    scratch: [usize; 2],
+    plane: impl Fn(usize, &mut [f32], &mut [f32], &mut [f32]) + Sync,
+) {
+    if chunk == 0 {
+        return;
+    }
+    use rayon::prelude::*;
+    out.par_chunks_mut(chunk).enumerate().for_each_init(
+        || (vec![0.0f32; scratch[0]], vec![0.0f32; scratch[1]]),
+        |(a, b), (p, dst)| plane(p, dst, a, b),
+    );
+}

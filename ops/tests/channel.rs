@@ -1,0 +1,136 @@
+//! The per-channel BatchNorm kernels (`moments`, `affine`) against the tensor expressions they
+//! replace, values and gradients, and the moments against an f64 computation on the host.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use burn::tensor::{Device, Distribution, Tensor};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use qdarts_ops::channel::{affine, moments};
+
+fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+/// Largest |a − b| relative to the largest |b| (at least `floor`).
+fn rel_diff(a: &[f32], b: &[f32], floor: f32) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(floor, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// The expressions the kernels replace.
+fn moments_expr(x: Tensor<4>) -> (Tensor<1>, Tensor<1>) {
+    let [n, c, h, w] = x.dims();
+    let rows = x.swap_dims(0, 1).reshape([c, n * h * w]);
+    let mean = rows.clone().mean_dim(1);
+    let var = rows.sub(mean.clone()).square().mean_dim(1);
+    (mean.reshape([c]), var.reshape([c]))
+}
+
+fn affine_expr(x: Tensor<4>, w: Tensor<1>, b: Tensor<1>) -> Tensor<4> {
+    let c = x.dims()[1];
+    x.mul(w.reshape([1, c, 1, 1])).add(b.reshape([1, c, 1, 1]))
+}
+
+/// A BatchNorm-shaped use of both: `affine(x, 1/sqrt(var + ε), −mean/sqrt(var + ε))`, its
+/// output and the gradients of x, and of a γ and β folded into w and b, under a fixed upstream
+/// gradient.
+fn batch_norm(dims: [usize; 4], seed: u64, ours: bool) -> [Vec<f32>; 6] {
+    let d = Device::flex().autodiff();
+    let (x, gamma, beta) = qdarts_ops::seeded(&d, seed, || {
+        (
+            // An offset mean, so that centring matters.
+            Tensor::<4>::random(dims, Distribution::Normal(1.5, 2.0), &d),
+            Tensor::<1>::random([dims[1]], Distribution::Normal(1.0, 0.3), &d),
+            Tensor::<1>::random([dims[1]], Distribution::Normal(0.0, 0.3), &d),
+        )
+    });
+    let (x, gamma, beta) = (x.require_grad(), gamma.require_grad(), beta.require_grad());
+    let (mean, var) = if ours { moments(x.clone()) } else { moments_expr(x.clone()) };
+    let w = var.clone().add_scalar(1e-5).sqrt().recip().mul(gamma.clone());
+    let b = mean.clone().mul(w.clone()).neg().add(beta.clone());
+    let y = if ours { affine(x.clone(), w, b) } else { affine_expr(x.clone(), w, b) };
+    let up = y.clone().detach().mul_scalar(0.9).add_scalar(0.2).sin();
+    // The moments also feed the loss directly (as the running statistics do not): both of
+    // their gradients are exercised.
+    let loss = y
+        .clone()
+        .mul(up)
+        .sum()
+        .add(mean.clone().sum().mul_scalar(0.3))
+        .add(var.clone().sum().mul_scalar(0.2));
+    let g = loss.backward();
+    [
+        vals(mean),
+        vals(var),
+        vals(y),
+        vals(x.grad(&g).unwrap()),
+        vals(gamma.grad(&g).unwrap()),
+        vals(beta.grad(&g).unwrap()),
+    ]
+}
+
+fn check(dims: [usize; 4], seed: u64) -> Result<(), String> {
+    let ours = batch_norm(dims, seed, true);
+    let expr = batch_norm(dims, seed, false);
+    let names = ["mean", "variance", "output", "∂x", "∂γ", "∂β"];
+    for ((name, a), b) in names.iter().zip(&ours).zip(&expr) {
+        let e = rel_diff(a, b, 1.0);
+        if e >= 5e-5 {
+            return Err(format!("{dims:?} seed {seed}: {name} differs by {e} (relative)"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_kernels_match_the_tensor_expressions_on_the_search_shapes() {
+    for (k, dims) in
+        [[32, 4, 28, 28], [32, 8, 14, 14], [32, 16, 7, 7], [8, 16, 32, 32]].into_iter().enumerate()
+    {
+        check(dims, k as u64 + 1).unwrap();
+    }
+}
+
+#[test]
+fn the_kernels_match_the_tensor_expressions_on_odd_shapes() {
+    // Planes shorter than one 8-lane block, sizes that leave remainders, one image, one
+    // channel.
+    let strategy = ((1usize..=5, 1usize..=7), (1usize..=11, 1usize..=11), any::<u64>());
+    let config = Config { cases: 80, failure_persistence: None, ..Config::default() };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]);
+    TestRunner::new_with_rng(config, rng)
+        .run(&strategy, |((n, c), (h, w), seed)| {
+            prop_assume!(n * h * w > 1);
+            check([n, c, h, w], seed).map_err(TestCaseError::fail)
+        })
+        .unwrap();
+}
+
+#[test]
+fn the_moments_match_an_f64_computation() {
+    // A large common offset: a one-pass E[x²] − E[x]² in f32 would lose the variance.
+    let d = Device::flex();
+    let x = qdarts_ops::seeded(&d, 5, || {
+        Tensor::<4>::random([16, 3, 20, 20], Distribution::Normal(0.0, 0.01), &d).add_scalar(100.0)
+    });
+    let xs = vals(x.clone());
+    let (mean, var) = moments(x);
+    let (mean, var) = (vals(mean), vals(var));
+    let plane = 400;
+    for c in 0..3 {
+        let values: Vec<f64> = (0..16)
+            .flat_map(|n| xs[(n * 3 + c) * plane..][..plane].iter().map(|&v| f64::from(v)))
+            .collect();
+        let m = values.iter().sum::<f64>() / values.len() as f64;
+        let v = values.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / values.len() as f64;
+        assert!((f64::from(mean[c]) - m).abs() < 1e-5, "channel {c}: mean {} vs {m}", mean[c]);
+        assert!(
+            (f64::from(var[c]) - v).abs() < 1e-3 * v,
+            "channel {c}: variance {} vs {v}",
+            var[c]
+        );
+    }
+}
