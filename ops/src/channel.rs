@@ -209,27 +209,13 @@ impl<B: Backend + ChannelBackend, C: CheckpointStrategy> ChannelBackend for Auto
 #[cfg(feature = "flex")]
 mod flex_impl {
     use burn::backend::flex::{Flex, FlexTensor};
-    use burn::tensor::{DType, Shape, TensorData};
 
     use super::ChannelBackend;
+    use crate::lanes::flex::{f32s, slice, tensor};
+
+    /// The kernel's name in a dtype panic.
+    const KERNEL: &str = "channel op";
     use crate::lanes::{centered_squares, dot, planes, sum};
-
-    /// The dims and a contiguous copy (or view) of an f32 tensor.
-    ///
-    /// # Panics
-    /// If it is not f32 (the public functions only call these kernels for f32).
-    fn f32s(t: &FlexTensor) -> (Vec<usize>, FlexTensor) {
-        assert_eq!(t.dtype(), DType::F32, "channel op: expected f32, got {:?}", t.dtype());
-        (t.layout().shape().to_vec(), t.to_contiguous())
-    }
-
-    fn slice(t: &FlexTensor) -> &[f32] {
-        t.as_slice::<f32>().expect("a contiguous f32 tensor has a slice")
-    }
-
-    fn tensor(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
-        FlexTensor::from_data(TensorData::new(values, Shape::from(dims)))
-    }
 
     /// `[N, C, H, W]` as (channels, plane size, elements per channel).
     fn geometry(dims: &[usize]) -> (usize, usize, usize) {
@@ -258,7 +244,7 @@ mod flex_impl {
 
     impl ChannelBackend for Flex {
         fn channel_moments(x: FlexTensor) -> FlexTensor {
-            let (xd, x) = f32s(&x);
+            let (xd, x) = f32s(&x, KERNEL);
             let xs = slice(&x);
             let (c, plane, count) = geometry(&xd);
             let count = count as f64;
@@ -278,7 +264,8 @@ mod flex_impl {
             moments: FlexTensor,
             grad: FlexTensor,
         ) -> FlexTensor {
-            let ((xd, x), (_, m), (_, g)) = (f32s(&x), f32s(&moments), f32s(&grad));
+            let ((xd, x), (_, m), (_, g)) =
+                (f32s(&x, KERNEL), f32s(&moments, KERNEL), f32s(&grad, KERNEL));
             let (xs, ms, gs) = (slice(&x), slice(&m), slice(&g));
             let (c, plane, count) = geometry(&xd);
             let count = count as f32;
@@ -296,7 +283,7 @@ mod flex_impl {
         }
 
         fn channel_affine(x: FlexTensor, w: FlexTensor, b: FlexTensor) -> FlexTensor {
-            let ((xd, x), (_, w), (_, b)) = (f32s(&x), f32s(&w), f32s(&b));
+            let ((xd, x), (_, w), (_, b)) = (f32s(&x, KERNEL), f32s(&w, KERNEL), f32s(&b, KERNEL));
             let (xs, ws, bs) = (slice(&x), slice(&w), slice(&b));
             let (c, plane, _) = geometry(&xd);
             let mut out = vec![0.0f32; xs.len()];
@@ -310,7 +297,7 @@ mod flex_impl {
         }
 
         fn channel_affine_x_backward(grad: FlexTensor, w: FlexTensor) -> FlexTensor {
-            let ((gd, g), (_, w)) = (f32s(&grad), f32s(&w));
+            let ((gd, g), (_, w)) = (f32s(&grad, KERNEL), f32s(&w, KERNEL));
             let (gs, ws) = (slice(&g), slice(&w));
             let (c, plane, _) = geometry(&gd);
             let mut out = vec![0.0f32; gs.len()];
@@ -324,7 +311,7 @@ mod flex_impl {
         }
 
         fn channel_affine_wb_backward(x: FlexTensor, grad: FlexTensor) -> FlexTensor {
-            let ((xd, x), (_, g)) = (f32s(&x), f32s(&grad));
+            let ((xd, x), (_, g)) = (f32s(&x, KERNEL), f32s(&grad, KERNEL));
             let (xs, gs) = (slice(&x), slice(&g));
             let (c, plane, _) = geometry(&xd);
             let dw = per_plane(gs, plane, |p, gv| dot(gv, &xs[p * plane..][..plane]));

@@ -291,30 +291,16 @@ impl Flat {
 #[cfg(feature = "flex")]
 mod flex_impl {
     use super::{DepthwiseBackend, DwGeom, Flat};
+    use crate::lanes::flex::{f32s, slice, tensor};
+
+    /// The kernel's name in a dtype panic.
+    const KERNEL: &str = "depthwise conv";
     use crate::lanes::planes;
     use burn::backend::flex::{Flex, FlexTensor};
-    use burn::tensor::{DType, Shape, TensorData};
-
-    /// The dims and a contiguous copy (or view) of an f32 tensor.
-    ///
-    /// # Panics
-    /// If it is not f32 ([`super::conv2d`] only calls these kernels for f32).
-    fn f32s(t: &FlexTensor) -> (Vec<usize>, FlexTensor) {
-        assert_eq!(t.dtype(), DType::F32, "depthwise conv: expected f32, got {:?}", t.dtype());
-        (t.layout().shape().to_vec(), t.to_contiguous())
-    }
-
-    fn slice(t: &FlexTensor) -> &[f32] {
-        t.as_slice::<f32>().expect("a contiguous f32 tensor has a slice")
-    }
-
-    fn tensor(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
-        FlexTensor::from_data(TensorData::new(values, Shape::from(dims)))
-    }
 
     impl DepthwiseBackend for Flex {
         fn depthwise_conv2d(x: FlexTensor, weight: FlexTensor, g: DwGeom) -> FlexTensor {
-            let ((xd, x), (_, w)) = (f32s(&x), f32s(&weight));
+            let ((xd, x), (_, w)) = (f32s(&x, KERNEL), f32s(&weight, KERNEL));
             let (xs, ws) = (slice(&x), slice(&w));
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (xd[1], g.input, f.output());
@@ -332,7 +318,7 @@ mod flex_impl {
             weight: FlexTensor,
             g: DwGeom,
         ) -> FlexTensor {
-            let ((gd, gy), (_, w)) = (f32s(&grad), f32s(&weight));
+            let ((gd, gy), (_, w)) = (f32s(&grad, KERNEL), f32s(&weight, KERNEL));
             let (gs, ws) = (slice(&gy), slice(&w));
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (gd[1], g.input, f.output());
@@ -350,7 +336,7 @@ mod flex_impl {
             grad: FlexTensor,
             g: DwGeom,
         ) -> FlexTensor {
-            let ((xd, x), (_, gy)) = (f32s(&x), f32s(&grad));
+            let ((xd, x), (_, gy)) = (f32s(&x, KERNEL), f32s(&grad, KERNEL));
             let (xs, gs) = (slice(&x), slice(&gy));
             let f = Flat::new(g);
             let (n, c, [h, wd], [oh, ow]) = (xd[0], xd[1], g.input, f.output());
