@@ -58,7 +58,7 @@ pub trait ChannelBackend: Backend {
 /// Whether [`moments`] and [`affine`] run this module's kernels for tensors on `device` with
 /// this dtype.
 pub fn channel_available(device: &Device, dtype: DType) -> bool {
-    crate::depthwise::depthwise_available(device, dtype)
+    crate::lanes::on_flex_f32(device, dtype)
 }
 
 /// `(mean, biased variance)` per channel of `x` `[N, C, H, W]`, each `[C]`.
@@ -242,6 +242,29 @@ mod flex_impl {
         parts
     }
 
+    /// `xs·w_c (+ b_c)` over `[N, C, H, W]` `dims`.
+    fn scale_shift(xs: &[f32], dims: Vec<usize>, ws: &[f32], bs: Option<&[f32]>) -> FlexTensor {
+        let (c, plane, _) = geometry(&dims);
+        let mut out = vec![0.0f32; xs.len()];
+        planes(&mut out, plane, [0, 0], |p, y, _, _| {
+            let (wv, src) = (ws[p % c], &xs[p * plane..][..plane]);
+            match bs {
+                Some(bs) => {
+                    let bv = bs[p % c];
+                    for (o, &v) in y.iter_mut().zip(src) {
+                        *o = v * wv + bv;
+                    }
+                }
+                None => {
+                    for (o, &v) in y.iter_mut().zip(src) {
+                        *o = v * wv;
+                    }
+                }
+            }
+        });
+        tensor(out, dims)
+    }
+
     impl ChannelBackend for Flex {
         fn channel_moments(x: FlexTensor) -> FlexTensor {
             let (xd, x) = f32s(&x, KERNEL);
@@ -284,30 +307,12 @@ mod flex_impl {
 
         fn channel_affine(x: FlexTensor, w: FlexTensor, b: FlexTensor) -> FlexTensor {
             let ((xd, x), (_, w), (_, b)) = (f32s(&x, KERNEL), f32s(&w, KERNEL), f32s(&b, KERNEL));
-            let (xs, ws, bs) = (slice(&x), slice(&w), slice(&b));
-            let (c, plane, _) = geometry(&xd);
-            let mut out = vec![0.0f32; xs.len()];
-            planes(&mut out, plane, [0, 0], |p, y, _, _| {
-                let (wv, bv) = (ws[p % c], bs[p % c]);
-                for (o, &v) in y.iter_mut().zip(&xs[p * plane..][..plane]) {
-                    *o = v * wv + bv;
-                }
-            });
-            tensor(out, xd)
+            scale_shift(slice(&x), xd, slice(&w), Some(slice(&b)))
         }
 
         fn channel_affine_x_backward(grad: FlexTensor, w: FlexTensor) -> FlexTensor {
             let ((gd, g), (_, w)) = (f32s(&grad, KERNEL), f32s(&w, KERNEL));
-            let (gs, ws) = (slice(&g), slice(&w));
-            let (c, plane, _) = geometry(&gd);
-            let mut out = vec![0.0f32; gs.len()];
-            planes(&mut out, plane, [0, 0], |p, dx, _, _| {
-                let wv = ws[p % c];
-                for (o, &v) in dx.iter_mut().zip(&gs[p * plane..][..plane]) {
-                    *o = v * wv;
-                }
-            });
-            tensor(out, gd)
+            scale_shift(slice(&g), gd, slice(&w), None)
         }
 
         fn channel_affine_wb_backward(x: FlexTensor, grad: FlexTensor) -> FlexTensor {

@@ -70,15 +70,7 @@ pub trait DepthwiseBackend: Backend {
 
 /// Whether [`conv2d`] runs this module's kernels for tensors on `device` with this dtype.
 pub fn depthwise_available(device: &Device, dtype: DType) -> bool {
-    #[cfg(feature = "flex")]
-    {
-        dtype == DType::F32 && *device == Device::flex()
-    }
-    #[cfg(not(feature = "flex"))]
-    {
-        let _ = (device, dtype);
-        false
-    }
+    crate::lanes::on_flex_f32(device, dtype)
 }
 
 /// Burn's `conv2d` without bias, except that a depthwise convolution (`groups` = input channels

@@ -2,6 +2,22 @@
 //! vectorizes them (independent lanes, no reassociation needed), and the per-plane parallel
 //! loop they run under.
 
+use burn::tensor::{DType, Device};
+
+/// Whether the flex kernels of this crate run for tensors on `device` with this dtype: f32 on
+/// the flex device (autodiff or not), with the `flex` feature.
+pub(crate) fn on_flex_f32(device: &Device, dtype: DType) -> bool {
+    #[cfg(feature = "flex")]
+    {
+        dtype == DType::F32 && *device == Device::flex()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (device, dtype);
+        false
+    }
+}
+
 /// `dst[i] += a · src[i]`.
 #[inline(always)]
 pub(crate) fn axpy(dst: &mut [f32], a: f32, src: &[f32]) {
