@@ -238,7 +238,7 @@ mod flex_impl {
     /// `f(p, plane)` for every plane `p` of `xs` (`plane` long), in parallel: one value each.
     fn per_plane(xs: &[f32], plane: usize, f: impl Fn(usize, &[f32]) -> f32 + Sync) -> Vec<f32> {
         let mut parts = vec![0.0f32; xs.len() / plane.max(1)];
-        planes(&mut parts, 1, [0, 0], |p, out, _, _| out[0] = f(p, &xs[p * plane..][..plane]));
+        planes(&mut parts, 1, [], |p, out, _| out[0] = f(p, &xs[p * plane..][..plane]));
         parts
     }
 
@@ -246,7 +246,7 @@ mod flex_impl {
     fn scale_shift(xs: &[f32], dims: Vec<usize>, ws: &[f32], bs: Option<&[f32]>) -> FlexTensor {
         let (c, plane, _) = geometry(&dims);
         let mut out = vec![0.0f32; xs.len()];
-        planes(&mut out, plane, [0, 0], |p, y, _, _| {
+        planes(&mut out, plane, [], |p, y, _| {
             let (wv, src) = (ws[p % c], &xs[p * plane..][..plane]);
             match bs {
                 Some(bs) => {
@@ -296,7 +296,7 @@ mod flex_impl {
             let ab: Vec<(f32, f32, f32)> =
                 (0..c).map(|ch| (gs[ch] / count, 2.0 * gs[c + ch] / count, ms[ch])).collect();
             let mut out = vec![0.0f32; xs.len()];
-            planes(&mut out, plane, [0, 0], |p, dx, _, _| {
+            planes(&mut out, plane, [], |p, dx, _| {
                 let (a, b, mean) = ab[p % c];
                 for (d, &v) in dx.iter_mut().zip(&xs[p * plane..][..plane]) {
                     *d = a + b * (v - mean);

@@ -27,21 +27,8 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor};
 
 use crate::lanes::{axpy, dot};
-
-/// The geometry of one depthwise convolution, per axis `[h, w]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DwGeom {
-    /// Input plane size.
-    pub input: [usize; 2],
-    /// Kernel size.
-    pub kernel: [usize; 2],
-    /// Stride.
-    pub stride: [usize; 2],
-    /// Zero padding, both sides.
-    pub padding: [usize; 2],
-    /// Dilation.
-    pub dilation: [usize; 2],
-}
+use crate::plane::Flat;
+pub use crate::plane::PlaneGeom;
 
 /// The depthwise convolution primitive: `x` `[N, C, H, W]`, `weight` `[C, 1, kh, kw]`.
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
@@ -50,21 +37,21 @@ pub trait DepthwiseBackend: Backend {
     fn depthwise_conv2d(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        geom: DwGeom,
+        geom: PlaneGeom,
     ) -> FloatTensor<Self>;
 
     /// The gradient of the input from the output's, `[N, C, H, W]`.
     fn depthwise_conv2d_x_backward(
         grad: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        geom: DwGeom,
+        geom: PlaneGeom,
     ) -> FloatTensor<Self>;
 
     /// The gradient of the weight from the input and the output's gradient, `[C, 1, kh, kw]`.
     fn depthwise_conv2d_weight_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        geom: DwGeom,
+        geom: PlaneGeom,
     ) -> FloatTensor<Self>;
 }
 
@@ -83,7 +70,7 @@ pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tenso
     if !depthwise || !depthwise_available(&x.device(), x.dtype()) {
         return module::conv2d(x, weight, None, options);
     }
-    let geom = DwGeom {
+    let geom = PlaneGeom {
         input: [h, w],
         kernel: [kh, kw],
         stride: options.stride,
@@ -102,13 +89,13 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
     fn depthwise_conv2d(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        geom: DwGeom,
+        geom: PlaneGeom,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct DepthwiseStep;
 
         impl<B: Backend + DepthwiseBackend> Backward<B, 2> for DepthwiseStep {
-            type State = (FloatTensor<B>, FloatTensor<B>, DwGeom);
+            type State = (FloatTensor<B>, FloatTensor<B>, PlaneGeom);
 
             fn backward(
                 self,
@@ -142,7 +129,7 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
     fn depthwise_conv2d_x_backward(
         grad: FloatTensor<Self>,
         weight: FloatTensor<Self>,
-        geom: DwGeom,
+        geom: PlaneGeom,
     ) -> FloatTensor<Self> {
         Self::from_inner(B::depthwise_conv2d_x_backward(
             grad.into_primitive(),
@@ -154,7 +141,7 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
     fn depthwise_conv2d_weight_backward(
         x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        geom: DwGeom,
+        geom: PlaneGeom,
     ) -> FloatTensor<Self> {
         Self::from_inner(B::depthwise_conv2d_weight_backward(
             x.into_primitive(),
@@ -164,73 +151,7 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
     }
 }
 
-/// A plane laid out flat with its zero padding, so that every tap of a stride-1 convolution is
-/// one contiguous run.
-///
-/// The padded input is `hp × wp`. The stride-1 output, `oh1 × ow1`, is stored with the padded
-/// row length `wp` (columns `ow1..wp` of each row are unused), and its first `len` entries
-/// cover it. Tap `(i, j)` of output entry `k` then reads padded entry `k + i·dh·wp + j·dw`, for
-/// every `k < len` at once. A strided convolution is the stride-1 one at every `s`-th row and
-/// column.
-struct Flat {
-    g: DwGeom,
-    wp: usize,
-    hp: usize,
-    /// Stride-1 output size.
-    oh1: usize,
-    ow1: usize,
-    /// Entries of the flat stride-1 output (`(oh1 − 1)·wp + ow1`, 0 when empty).
-    len: usize,
-    /// Offset of each tap, row-major over `(i, j)`.
-    offsets: Vec<usize>,
-}
-
 impl Flat {
-    fn new(g: DwGeom) -> Self {
-        let (hp, wp) = (g.input[0] + 2 * g.padding[0], g.input[1] + 2 * g.padding[1]);
-        let span = |a: usize| g.dilation[a] * (g.kernel[a] - 1) + 1;
-        let (oh1, ow1) = ((hp + 1).saturating_sub(span(0)), (wp + 1).saturating_sub(span(1)));
-        let len = if oh1 == 0 || ow1 == 0 { 0 } else { (oh1 - 1) * wp + ow1 };
-        let offsets = (0..g.kernel[0])
-            .flat_map(|i| (0..g.kernel[1]).map(move |j| (i, j)))
-            .map(|(i, j)| i * g.dilation[0] * wp + j * g.dilation[1])
-            .collect();
-        Flat { g, wp, hp, oh1, ow1, len, offsets }
-    }
-
-    /// The strided output's `(rows, cols)`.
-    fn output(&self) -> [usize; 2] {
-        let [sh, sw] = self.g.stride;
-        [
-            if self.oh1 == 0 { 0 } else { (self.oh1 - 1) / sh + 1 },
-            if self.ow1 == 0 { 0 } else { (self.ow1 - 1) / sw + 1 },
-        ]
-    }
-
-    /// Writes the input plane `x` `[H, W]` into `xp` (`hp·wp`) with its zero border.
-    #[inline(always)]
-    fn pad(&self, x: &[f32], xp: &mut [f32]) {
-        let ([h, w], [ph, pw]) = (self.g.input, self.g.padding);
-        xp.fill(0.0);
-        for r in 0..h {
-            xp[(r + ph) * self.wp + pw..][..w].copy_from_slice(&x[r * w..][..w]);
-        }
-    }
-
-    /// Writes the output gradient `dy` `[H', W']` into the flat stride-1 layout `dy1` (`len`),
-    /// zero everywhere else (unused columns and the rows and columns a stride skips).
-    #[inline(always)]
-    fn spread(&self, dy: &[f32], dy1: &mut [f32]) {
-        let ([oh, ow], [sh, sw]) = (self.output(), self.g.stride);
-        dy1.fill(0.0);
-        for r in 0..oh {
-            let row = &mut dy1[r * sh * self.wp..];
-            for (c, &v) in dy[r * ow..][..ow].iter().enumerate() {
-                row[c * sw] = v;
-            }
-        }
-    }
-
     /// One output plane `y` `[H', W']` from the input plane and the channel's taps `w`.
     #[inline(always)]
     fn forward(&self, x: &[f32], w: &[f32], y: &mut [f32], xp: &mut [f32], acc: &mut [f32]) {
@@ -239,13 +160,7 @@ impl Flat {
         for (&off, &wv) in self.offsets.iter().zip(w) {
             axpy(acc, wv, &xp[off..off + self.len]);
         }
-        let ([oh, ow], [sh, sw]) = (self.output(), self.g.stride);
-        for r in 0..oh {
-            let row = &acc[r * sh * self.wp..];
-            for (c, v) in y[r * ow..][..ow].iter_mut().enumerate() {
-                *v = row[c * sw];
-            }
-        }
+        self.gather_with(acc, y, |_, _, v| v);
     }
 
     /// One input-gradient plane `dx` `[H, W]` from the output gradient's plane and the taps.
@@ -256,10 +171,7 @@ impl Flat {
         for (&off, &wv) in self.offsets.iter().zip(w) {
             axpy(&mut dxp[off..off + self.len], wv, dy1);
         }
-        let ([h, wd], [ph, pw]) = (self.g.input, self.g.padding);
-        for r in 0..h {
-            dx[r * wd..][..wd].copy_from_slice(&dxp[(r + ph) * self.wp + pw..][..wd]);
-        }
+        self.unpad(dxp, dx);
     }
 
     /// One plane's share of the weight gradient, `dw` `[kh·kw]`.
@@ -282,7 +194,7 @@ impl Flat {
 
 #[cfg(feature = "flex")]
 mod flex_impl {
-    use super::{DepthwiseBackend, DwGeom, Flat};
+    use super::{DepthwiseBackend, Flat, PlaneGeom};
     use crate::lanes::flex::{f32s, slice, tensor};
 
     /// The kernel's name in a dtype panic.
@@ -291,14 +203,14 @@ mod flex_impl {
     use burn::backend::flex::{Flex, FlexTensor};
 
     impl DepthwiseBackend for Flex {
-        fn depthwise_conv2d(x: FlexTensor, weight: FlexTensor, g: DwGeom) -> FlexTensor {
+        fn depthwise_conv2d(x: FlexTensor, weight: FlexTensor, g: PlaneGeom) -> FlexTensor {
             let ((xd, x), (_, w)) = (f32s(&x, KERNEL), f32s(&weight, KERNEL));
             let (xs, ws) = (slice(&x), slice(&w));
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (xd[1], g.input, f.output());
             let taps = f.offsets.len();
             let mut out = vec![0.0f32; xd[0] * c * oh * ow];
-            planes(&mut out, oh * ow, [f.hp * f.wp, f.len], |p, y, xp, acc| {
+            planes(&mut out, oh * ow, [f.padded(), f.len], |p, y, [xp, acc]| {
                 let ch = p % c;
                 f.forward(&xs[p * h * wd..][..h * wd], &ws[ch * taps..][..taps], y, xp, acc);
             });
@@ -308,7 +220,7 @@ mod flex_impl {
         fn depthwise_conv2d_x_backward(
             grad: FlexTensor,
             weight: FlexTensor,
-            g: DwGeom,
+            g: PlaneGeom,
         ) -> FlexTensor {
             let ((gd, gy), (_, w)) = (f32s(&grad, KERNEL), f32s(&weight, KERNEL));
             let (gs, ws) = (slice(&gy), slice(&w));
@@ -316,7 +228,7 @@ mod flex_impl {
             let (c, [h, wd], [oh, ow]) = (gd[1], g.input, f.output());
             let taps = f.offsets.len();
             let mut out = vec![0.0f32; gd[0] * c * h * wd];
-            planes(&mut out, h * wd, [f.len, f.hp * f.wp], |p, dx, dy1, dxp| {
+            planes(&mut out, h * wd, [f.len, f.padded()], |p, dx, [dy1, dxp]| {
                 let ch = p % c;
                 f.x_backward(&gs[p * oh * ow..][..oh * ow], &ws[ch * taps..][..taps], dx, dy1, dxp);
             });
@@ -326,7 +238,7 @@ mod flex_impl {
         fn depthwise_conv2d_weight_backward(
             x: FlexTensor,
             grad: FlexTensor,
-            g: DwGeom,
+            g: PlaneGeom,
         ) -> FlexTensor {
             let ((xd, x), (_, gy)) = (f32s(&x, KERNEL), f32s(&grad, KERNEL));
             let (xs, gs) = (slice(&x), slice(&gy));
@@ -335,7 +247,7 @@ mod flex_impl {
             let taps = f.offsets.len();
             // One partial per plane, then a sum over the batch in a fixed order.
             let mut parts = vec![0.0f32; n * c * taps];
-            planes(&mut parts, taps, [f.hp * f.wp, f.len], |p, dw, xp, dy1| {
+            planes(&mut parts, taps, [f.padded(), f.len], |p, dw, [xp, dy1]| {
                 let (xs, gs) = (&xs[p * h * wd..][..h * wd], &gs[p * oh * ow..][..oh * ow]);
                 f.weight_backward(xs, gs, dw, xp, dy1);
             });

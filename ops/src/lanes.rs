@@ -78,22 +78,22 @@ pub(crate) fn centered_squares(a: &[f32], m: f32) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
-/// Runs `plane(p, dst, scratch_a, scratch_b)` for every plane `p`, each writing its `dst`
-/// chunk of `out`, in parallel (the scratch buffers are per rayon task, reused across its
-/// planes).
-pub(crate) fn planes(
+/// Runs `plane(p, dst, scratch)` for every plane `p`, each writing its `dst` chunk of `out`, in
+/// parallel. `scratch` holds one buffer per entry of `sizes`, per rayon task, reused across
+/// its planes (each plane must overwrite what it reads).
+pub(crate) fn planes<const K: usize>(
     out: &mut [f32],
     chunk: usize,
-    scratch: [usize; 2],
-    plane: impl Fn(usize, &mut [f32], &mut [f32], &mut [f32]) + Sync,
+    sizes: [usize; K],
+    plane: impl Fn(usize, &mut [f32], &mut [Vec<f32>; K]) + Sync,
 ) {
     if chunk == 0 {
         return;
     }
     use rayon::prelude::*;
     out.par_chunks_mut(chunk).enumerate().for_each_init(
-        || (vec![0.0f32; scratch[0]], vec![0.0f32; scratch[1]]),
-        |(a, b), (p, dst)| plane(p, dst, a, b),
+        || sizes.map(|n| vec![0.0f32; n]),
+        |scratch, (p, dst)| plane(p, dst, scratch),
     );
 }
 

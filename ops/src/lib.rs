@@ -11,6 +11,8 @@ pub mod cost;
 pub mod depthwise;
 mod lanes;
 pub mod network;
+pub mod plane;
+pub mod pool;
 pub mod qconfig;
 pub mod quant;
 

@@ -12,13 +12,13 @@
 //! about `K`. The output quantizer requantizes the whole concatenation onto one grid.
 
 use burn::module::Module;
-use burn::tensor::module::max_pool2d;
 use burn::tensor::ops::MaxPoolOptions;
 use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 
 use super::CandidateOp;
 use super::common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, sites};
+use crate::pool::max_pool2d;
 use crate::qconfig::{QuantConfig, Site};
 use crate::quant::{FakeQuantizer, SpecError};
 

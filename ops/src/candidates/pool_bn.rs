@@ -5,7 +5,6 @@
 //! fake-quantized per tensor, then the output.
 
 use burn::module::Module;
-use burn::tensor::module::{avg_pool2d, max_pool2d};
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 
 use burn::tensor::Tensor;
@@ -13,6 +12,7 @@ use burn::tensor::Tensor;
 use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::Bias;
+use crate::pool::{avg_pool2d, max_pool2d};
 use crate::qconfig::Site;
 use crate::quant::kernel::broadcast_param;
 use crate::quant::{FakeQuantizer, SpecError, round_with};
