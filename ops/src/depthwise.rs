@@ -22,7 +22,6 @@ use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::Checkpoi
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
-use burn::tensor::module;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor};
 
@@ -68,7 +67,7 @@ pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tenso
     let [co, ci_g, kh, kw] = weight.dims();
     let depthwise = options.groups == c && co == c && ci_g == 1 && c > 1;
     if !depthwise || !depthwise_available(&x.device(), x.dtype()) {
-        return module::conv2d(x, weight, None, options);
+        return crate::pointwise::conv2d(x, weight, options);
     }
     let geom = PlaneGeom {
         input: [h, w],

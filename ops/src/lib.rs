@@ -12,6 +12,7 @@ pub mod depthwise;
 mod lanes;
 pub mod network;
 pub mod plane;
+pub mod pointwise;
 pub mod pool;
 pub mod qconfig;
 pub mod quant;
