@@ -739,6 +739,50 @@ def cmd_bench(args):
     }))
 
 
+def cmd_bench_ops(args):
+    """Milliseconds of forward+backward (sum of the output, gradients of the input and the
+    weights) of each candidate op on its own, float and fake-quant, as `qdarts bench ops`."""
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    x = torch.randn(args.batch, args.channels, args.size, args.size)
+
+    def convs_and_bns(obj, seen):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (Conv, BN)):
+            yield obj
+        values = obj.__dict__.values() if isinstance(obj, Net) else obj if isinstance(obj, list) else []
+        for v in values:
+            yield from convs_and_bns(v, seen)
+
+    def time_op(op):
+        with torch.no_grad():
+            for m in convs_and_bns(op, set()):
+                for k, w in m.params().items():
+                    w.uniform_(-0.1, 0.1) if w.dim() > 1 else w.fill_(k.endswith("gamma"))
+        times = []
+        for i in range(args.warmup + args.reps):
+            t0 = time.perf_counter()
+            xg = x.clone().requires_grad_()
+            out = op((xg, None))[0]  # an unquantized input, as qdarts' bench feeds
+            if out.requires_grad:
+                out.sum().backward()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        return times[len(times) // 2] * 1e3
+
+    for stride in (1, 2):
+        for p in PRIMITIVES:
+            row = {"op": p, "stride": stride}
+            for quant in (False, True):
+                op = make_op(p, args.channels, stride, f"bench.{p}", quant)
+                row["quant_ms" if quant else "float_ms"] = time_op(op)
+            print(json.dumps(row), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -755,8 +799,15 @@ def main():
     b.add_argument("--reps", type=int, default=3)
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
+    o = sub.add_parser("bench-ops", help="milliseconds of forward+backward of each candidate op")
+    o.add_argument("--batch", type=int, default=32)
+    o.add_argument("--channels", type=int, default=16)
+    o.add_argument("--size", type=int, default=32)
+    o.add_argument("--reps", type=int, default=5)
+    o.add_argument("--warmup", type=int, default=1)
+    o.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
     args = ap.parse_args()
-    {"fixtures": cmd_fixtures, "bench": cmd_bench}[args.cmd](args)
+    {"fixtures": cmd_fixtures, "bench": cmd_bench, "bench-ops": cmd_bench_ops}[args.cmd](args)
 
 
 if __name__ == "__main__":
