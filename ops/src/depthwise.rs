@@ -14,7 +14,9 @@
 //!   summed over the batch in a fixed order, so the result does not depend on thread timing.
 //!
 //! Only the summation order differs from Burn's convolution (`tests/depthwise.rs` holds the two
-//! together). Other backends, and other dtypes, use Burn's `conv2d` ([`conv2d`] decides).
+//! together). Other convolutions go to [`crate::pointwise::conv2d`] (a 1×1 convolution is a
+//! matrix product there, anything else Burn's `conv2d`), as do other backends and dtypes
+//! ([`conv2d`] decides).
 
 use burn::backend::AutodiffBackend;
 use burn::backend::autodiff::Autodiff;
@@ -60,8 +62,8 @@ pub fn depthwise_available(device: &Device, dtype: DType) -> bool {
 }
 
 /// Burn's `conv2d` without bias, except that a depthwise convolution (`groups` = input channels
-/// = output channels, equal dilation on both axes) runs this module's kernels where
-/// [`depthwise_available`].
+/// = output channels) runs this module's kernels where [`depthwise_available`], and a 1×1 one
+/// is a matrix product ([`crate::pointwise::conv2d`]).
 pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
     let [_, c, h, w] = x.dims();
     let [co, ci_g, kh, kw] = weight.dims();
