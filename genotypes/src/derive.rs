@@ -59,18 +59,46 @@ pub fn derive_cell_limited(
     k: usize,
     max_skip: usize,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
-    derive_cell_with(alpha, primitives, nodes, k, Some(max_skip), None)
+    derive_cell_with(alpha, primitives, nodes, k, &[Limit::skip(max_skip)], None)
 }
 
-/// The cell under every option: P-DARTS' skip limit, and PC-DARTS' edge weights (`scale`, one
-/// per edge, the softmax of β within each node), which multiply each edge's softmax(α) before
-/// the edges are ranked (PC-DARTS `_parse`).
+/// A cap on how many kept edges of a cell may carry an op of a class: P-DARTS' on
+/// skip_connect, and the same rule on every parameter-free op (pooling and skip_connect).
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    max: usize,
+    /// Whether an op counts against the cap.
+    counts: fn(Primitive) -> bool,
+    /// The class, for the error.
+    what: &'static str,
+}
+
+impl Limit {
+    fn skip(max: usize) -> Limit {
+        Limit { max, counts: |p| p == Primitive::SkipConnect, what: "skip_connect" }
+    }
+
+    fn param_free(max: usize) -> Limit {
+        Limit {
+            max,
+            counts: |p| p != Primitive::None && !p.has_weights(),
+            what: "parameter-free ops",
+        }
+    }
+}
+
+/// The cell under every option: caps on op classes (P-DARTS' skip limit and its extension to
+/// every parameter-free op), and PC-DARTS' edge weights (`scale`, one per edge, the softmax of
+/// β within each node), which multiply each edge's softmax(α) before the edges are ranked
+/// (PC-DARTS `_parse`). While a cap is exceeded, the capped op of the lowest weight among the
+/// kept edges is taken off its edge (ties to the later edge, so that the earlier keeps its op)
+/// and the cell is derived again; each round takes one more (edge, op) pair away, so it ends.
 fn derive_cell_with(
     alpha: &[Vec<f32>],
     primitives: &[Primitive],
     nodes: usize,
     k: usize,
-    max_skip: Option<usize>,
+    limits: &[Limit],
     scale: Option<&[f32]>,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
     if let Some(s) = scale
@@ -82,53 +110,53 @@ fn derive_cell_with(
             alpha.len()
         )));
     }
-    let skip = primitives.iter().position(|p| *p == Primitive::SkipConnect);
-    let (Some(max_skip), Some(skip)) = (max_skip, skip) else {
-        return derive_cell_excluding(alpha, primitives, nodes, k, &[], scale);
-    };
-    let mut excluded: Vec<usize> = Vec::new();
-    loop {
+    let mut excluded: Vec<(usize, Primitive)> = Vec::new();
+    'derive: loop {
         let cell = derive_cell_excluding(alpha, primitives, nodes, k, &excluded, scale)?;
-        // (edge index, skip weight) of the kept skip_connect edges.
-        let mut kept = Vec::new();
-        let mut start = 0;
-        for (i, edges) in cell.iter().enumerate() {
-            for e in edges.iter().filter(|e| e.op == Primitive::SkipConnect) {
-                let edge = start + e.input;
-                let w = softmax(&alpha[edge])[skip] * scale.map_or(1.0, |s| s[edge]);
-                kept.push((edge, w));
-            }
-            start += i + 2;
-        }
-        if kept.len() <= max_skip {
+        for limit in limits {
+            // (edge index, op, its weight) of the kept edges whose op the limit counts.
+            let mut kept = Vec::new();
+            let mut start = 0;
             for (i, edges) in cell.iter().enumerate() {
-                if edges.len() < k.min(i + 2) {
-                    return Err(GenotypeError::Weights(format!(
-                        "node {} cannot keep {k} edges with at most {max_skip} skip_connect: \
-                         the search space has no other op for its inputs",
-                        i + 2
-                    )));
+                for e in edges.iter().filter(|e| (limit.counts)(e.op)) {
+                    let edge = start + e.input;
+                    let op = primitives.iter().position(|p| *p == e.op).unwrap_or(0);
+                    let w = softmax(&alpha[edge])[op] * scale.map_or(1.0, |s| s[edge]);
+                    kept.push((edge, e.op, w));
                 }
+                start += i + 2;
             }
-            return Ok(cell);
+            if kept.len() > limit.max {
+                let weakest = kept
+                    .iter()
+                    .min_by(|a, b| a.2.total_cmp(&b.2).then(b.0.cmp(&a.0)))
+                    .map(|&(edge, op, _)| (edge, op));
+                excluded.extend(weakest);
+                continue 'derive;
+            }
         }
-        // The weakest; ties to the later edge, so that the earlier keeps its skip.
-        let weakest = kept
-            .iter()
-            .min_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-            .map(|&(edge, _)| edge)
-            .unwrap_or(0);
-        excluded.push(weakest);
+        for (i, edges) in cell.iter().enumerate() {
+            if edges.len() < k.min(i + 2) {
+                let limit = limits.iter().map(|l| format!("at most {} {}", l.max, l.what));
+                return Err(GenotypeError::Weights(format!(
+                    "node {} cannot keep {k} edges with {}: the search space has no other op \
+                     for its inputs",
+                    i + 2,
+                    limit.collect::<Vec<_>>().join(" and ")
+                )));
+            }
+        }
+        return Ok(cell);
     }
 }
 
-/// [`derive_cell`] where the edges in `no_skip` may not take skip_connect.
+/// [`derive_cell`] where edge `e` may not take op `p` for every `(e, p)` in `excluded`.
 fn derive_cell_excluding(
     alpha: &[Vec<f32>],
     primitives: &[Primitive],
     nodes: usize,
     k: usize,
-    no_skip: &[usize],
+    excluded: &[(usize, Primitive)],
     scale: Option<&[f32]>,
 ) -> Result<Vec<Vec<Edge>>, GenotypeError> {
     let want = edge_count(nodes);
@@ -162,9 +190,7 @@ fn derive_cell_excluding(
             .filter_map(|j| {
                 let e = scale.map_or(1.0, |s| s[start + j]);
                 let w: Vec<f32> = softmax(&alpha[start + j]).into_iter().map(|v| v * e).collect();
-                let allowed = |c: usize| {
-                    !(primitives[c] == Primitive::SkipConnect && no_skip.contains(&(start + j)))
-                };
+                let allowed = |c: usize| !excluded.contains(&(start + j, primitives[c]));
                 let mut kb: Option<usize> = None;
                 for &c in candidates.iter().filter(|&&c| allowed(c)) {
                     if kb.is_none_or(|b| w[c] > w[b]) {
@@ -191,6 +217,9 @@ fn derive_cell_excluding(
 pub struct DeriveOptions<'a> {
     /// P-DARTS: at most this many skip_connect edges in the normal cell.
     pub max_skip: Option<usize>,
+    /// P-DARTS' rule on every parameter-free op (pooling, skip_connect): at most this many
+    /// such edges in the normal cell.
+    pub max_param_free: Option<usize>,
     /// PC-DARTS: edge weights of the normal cell (softmax of β within each node).
     pub edge_normal: Option<&'a [f32]>,
     /// PC-DARTS: edge weights of the reduction cell.
@@ -199,7 +228,8 @@ pub struct DeriveOptions<'a> {
 
 impl Genotype {
     /// [`Genotype::derive`] under `opt`: P-DARTS' limit on the normal cell's skip_connect edges
-    /// ([`derive_cell_limited`]) and PC-DARTS' edge weights in the ranking of edges.
+    /// ([`derive_cell_limited`]), the same limit on its parameter-free edges, and PC-DARTS'
+    /// edge weights in the ranking of edges.
     pub fn derive_with(
         alpha_normal: &[Vec<f32>],
         alpha_reduce: &[Vec<f32>],
@@ -209,17 +239,13 @@ impl Genotype {
         opt: &DeriveOptions<'_>,
     ) -> Result<Genotype, GenotypeError> {
         let concat: Vec<usize> = (2..2 + nodes).collect();
+        let limits: Vec<Limit> = (opt.max_skip.map(Limit::skip).into_iter())
+            .chain(opt.max_param_free.map(Limit::param_free))
+            .collect();
         Ok(Genotype {
-            normal: derive_cell_with(
-                alpha_normal,
-                primitives,
-                nodes,
-                k,
-                opt.max_skip,
-                opt.edge_normal,
-            )?,
+            normal: derive_cell_with(alpha_normal, primitives, nodes, k, &limits, opt.edge_normal)?,
             normal_concat: concat.clone(),
-            reduce: derive_cell_with(alpha_reduce, primitives, nodes, k, None, opt.edge_reduce)?,
+            reduce: derive_cell_with(alpha_reduce, primitives, nodes, k, &[], opt.edge_reduce)?,
             reduce_concat: concat,
             normal_bits: None,
             reduce_bits: None,

@@ -247,6 +247,59 @@ mod skip_limit {
     }
 
     #[test]
+    fn the_parameter_free_limit_takes_the_weakest_pool_or_skip_off_until_it_holds() {
+        use Primitive::{MaxPool3x3 as M, SepConv3x3 as S, SkipConnect as K};
+        // Every edge prefers max_pool (logit 3), then skip_connect (`skip[e]`), then sep_conv
+        // (1.0): with skip at 2, an edge that loses its pool offers its skip next.
+        let pools = |skip: [f32; 9]| -> Vec<Vec<f32>> {
+            skip.iter()
+                .enumerate()
+                .map(|(e, &s)| vec![-5.0, 3.0 + 0.1 * e as f32, s, 1.0])
+                .collect()
+        };
+        let a = pools([0.0; 9]);
+        let plain = derive_cell(&a, &OPS, 3, 2).expect("derived");
+        assert!(plain.iter().flatten().all(|x| x.op == M), "{plain:?}");
+        let limited = |a: &[Vec<f32>], max: usize| {
+            let opt = DeriveOptions { max_param_free: Some(max), ..Default::default() };
+            Genotype::derive_with(a, a, &OPS, 3, 2, &opt).expect("limited")
+        };
+        // At most 4 of 6: the pools of the weakest edges go, lowest first. Node 2's pools
+        // (edges 0, 1, weights rising with the edge) are the weakest, so node 2 turns to
+        // sep_conv on both inputs; the other nodes keep their pools.
+        let g = limited(&a, 4);
+        assert_eq!(g.normal[0], [e(S, 0), e(S, 1)]);
+        assert!(g.normal[1..].iter().flatten().all(|x| x.op == M), "{:?}", g.normal);
+        // The reduction cell is not limited.
+        assert_eq!(g.reduce, plain);
+        // 0 leaves only convolutions, and a skip is parameter-free too: an edge that loses its
+        // pool to the limit cannot keep its next best, skip_connect, either.
+        let g = limited(&pools([2.0; 9]), 0);
+        assert!(g.normal.iter().flatten().all(|x| x.op == S), "{:?}", g.normal);
+        let g = limited(&pools([2.0; 9]), 3);
+        let free = g.normal.iter().flatten().filter(|x| x.op == M || x.op == K).count();
+        assert_eq!(free, 3, "{:?}", g.normal);
+        // Both limits at once: at most 1 skip and 3 parameter-free ops.
+        let both =
+            DeriveOptions { max_skip: Some(1), max_param_free: Some(3), ..Default::default() };
+        let mut skipped = pools([2.0; 9]);
+        for row in &mut skipped {
+            row[2] = 4.0; // skip first, pool second
+        }
+        let g = Genotype::derive_with(&skipped, &skipped, &OPS, 3, 2, &both).expect("both");
+        let count = |op| g.normal.iter().flatten().filter(|x| x.op == op).count();
+        assert_eq!((count(K), count(M) + count(K)), (1, 3), "{:?}", g.normal);
+        // A limit that already holds changes nothing.
+        assert_eq!(limited(&a, 6).normal, plain);
+        // A space of parameter-free ops only cannot meet it.
+        let free_only = [Primitive::None, Primitive::MaxPool3x3, Primitive::SkipConnect];
+        let a3: Vec<Vec<f32>> = (0..9).map(|_| vec![0.0, 1.0, 0.5]).collect();
+        let opt = DeriveOptions { max_param_free: Some(2), ..Default::default() };
+        let err = Genotype::derive_with(&a3, &a3, &free_only, 3, 2, &opt).expect_err("no conv");
+        assert!(err.to_string().contains("at most 2 parameter-free ops"), "{err}");
+    }
+
+    #[test]
     fn the_collapse_alert_counts_parameter_free_edges_of_the_normal_cell() {
         let g = qdarts_genotypes::known("DARTS_V2").expect("known");
         // DARTS_V2's normal cell: 6 sep/dil convs, 2 skip_connect.

@@ -227,6 +227,12 @@ pub struct GuardConfig {
     /// normal cell (P-DARTS uses 2); unset: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_skip: Option<usize>,
+    /// P-DARTS' rule applied to every parameter-free op (pooling and skip_connect): at most
+    /// this many such edges in the derived normal cell, the weakest taken off their edges one
+    /// by one. For a search that collapses to pooling, where `max_skip` never acts; unset: no
+    /// limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_param_free: Option<usize>,
     /// PC-DARTS (Xu et al., ICLR 2020): a parameter β per edge, softmax over each node's
     /// inputs, scaling each edge's output in the node sum and its rank in the derivation.
     /// PC-DARTS uses it with partial channels (`model.partial_channels > 1`), where sampling
@@ -389,6 +395,15 @@ impl ExperimentConfig {
                 return bad(
                     "search.guards.max_skip",
                     "needs an op other than none and skip_connect in model.primitives",
+                );
+            }
+        }
+        if let Some(max) = s.guards.max_param_free {
+            r.count("search.guards.max_param_free", max, 0, 2 * m.nodes)?;
+            if !m.primitives.iter().any(|p| p.has_weights()) {
+                return bad(
+                    "search.guards.max_param_free",
+                    "needs an op with weights (a convolution) in model.primitives",
                 );
             }
         }

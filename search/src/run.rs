@@ -106,8 +106,8 @@ fn kept_bits(
     out
 }
 
-/// The genotype of α rows under the configured guards: P-DARTS' limit on skip connections,
-/// PC-DARTS' edge weights.
+/// The genotype of α rows under the configured guards: P-DARTS' limit on skip connections and
+/// on parameter-free ops, PC-DARTS' edge weights.
 fn derive_rows(
     cfg: &ExperimentConfig,
     alphas: &Alphas,
@@ -118,6 +118,7 @@ fn derive_rows(
     let edges = alphas.edge_rows()?;
     let opt = DeriveOptions {
         max_skip: cfg.search.guards.max_skip,
+        max_param_free: cfg.search.guards.max_param_free,
         edge_normal: edges.as_ref().map(|e| e.0.as_slice()),
         edge_reduce: edges.as_ref().map(|e| e.1.as_slice()),
     };

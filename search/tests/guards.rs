@@ -128,6 +128,8 @@ fn guard_settings_out_of_range_are_refused_naming_the_key() {
         ("[search.guards]\naux_skip = nan", "search.guards.aux_skip"),
         ("[search.guards]\nmax_skip = 5", "search.guards.max_skip"),
         ("[search.guards]\nmax_sikp = 1", "max_sikp"),
+        ("[search.guards]\nmax_param_free = 5", "search.guards.max_param_free"),
+        ("[search.guards]\nmax_param_free = -1", "max_param_free"),
     ] {
         let text = tiny_text(&dir, guards);
         let err = ExperimentConfig::parse(&text, Path::new("g.toml"), &[]).unwrap_err().to_string();
@@ -138,6 +140,42 @@ fn guard_settings_out_of_range_are_refused_naming_the_key() {
     let err =
         ExperimentConfig::parse(&text, Path::new("g.toml"), &only_skip).unwrap_err().to_string();
     assert!(err.contains("other than none and skip_connect"), "{err}");
+    let text = tiny_text(&dir, "[search.guards]\nmax_param_free = 1");
+    let no_conv = ["model.primitives=[\"none\", \"max_pool_3x3\", \"skip_connect\"]".to_string()];
+    let err =
+        ExperimentConfig::parse(&text, Path::new("g.toml"), &no_conv).unwrap_err().to_string();
+    assert!(
+        err.contains("search.guards.max_param_free") && err.contains("op with weights"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_search_with_the_parameter_free_limit_keeps_convolutions_every_epoch() {
+    let d = Device::flex();
+    let dir = scratch("param-free");
+    let free = |text: &str| {
+        let g = Genotype::from_darts_text(text).unwrap();
+        g.normal.iter().flatten().filter(|e| !e.op.has_weights()).count()
+    };
+    // The same search without the limit keeps a parameter-free edge in its normal cell, so the
+    // limit (none allowed) has something to do.
+    let mut go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
+    let plain = run_search(&guarded(&dir, ""), &d, None, &mut go).unwrap();
+    assert!(free(&plain.genotype.to_darts_text()) > 0, "{}", plain.genotype.to_darts_text());
+    let cfg = guarded(&dir, "[search.guards]\nmax_param_free = 0");
+    let out = run_search(&cfg, &d, None, &mut go).unwrap();
+    assert_eq!(free(&out.genotype.to_darts_text()), 0);
+    let rows = std::fs::read_to_string(out.run_dir.join("genotypes.csv")).unwrap();
+    for line in rows.lines().skip(1) {
+        let text = line.split_once(',').unwrap().1.trim_matches('"');
+        assert_eq!(free(text), 0, "{line}");
+    }
+    // The reduction cell is not limited, and α is the unlimited search's: only the derivation
+    // differs.
+    assert_eq!(out.genotype.reduce, plain.genotype.reduce);
+    let alphas = |dir: &Path| std::fs::read_to_string(dir.join("alphas.csv")).unwrap();
+    assert_eq!(alphas(&out.run_dir), alphas(&plain.run_dir));
 }
 
 #[test]
