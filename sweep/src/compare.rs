@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use qdarts_genotypes::{Edge, Genotype, Primitive};
 use qdarts_record::{MetricsRow, Phase, RunLayout, read_plan, read_table};
 
+use crate::stats::{Anova, Welch};
 use crate::trials::SweepDir;
 use crate::{SweepError, invalid, io_err};
 
@@ -520,26 +521,67 @@ pub fn report(c: &Comparison) -> String {
 
 /// Searched genotypes against the random baseline: each side's mean ± std over runs, the
 /// difference, and how many baseline genotypes (their seed means) the searched mean beats.
+/// With seeds repeated, also the noise: the pooled seed std within a genotype and a one-way
+/// ANOVA over the genotypes (does the training tell them apart at all?), and Welch's t-test
+/// of the searched genotypes' seed means against the random ones' (is the difference more
+/// than a lucky draw of genotypes?).
 pub fn baseline_summary(c: &Comparison) -> Option<String> {
     let top = |base: bool| -> Vec<f64> {
         c.runs.iter().filter(|r| r.baseline == base).filter_map(|r| r.top1).collect()
     };
     let (searched, random) = (Stats::of(&top(false))?, Stats::of(&top(true))?);
-    let baseline_means: Vec<f64> = c
-        .groups
-        .iter()
-        .filter(|g| g.members.iter().all(|&i| c.runs[i].baseline))
-        .filter_map(|g| g.top1.map(|s| s.mean))
-        .collect();
+    // Each group of runs that differ only in their seed is one genotype.
+    let genotypes = |base: bool| -> Vec<Vec<f64>> {
+        c.groups
+            .iter()
+            .filter(|g| g.members.iter().all(|&i| c.runs[i].baseline == base))
+            .map(|g| g.members.iter().filter_map(|&i| c.runs[i].top1).collect::<Vec<f64>>())
+            .filter(|v| !v.is_empty())
+            .collect()
+    };
+    let (searched_g, random_g) = (genotypes(false), genotypes(true));
+    let means = |g: &[Vec<f64>]| -> Vec<f64> {
+        g.iter().map(|v| v.iter().sum::<f64>() / v.len() as f64).collect()
+    };
+    let baseline_means = means(&random_g);
     let beaten = baseline_means.iter().filter(|&&m| searched.mean > m).count();
-    Some(format!(
+    let mut out = format!(
         "searched vs random baseline (final top-1 over runs):\n  searched {}\n  random   {}\n  \
          difference {:+.2} points; the searched mean beats {beaten} of {} random genotypes' seed means",
         searched.percent(),
         random.percent(),
         100.0 * (searched.mean - random.mean),
         baseline_means.len()
-    ))
+    );
+    let all: Vec<Vec<f64>> = searched_g.iter().chain(&random_g).cloned().collect();
+    if let Some(a) = Anova::of(&all) {
+        let _ = write!(
+            out,
+            "\n  seed noise: pooled std within a genotype {:.2} points; genotypes differ beyond \
+             it: F({}, {}) = {:.2}, p = {:.3} (one-way ANOVA over {} genotypes)",
+            100.0 * a.within_std,
+            a.df_between,
+            a.df_within,
+            a.f,
+            a.p,
+            all.len()
+        );
+    }
+    if let Some(w) = Welch::of(&means(&searched_g), &baseline_means) {
+        let _ = write!(
+            out,
+            "\n  over genotypes (seed means, {} searched, {} random): {:+.2} ± {:.2} points, \
+             Welch t({:.1}) = {:.2}, p = {:.3}",
+            searched_g.len(),
+            random_g.len(),
+            100.0 * w.diff,
+            100.0 * w.se,
+            w.df,
+            w.t,
+            w.p
+        );
+    }
+    Some(out)
 }
 
 /// The comparison as CSV: one row per run.

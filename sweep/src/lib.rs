@@ -7,11 +7,13 @@
 //!   Kubernetes' environment;
 //! - [`emit`]: a Slurm array script and a Kubernetes Indexed Job manifest that run the trials;
 //! - [`compare`]: the run records of many runs side by side, grouped by config, with
-//!   mean ± std over seeds and how often each edge was chosen.
+//!   mean ± std over seeds and how often each edge was chosen;
+//! - [`stats`]: the tests `compare --baseline` reports (ANOVA over genotypes, Welch's t).
 
 pub mod compare;
 pub mod emit;
 pub mod spec;
+pub mod stats;
 pub mod trials;
 
 use std::path::PathBuf;

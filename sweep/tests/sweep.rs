@@ -443,6 +443,30 @@ fn the_baseline_summary_compares_searched_runs_with_random_genotypes() {
     assert!(s.contains("random   71.00 ± 1.41 % (n=2)"), "{s}");
     assert!(s.contains("difference +6.00 points"), "{s}");
     assert!(s.contains("beats 1 of 1"), "{s}");
+    // Seed noise (pooled within-genotype variance 0.0002) against the genotypes' spread:
+    // F(1, 2) = 0.0036 / 0.0002 = 18, p = 1 − √18/√20 (t with 2 degrees of freedom).
+    assert!(s.contains("pooled std within a genotype 1.41 points"), "{s}");
+    assert!(s.contains("F(1, 2) = 18.00, p = 0.051 (one-way ANOVA over 2 genotypes)"), "{s}");
+    // One genotype a side: no test over genotypes.
+    assert!(!s.contains("Welch"), "{s}");
+    // Two genotypes a side: seed means 0.77, 0.81 against 0.71, 0.73; standard error
+    // √(0.0008/2 + 0.0002/2), Welch–Satterthwaite df 0.0005² / (0.0004² + 0.0001²) = 1.47.
+    let c = Comparison::new(vec![
+        summary("s1", 1, "x", Some(0.76), false),
+        summary("s2", 2, "x", Some(0.78), false),
+        summary("s3", 1, "y", Some(0.80), false),
+        summary("s4", 2, "y", Some(0.82), false),
+        summary("r1", 1, "x", Some(0.70), true),
+        summary("r2", 2, "x", Some(0.72), true),
+        summary("r3", 1, "y", Some(0.74), true),
+        summary("r4", 2, "y", Some(0.72), true),
+    ]);
+    let s = baseline_summary(&c).expect("summary");
+    assert!(
+        s.contains("(seed means, 2 searched, 2 random): +7.00 ± 2.24 points, Welch t(1.5) = 3.13"),
+        "{s}"
+    );
+    assert!(s.contains("ANOVA over 4 genotypes"), "{s}");
 }
 
 #[test]
@@ -450,8 +474,8 @@ fn the_shipped_sweep_files_expand() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments");
     for (file, kind, trials) in [
         ("sweep-default.toml", TrialKind::Search, 4),
-        ("sweep-guards.toml", TrialKind::Search, 6),
-        ("sweep-baseline.toml", TrialKind::Train, 14),
+        ("sweep-guards.toml", TrialKind::Search, 9),
+        ("sweep-baseline.toml", TrialKind::Train, 34),
     ] {
         let s = SweepSpec::load(&dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!((s.kind, s.trials.len()), (kind, trials), "{file}");
