@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 mod common;
 
@@ -25,20 +26,36 @@ fn ok(cmd: &mut Command) -> String {
 }
 
 /// A Python with onnxruntime (a venv in the temp dir, made once), or `None` with a note when
-/// Python or the package registry is not there.
+/// Python or the package registry is not there. The tests of this file run on parallel
+/// threads: the first to ask builds the venv while the others wait for it, and a venv counts as
+/// ready only when its Python imports both packages (a venv left half-installed is installed
+/// into again).
 fn onnx_python() -> Option<PathBuf> {
+    static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PYTHON.get_or_init(make_onnx_python).clone()
+}
+
+fn make_onnx_python() -> Option<PathBuf> {
     let venv = std::env::temp_dir().join("qdarts-onnx-venv");
     let py = venv.join("bin").join("python");
-    let ready = py.exists()
-        || (Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .is_ok_and(|s| s.success())
+    let imports = || {
+        Command::new(&py)
+            .args(["-c", "import onnxruntime, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let ready = imports()
+        || ((py.exists()
+            || Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .is_ok_and(|s| s.success()))
             && Command::new(venv.join("bin").join("pip"))
                 .args(["install", "-q", "onnxruntime", "numpy"])
                 .status()
-                .is_ok_and(|s| s.success()));
+                .is_ok_and(|s| s.success())
+            && imports());
     if !ready {
         eprintln!("note: python3 with onnxruntime unavailable; ONNX check skipped");
     }
