@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use qdarts_genotypes::{Edge, Genotype, Primitive};
 use qdarts_record::{MetricsRow, Phase, RunLayout, read_plan, read_table};
 
+pub use crate::stats::Stats;
 use crate::stats::{Anova, Welch};
 use crate::trials::SweepDir;
 use crate::{SweepError, invalid, io_err};
@@ -205,43 +206,6 @@ pub struct Group {
     pub members: Vec<usize>,
     /// Mean and sample standard deviation of the final top-1 over members that have one.
     pub top1: Option<Stats>,
-}
-
-/// Mean, sample standard deviation and count.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Stats {
-    /// Mean.
-    pub mean: f64,
-    /// Sample standard deviation (n − 1); 0 for one value.
-    pub std: f64,
-    /// Values.
-    pub n: usize,
-}
-
-impl Stats {
-    /// Of some values; `None` when there are none.
-    pub fn of(values: &[f64]) -> Option<Stats> {
-        let n = values.len();
-        if n == 0 {
-            return None;
-        }
-        let mean = values.iter().sum::<f64>() / n as f64;
-        let var = if n > 1 {
-            values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64
-        } else {
-            0.0
-        };
-        Some(Stats { mean, std: var.sqrt(), n })
-    }
-
-    /// `mean ± std % (n)` of a fraction.
-    pub fn percent(&self) -> String {
-        if self.n > 1 {
-            format!("{:.2} ± {:.2} % (n={})", 100.0 * self.mean, 100.0 * self.std, self.n)
-        } else {
-            format!("{:.2} % (n=1)", 100.0 * self.mean)
-        }
-    }
 }
 
 /// The comparison of some runs.
@@ -530,19 +494,20 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
         c.runs.iter().filter(|r| r.baseline == base).filter_map(|r| r.top1).collect()
     };
     let (searched, random) = (Stats::of(&top(false))?, Stats::of(&top(true))?);
-    // Each group of runs that differ only in their seed is one genotype.
-    let genotypes = |base: bool| -> Vec<Vec<f64>> {
+    // Each group of runs that differ only in their seed is one genotype: its runs' top-1 and
+    // their mean.
+    let genotypes = |base: bool| -> Vec<(Vec<f64>, f64)> {
         c.groups
             .iter()
             .filter(|g| g.members.iter().all(|&i| c.runs[i].baseline == base))
-            .map(|g| g.members.iter().filter_map(|&i| c.runs[i].top1).collect::<Vec<f64>>())
-            .filter(|v| !v.is_empty())
+            .filter_map(|g| {
+                let top1 = g.members.iter().filter_map(|&i| c.runs[i].top1).collect();
+                g.top1.map(|s| (top1, s.mean))
+            })
             .collect()
     };
     let (searched_g, random_g) = (genotypes(false), genotypes(true));
-    let means = |g: &[Vec<f64>]| -> Vec<f64> {
-        g.iter().map(|v| v.iter().sum::<f64>() / v.len() as f64).collect()
-    };
+    let means = |g: &[(Vec<f64>, f64)]| -> Vec<f64> { g.iter().map(|v| v.1).collect() };
     let baseline_means = means(&random_g);
     let beaten = baseline_means.iter().filter(|&&m| searched.mean > m).count();
     let mut out = format!(
@@ -553,7 +518,7 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
         100.0 * (searched.mean - random.mean),
         baseline_means.len()
     );
-    let all: Vec<Vec<f64>> = searched_g.iter().chain(&random_g).cloned().collect();
+    let all: Vec<Vec<f64>> = searched_g.iter().chain(&random_g).map(|g| g.0.clone()).collect();
     if let Some(a) = Anova::of(&all) {
         let _ = write!(
             out,

@@ -97,14 +97,45 @@ pub fn f_upper(f: f64, d1: f64, d2: f64) -> f64 {
     beta_inc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
 }
 
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len() as f64
+/// Mean, sample standard deviation and count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// Mean.
+    pub mean: f64,
+    /// Sample standard deviation (n − 1); 0 for one value.
+    pub std: f64,
+    /// Values.
+    pub n: usize,
 }
 
-/// Sample variance (n − 1).
-fn var(v: &[f64]) -> f64 {
-    let m = mean(v);
-    v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() as f64 - 1.0)
+impl Stats {
+    /// Of some values; `None` when there are none.
+    pub fn of(values: &[f64]) -> Option<Stats> {
+        let n = values.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = values.iter().sum::<f64>() / n as f64;
+        let var = if n > 1 {
+            values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+        } else {
+            0.0
+        };
+        Some(Stats { mean, std: var.sqrt(), n })
+    }
+
+    /// `mean ± std % (n)` of a fraction.
+    pub fn percent(&self) -> String {
+        if self.n > 1 {
+            format!("{:.2} ± {:.2} % (n={})", 100.0 * self.mean, 100.0 * self.std, self.n)
+        } else {
+            format!("{:.2} % (n=1)", 100.0 * self.mean)
+        }
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    Stats::of(v).map_or(f64::NAN, |s| s.mean)
 }
 
 /// Welch's unequal-variance t-test of mean(a) − mean(b).
@@ -128,12 +159,13 @@ impl Welch {
         if a.len() < 2 || b.len() < 2 {
             return None;
         }
-        let (va, vb) = (var(a) / a.len() as f64, var(b) / b.len() as f64);
+        let (sa, sb) = (Stats::of(a)?, Stats::of(b)?);
+        let (va, vb) = (sa.std * sa.std / sa.n as f64, sb.std * sb.std / sb.n as f64);
         let se = (va + vb).sqrt();
         if se <= 0.0 || !se.is_finite() {
             return None;
         }
-        let diff = mean(a) - mean(b);
+        let diff = sa.mean - sb.mean;
         let df = (va + vb).powi(2)
             / (va * va / (a.len() as f64 - 1.0) + vb * vb / (b.len() as f64 - 1.0));
         let t = diff / se;
