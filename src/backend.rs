@@ -1,8 +1,44 @@
 //! Backend selection: the only place that names a backend. Model code takes a `&Device`.
 
+use std::sync::OnceLock;
+
 use anyhow::{Result, bail};
 use burn::tensor::Device;
 use clap::ValueEnum;
+
+/// Which device of the backend: `--device cpu` or `--device cuda:N`. Chosen once per process,
+/// from the command line, before any device is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The host CPU (flex; LibTorch's CPU device).
+    Cpu,
+    /// NVIDIA GPU number N (cuda; LibTorch's CUDA device).
+    Cuda(usize),
+}
+
+impl DeviceChoice {
+    /// Parses `cpu`, `cuda` (GPU 0) or `cuda:N`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceChoice::Cuda(n)),
+                _ => bail!("--device `{s}`: expected `cpu`, `cuda` or `cuda:N` (N a GPU number)"),
+            },
+        }
+    }
+
+    /// As written on the command line.
+    pub fn name(self) -> String {
+        match self {
+            DeviceChoice::Cpu => "cpu".into(),
+            DeviceChoice::Cuda(n) => format!("cuda:{n}"),
+        }
+    }
+}
+
+static CHOSEN: OnceLock<DeviceChoice> = OnceLock::new();
 
 /// A compute backend, chosen at run time among those compiled in (cargo features).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -26,6 +62,65 @@ impl Backend {
             Backend::Cuda => "cuda",
             Backend::Tch => "tch",
         }
+    }
+
+    /// The device each backend uses when `--device` names none.
+    pub fn default_device(self) -> Option<DeviceChoice> {
+        match self {
+            Backend::Flex | Backend::Tch => Some(DeviceChoice::Cpu),
+            Backend::Cuda => Some(DeviceChoice::Cuda(0)),
+            // wgpu picks its adapter itself (`CUBECL_WGPU_DEFAULT_DEVICE` overrides it).
+            Backend::Wgpu => None,
+        }
+    }
+
+    /// Checks `--device` against this backend and keeps it for every later [`Backend::device`]
+    /// in this process. Called once, from `main`, before any device is made.
+    pub fn choose_device(self, device: Option<&str>) -> Result<()> {
+        let Some(text) = device else { return Ok(()) };
+        let choice = DeviceChoice::parse(text)?;
+        let fits = matches!(
+            (self, choice),
+            (Backend::Flex, DeviceChoice::Cpu)
+                | (Backend::Tch, _)
+                | (Backend::Cuda, DeviceChoice::Cuda(_))
+        );
+        if !fits {
+            let takes = match self {
+                Backend::Flex => "only `cpu`",
+                Backend::Cuda => "`cuda:N`",
+                Backend::Wgpu => {
+                    "no --device (it picks its adapter; set CUBECL_WGPU_DEFAULT_DEVICE to choose)"
+                }
+                Backend::Tch => unreachable!("tch takes every device"),
+            };
+            bail!("--device {text} does not go with --backend {}: it takes {takes}", self.name());
+        }
+        if CHOSEN.set(choice).is_err() && CHOSEN.get() != Some(&choice) {
+            bail!("--device was chosen twice in one process");
+        }
+        Ok(())
+    }
+
+    /// The device in use: `--device`, else the backend's default.
+    pub fn chosen_device(self) -> Option<DeviceChoice> {
+        CHOSEN.get().copied().or_else(|| self.default_device())
+    }
+
+    /// The backend with its device, for reports and file names: `flex`, `tch-cpu`,
+    /// `tch-cuda0`, `cuda` (GPU 0), `cuda1`.
+    pub fn label(self) -> String {
+        match (self, self.chosen_device()) {
+            (Backend::Tch, Some(DeviceChoice::Cpu)) => "tch-cpu".into(),
+            (Backend::Tch, Some(DeviceChoice::Cuda(n))) => format!("tch-cuda{n}"),
+            (Backend::Cuda, Some(DeviceChoice::Cuda(n))) if n > 0 => format!("cuda{n}"),
+            _ => self.name().to_string(),
+        }
+    }
+
+    /// `--device` as given, for a child process of the same backend (a local sweep's trials).
+    pub fn device_args(self) -> Vec<String> {
+        CHOSEN.get().map_or_else(Vec::new, |d| vec!["--device".into(), d.name()])
     }
 
     /// The device of this backend, started and checked with a one-element tensor; an error
@@ -60,14 +155,22 @@ impl Backend {
             Ok(_) => Ok(device),
             Err(_) => {
                 let why = first.lock().ok().and_then(|mut f| f.take());
-                let why = why.unwrap_or_else(|| "no reason given".into());
+                let mut why = why.unwrap_or_else(|| "no reason given".into());
+                // cudarc lists every library name it tried: the first clause says it.
+                if let Some(i) = why.find(" - searched for library names") {
+                    why.truncate(i);
+                }
                 let hint = match self {
                     Backend::Wgpu => {
                         " (no GPU? Mesa's software Vulkan driver, Debian package \
                          `mesa-vulkan-drivers`, runs wgpu on the CPU)"
                     }
-                    Backend::Cuda => " (needs an NVIDIA GPU and its driver)",
-                    _ => "",
+                    Backend::Cuda => {
+                        " (needs an NVIDIA GPU and its driver, libcuda.so, which this machine \
+                         lacks or could not load)"
+                    }
+                    Backend::Tch => " (LibTorch's CUDA device needs an NVIDIA GPU and its driver)",
+                    Backend::Flex => "",
                 };
                 bail!("the {} backend could not start: {why}{hint}", self.name())
             }
@@ -81,10 +184,16 @@ impl Backend {
             #[cfg(feature = "wgpu")]
             Backend::Wgpu => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
             #[cfg(feature = "cuda")]
-            Backend::Cuda => Ok(Device::cuda(0)),
+            Backend::Cuda => match self.chosen_device() {
+                Some(DeviceChoice::Cuda(n)) => Ok(Device::cuda(n)),
+                other => bail!("--backend cuda cannot run on {other:?}"),
+            },
             #[cfg(feature = "tch")]
             #[allow(deprecated)]
-            Backend::Tch => Ok(Device::libtorch()),
+            Backend::Tch => match self.chosen_device() {
+                Some(DeviceChoice::Cuda(n)) => tch_cuda(n),
+                _ => Ok(Device::libtorch()),
+            },
             #[allow(unreachable_patterns)]
             other => bail!(
                 "backend `{}` is not compiled into this binary: rebuild with `--features {}`",
@@ -93,4 +202,30 @@ impl Backend {
             ),
         }
     }
+}
+
+/// Whether the device's tensors live in memory that neither the Rust heap counters nor a
+/// CubeCL pool see (LibTorch's allocators), so that a peak measured here would be wrong.
+pub fn allocates_outside_rust(device: &Device) -> bool {
+    // The dispatch enum is not public; its variant shows in the device's Debug form.
+    cfg!(feature = "tch") && format!("{device:?}").contains("LibTorch")
+}
+
+/// LibTorch's CUDA device `n`, after asking LibTorch whether it sees that GPU: LibTorch's own
+/// failure on a machine without one is a C++ exception that aborts the process.
+#[cfg(feature = "tch")]
+#[allow(deprecated)]
+fn tch_cuda(n: usize) -> Result<Device> {
+    let count = tch::Cuda::device_count();
+    if count <= 0 || n >= count as usize {
+        let seen = if count <= 0 {
+            "LibTorch sees no CUDA GPU: no NVIDIA GPU, or its driver (libcuda.so) is missing or \
+             could not be loaded"
+                .to_string()
+        } else {
+            format!("LibTorch sees {count} CUDA GPU(s), numbered from 0")
+        };
+        bail!("the tch backend could not start on cuda:{n}: {seen}");
+    }
+    Ok(Device::libtorch_cuda(n))
 }

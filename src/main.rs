@@ -29,6 +29,10 @@ struct Cli {
     /// Compute backend (those compiled in: see `cargo build --features`).
     #[arg(long, global = true, value_enum, default_value = "flex")]
     backend: Backend,
+    /// Device of the backend: `cpu`, or `cuda:N` for `--backend cuda` and `--backend tch`
+    /// [default: cpu for flex and tch, cuda:0 for cuda, wgpu's own choice of adapter].
+    #[arg(long, global = true, value_name = "DEVICE")]
+    device: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -121,6 +125,14 @@ enum Command {
         /// Also write what qdarts computes from them (qdarts.safetensors).
         #[arg(long)]
         with_outputs: bool,
+    },
+    /// Check one search step on this backend against the PyTorch reference's fixtures
+    /// (`scripts/torch_reference.py`): α gradients, the steps of α and the weights, the loss.
+    /// Prints one row per quantity; exits 1 if any is off its bound.
+    Parity {
+        /// Fixture folders (each with spec.json and expected.safetensors), or a folder of them.
+        #[arg(default_value = "search/tests/fixtures/parity")]
+        fixtures: Vec<PathBuf>,
     },
     /// Expand a sweep file (a grid or list over config keys, and seeds) into numbered trials
     /// in results/<sweep>/; write Slurm / Kubernetes files that run them, or run them here.
@@ -255,6 +267,9 @@ fn toml_string(s: &str) -> String {
 fn main() -> ExitCode {
     alloc::keep_freed_memory();
     let cli = Cli::parse();
+    if let Err(e) = cli.backend.choose_device(cli.device.as_deref()) {
+        return finish(Err(e));
+    }
     let result = match cli.command {
         Command::Search {
             config,
@@ -339,6 +354,7 @@ fn main() -> ExitCode {
         Command::DumpStep { preset, out, with_outputs } => {
             search_cmd::dump_step(preset.into(), &out, with_outputs, cli.backend)
         }
+        Command::Parity { fixtures } => search_cmd::parity(&fixtures, cli.backend),
         Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
         Command::Compare { runs, baseline, csv, plot } => {
             compare_cmd::compare(&runs, &baseline, csv.as_deref(), plot.as_deref())

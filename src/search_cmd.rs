@@ -152,6 +152,57 @@ pub fn dump_step(
     Ok(())
 }
 
+/// Runs `qdarts parity`: every fixture folder's step on `backend`, against its expected
+/// outputs; an error when a quantity is off its bound.
+pub fn parity(fixtures: &[PathBuf], backend: Backend) -> Result<()> {
+    use qdarts_search::parity::{compare, compute, read_inputs};
+    let mut dirs = Vec::new();
+    for f in fixtures {
+        if f.join("spec.json").is_file() {
+            dirs.push(f.clone());
+            continue;
+        }
+        let entries =
+            std::fs::read_dir(f).with_context(|| format!("reading fixtures {}", f.display()))?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("spec.json").is_file())
+            .collect();
+        if found.is_empty() {
+            bail!("{}: no fixture folder (one with spec.json) there", f.display());
+        }
+        found.sort();
+        dirs.extend(found);
+    }
+    let device = backend.device()?.autodiff();
+    let mut failed = Vec::new();
+    for dir in &dirs {
+        let (spec, state) = read_inputs(dir, &device)
+            .with_context(|| format!("reading fixture {}", dir.display()))?;
+        let ours = compute(&spec, state)?;
+        let expected = dir.join("expected.safetensors");
+        let (reference, _) = qdarts_engine::tensors::read(&expected)
+            .with_context(|| format!("reading {}", expected.display()))?;
+        println!("{} on {}", dir.display(), backend.label());
+        println!("  {:<48} {:>11} {:>11} {:>9}", "quantity", "max |diff|", "relative", "bound");
+        for c in compare(spec.preset, &ours, &reference) {
+            let flag = if c.ok { "" } else { "  FAILED" };
+            println!(
+                "  {:<48} {:>11.3e} {:>11.3e} {:>9.1e}{flag}",
+                c.quantity, c.max_abs, c.rel, c.bound
+            );
+            if !c.ok {
+                failed.push(format!("{}: {}", dir.display(), c.quantity));
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!("parity failed on {}: {}", backend.label(), failed.join("; "));
+    }
+    println!("parity: {} fixture(s) within bounds on {}", dirs.len(), backend.label());
+    Ok(())
+}
+
 /// The worker's status as the dashboard sees it.
 #[derive(Debug)]
 struct Shared {
@@ -196,7 +247,7 @@ fn with_dashboard(
     log.line(&format!(
         "search `{}` on {} ({})",
         cfg.name,
-        args.backend.name(),
+        args.backend.label(),
         if args.resume.is_some() { "resumed" } else { "new run" }
     ));
     let shared = Shared {

@@ -230,7 +230,9 @@ fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
                 .with_context(|| format!("opening {}", log_path.display()))?;
             let err = log.try_clone().with_context(|| format!("opening {}", log_path.display()))?;
             let child = Command::new(&exe)
-                .args(["--backend", backend.name(), kind, "--sweep"])
+                .args(["--backend", backend.name()])
+                .args(backend.device_args())
+                .args([kind, "--sweep"])
                 .arg(sweep.root())
                 .args(["--trial", &n.to_string()])
                 .env("RAYON_NUM_THREADS", threads.to_string())

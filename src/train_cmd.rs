@@ -145,7 +145,7 @@ pub fn eval(run: &Path, backend: Backend, threads: usize) -> Result<()> {
     let r = &ev.report;
     let n = r.images;
     let count = |frac: f64| (frac * n as f64).round() as usize;
-    println!("eval of {} on {} test images ({})", run.display(), n, backend.name());
+    println!("eval of {} on {} test images ({})", run.display(), n, backend.label());
     println!(
         "  fake-quant model top-1   {:>8.2} %   ({}/{n}, {:.2} s)",
         100.0 * r.fake_quant_top1,

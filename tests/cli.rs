@@ -199,3 +199,43 @@ fn a_killed_training_resumes_to_the_same_metrics() {
     assert_eq!(ma.lines().filter(|l| l.contains(",val,")).count(), 4, "{ma}");
     assert_no_torn_rows(&run_b, &["metrics.csv", "quant_error.csv"]);
 }
+
+#[test]
+fn device_flags_are_checked_against_the_backend() {
+    for (args, code, want) in [
+        (&["--device", "cuda:0"][..], 1, "--device cuda:0 does not go with --backend flex"),
+        (&["--device", "gpu"], 1, "--device `gpu`: expected `cpu`, `cuda` or `cuda:N`"),
+        (&["--device", "cuda:-1"], 1, "expected `cpu`, `cuda` or `cuda:N`"),
+        (&["--backend", "wgpu", "--device", "cpu"], 1, "wgpu"),
+        (&["--device"], 2, "a value is required"),
+    ] {
+        let out = qdarts().args(args).args(["bench", "quant"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A backend this binary was built without names the feature that adds it.
+    #[cfg(not(feature = "tch"))]
+    {
+        let out = qdarts().args(["--backend", "tch", "bench", "quant"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("rebuild with `--features tch`"), "{err}");
+    }
+}
+
+#[test]
+fn parity_runs_the_fixtures_on_the_chosen_backend() {
+    let out = qdarts().arg("parity").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("2 fixture(s) within bounds on flex"), "{text}");
+    for quantity in ["first", "second.hessian", "alphas_after", "loss"] {
+        assert!(text.contains(quantity), "{quantity} missing:\n{text}");
+    }
+    let out = qdarts().args(["parity", "/nonexistent-fixtures"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/nonexistent-fixtures"), "{err}");
+}

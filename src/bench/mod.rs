@@ -247,7 +247,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             let [n, c, h, w] = shape;
             println!(
                 "fake-quant throughput on {}, tensor {n}x{c}x{h}x{w} ({:.1} M elements, f32), median of {reps} after 1 warm-up",
-                backend.name(),
+                backend.label(),
                 numel as f64 / 1e6
             );
             print!("{}", quant::render(&rows));
@@ -276,7 +276,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             let device = backend.device()?;
             println!(
                 "seconds per search step (architecture step + weight step) on {}, median of {reps} after {warmup} warm-up",
-                backend.name()
+                backend.label()
             );
             println!(
                 "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10}",
@@ -299,7 +299,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 );
                 rows.push(format!(
                     "{},{},{},{},{},{:.4},{:.4},{:.4},{}",
-                    backend.name(),
+                    backend.label(),
                     sh.name,
                     sh.describe(),
                     order_name(case.order),
@@ -330,7 +330,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             println!(
                 "candidate ops, forward+backward on {}, input {batch}x{channels}x{size}x{size}, \
                  fake-quant preset {preset:?}, median of {reps} after 1 warm-up (ms)",
-                backend.name()
+                backend.label()
             );
             print!("{}", ops::render_ops(&rows));
             if let Some(path) = csv {

@@ -94,7 +94,7 @@ pub fn write_ops_csv(
     let lines = rows.iter().map(|r| {
         format!(
             "{},{shape},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
-            backend.name(),
+            backend.label(),
             r.op,
             r.stride,
             r.float.median,

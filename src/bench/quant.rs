@@ -204,7 +204,7 @@ pub fn write_quant_csv(
     let lines = rows.iter().map(|r| {
         format!(
             "{},{shape},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3}",
-            backend.name(),
+            backend.label(),
             r.what,
             r.granularity,
             r.pass.name(),

@@ -130,7 +130,7 @@ fn csv_lines(backend: Backend, lines: &[Line]) -> Vec<String> {
             let (r, of) = l.ratio.map_or((String::new(), ""), |(r, of)| (format!("{r:.4}"), of));
             format!(
                 "{},{},{},{},{},{},{m},{lo},{hi},{e},{gb},{r},{},{},{}",
-                backend.name(),
+                backend.label(),
                 l.section,
                 q(&l.case),
                 q(&l.variant),
@@ -335,7 +335,7 @@ pub fn run(args: &SuiteArgs, backend: Backend) -> Result<()> {
     let csv = args
         .csv
         .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("results/bench-{}.csv", backend.name())));
+        .unwrap_or_else(|| PathBuf::from(format!("results/bench-{}.csv", backend.label())));
     if let Some(dir) = csv.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -351,7 +351,7 @@ pub fn run(args: &SuiteArgs, backend: Backend) -> Result<()> {
     println!(
         "qdarts bench on {} ({cores} cores): median and min..max of the timed runs after warm-up; \
          runs = warm-up+timed; peak MiB = largest live heap during a search step{}",
-        backend.name(),
+        backend.label(),
         if backend == Backend::Flex { "" } else { " (device pool bytes reserved)" }
     );
     print!("{}", render(&lines));

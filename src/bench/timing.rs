@@ -51,25 +51,30 @@ pub fn settle(t: Tensor<4>) -> f32 {
 
 /// Peak memory of a step: on flex, the largest live host heap during the step (all tensors
 /// live there); elsewhere, the bytes the device's memory pool holds after the step (the pool
-/// grows to the peak and keeps its pages), when the backend reports it.
+/// grows to the peak and keeps its pages), when the backend reports it. LibTorch allocates
+/// with its own allocators, which neither counter sees: nothing is reported there.
 #[derive(Debug)]
 pub struct MemProbe {
     host: bool,
+    unknown: bool,
 }
 
 impl MemProbe {
     /// Starts measuring.
     pub fn start(device: &Device) -> Self {
-        let host = device.memory_pool_usage().is_none();
+        let unknown = crate::backend::allocates_outside_rust(device);
+        let host = !unknown && device.memory_pool_usage().is_none();
         if host {
             crate::alloc::reset_peak();
         }
-        MemProbe { host }
+        MemProbe { host, unknown }
     }
 
     /// The peak since [`MemProbe::start`], when known.
     pub fn finish(self, device: &Device) -> Option<u64> {
-        if self.host {
+        if self.unknown {
+            None
+        } else if self.host {
             Some(crate::alloc::peak_bytes() as u64)
         } else {
             device.memory_pool_usage().map(|u| u.bytes_reserved)
