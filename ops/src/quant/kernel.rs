@@ -316,8 +316,9 @@ pub fn fake_quant_learnable<const D: usize>(
         .mask_where(below.clone(), zb.clone().neg().add_scalar(qmin))
         .mask_where(above, zb.neg().add_scalar(qmax))
         .mul_scalar(g);
-    // ∂out/∂z: 0 inside, −s outside.
-    let dz = step.neg().mul_scalar(g).mask_fill(inside.clone(), 0.0);
+    // ∂out/∂z: 0 inside, −s outside. The step is expanded to the input's shape first: LibTorch
+    // fills the mask in place and refuses a per-tensor step broadcast against a larger mask.
+    let dz = step.neg().mul_scalar(g).expand(inside.shape()).mask_fill(inside.clone(), 0.0);
 
     let mut out = deq;
     if x.is_autodiff() {

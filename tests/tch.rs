@@ -1,0 +1,89 @@
+//! The tch backend (LibTorch) end to end, built with `--features tch` against the PyTorch that
+//! `scripts/setup_torch.sh` installs: the search step against the PyTorch reference's
+//! fixtures, a one-epoch default search on LibTorch's CPU device, and a clear error where
+//! LibTorch's CUDA device is asked for without a GPU. CI runs them on the CPU.
+
+#![cfg(feature = "tch")]
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+fn qdarts() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_qdarts"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// One LibTorch process at a time: two at once on a small machine make LibTorch's OpenMP
+/// threads spin against each other (a 3 s step took 179 s on 2 cores).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[test]
+fn the_search_step_matches_pytorch_on_tch() {
+    let _one = one_at_a_time();
+    let out = qdarts().args(["--backend", "tch", "parity"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("2 fixture(s) within bounds on tch-cpu"), "{stdout}");
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+}
+
+#[test]
+fn a_default_search_epoch_runs_on_tch() {
+    let _one = one_at_a_time();
+    let dir = std::env::temp_dir().join(format!("qdarts-tch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let results = format!("record.results_dir=\"{}\"", dir.display());
+    let out = qdarts()
+        .args(["--backend", "tch", "search", "--set", "search.epochs=1", "--set", &results])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let run = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    // The default's 1280 images, half for the weights: 20 steps of 32, then one validation row.
+    let rows: Vec<Vec<&str>> = metrics.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.iter().filter(|r| r[2] == "train").count(), 20, "{metrics}");
+    assert_eq!(rows.iter().filter(|r| r[2] == "val").count(), 1, "{metrics}");
+    for r in &rows {
+        let loss: f64 = r[3].parse().unwrap();
+        // Cross-entropy over 10 classes starts near ln 10 and falls.
+        assert!(loss.is_finite() && (0.05..4.0).contains(&loss), "{metrics}");
+    }
+    let val_top1: f64 = rows.iter().find(|r| r[2] == "val").unwrap()[4].parse().unwrap();
+    // One epoch on 640 images learns something: well above the 10 % of chance.
+    assert!(val_top1 > 0.2, "{metrics}");
+    let genotype = std::fs::read_to_string(run.join("genotype.txt")).unwrap();
+    assert!(genotype.starts_with("Genotype(normal="), "{genotype}");
+    assert!(Path::new(&run.join("checkpoint")).is_dir());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// LibTorch's CUDA device on a machine without an NVIDIA GPU (or with `CUDA_VISIBLE_DEVICES`
+/// hiding it): exit code 1, a message naming the missing driver, no run folder, no abort.
+#[test]
+fn tch_cuda_without_a_gpu_is_a_clear_error() {
+    let _one = one_at_a_time();
+    let dir = std::env::temp_dir().join(format!("qdarts-tch-none-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let results = format!("record.results_dir=\"{}\"", dir.display());
+    let out = qdarts()
+        .args(["--backend", "tch", "--device", "cuda:0", "search", "--set", &results])
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the tch backend could not start on cuda:0"), "{stderr}");
+    assert!(stderr.contains("libcuda.so"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!dir.exists(), "a run folder was made for a device that never started");
+}
