@@ -703,6 +703,12 @@ def cmd_bench(args):
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: this PyTorch ({torch.__version__}) sees no CUDA GPU")
+    # Every tensor the supernet and the batches make lands on the device.
+    torch.set_default_device(args.device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     quant = args.quant == "tensorrt"
     net = SearchNetwork(3, args.init_channels, 10, args.layers, args.nodes, 3, quant)
     with torch.no_grad():
@@ -720,17 +726,29 @@ def cmd_bench(args):
     velocity = {}
     times = []
     for i in range(args.warmup + args.reps):
+        if i == args.warmup and cuda:
+            torch.cuda.reset_peak_memory_stats()
+        sync()
         t0 = time.perf_counter()
         grad = None
         if args.order == "second":
             d, h = second_order(net, alphas, train, val, 0.025, velocity, 0.9, 3e-4)
             grad = {k: d[k] - 0.025 * h[k] for k in d}
         _, alphas, _ = search_step(net, alphas, train, val, spec, velocity, grad)
+        sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     times.sort()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    extra = {"device": args.device}
+    if cuda:
+        # The caching allocator's peak over the timed steps, as `qdarts bench` reports a GPU
+        # backend's pool.
+        extra["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        extra["peak_gpu_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
+        extra["gpu"] = torch.cuda.get_device_name()
     print(json.dumps({
+        **extra,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "layers": args.layers,
         "init_channels": args.init_channels, "nodes": args.nodes, "batch": args.batch,
         "quant": args.quant, "order": args.order, "reps": args.reps,
@@ -799,6 +817,7 @@ def main():
     b.add_argument("--reps", type=int, default=3)
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
+    b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (eager PyTorch on that GPU)")
     o = sub.add_parser("bench-ops", help="milliseconds of forward+backward of each candidate op")
     o.add_argument("--batch", type=int, default=32)
     o.add_argument("--channels", type=int, default=16)

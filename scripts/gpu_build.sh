@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds, on a machine with cargo, what scripts/gpu_check.sh runs on a machine with an NVIDIA
+# GPU (which needs no Rust toolchain): one folder to carry there.
+#
+# usage: scripts/gpu_build.sh [--out DIR] [--tch] [--debs] [--no-tests]
+#   DIR (--out): the folder to write (default .gpu, ignored by git):
+#     qdarts          release binary with flex, wgpu and cuda (cuda through NVRTC: see
+#                     vendor/README.md), stripped;
+#     golden-*, fused-*  the golden-vector and fused-kernel test executables of the same build;
+#     qdarts-tch      with --tch: the LibTorch build (scripts/setup_torch.sh); it runs where the
+#                     same PyTorch's libraries are found (LD_LIBRARY_PATH);
+#     debs/           with --debs: Debian's Vulkan loader packages, which gpu_check.sh unpacks
+#                     on a machine that has the NVIDIA driver but no loader.
+#   --no-tests: leave the test executables out (smaller, when the carry limit is tight).
+# Environment: CUDARC_CUDA_VERSION (e.g. 12080) pins the CUDA API version cudarc is built for;
+# without nvcc here it takes the newest it knows, which a driver at least that new loads.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+out=.gpu tch=0 debs=0 tests=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out)
+      [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_build.sh: --out needs a folder" >&2; exit 2; }
+      out="$2"; shift 2 ;;
+    --tch) tch=1; shift ;;
+    --debs) debs=1; shift ;;
+    --no-tests) tests=0; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "gpu_build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+target="${CARGO_TARGET_DIR:-target}"
+
+echo "== qdarts with wgpu and cuda" >&2
+cargo build --release --features wgpu,cuda
+install -m 755 "$target/release/qdarts" "$out/qdarts"
+strip "$out/qdarts"
+
+if [ "$tests" = 1 ]; then
+  echo "== the golden and fused test executables (flex, wgpu, cuda)" >&2
+  # Same profile and features as the binary, so the build is shared.
+  cargo test --release -p qdarts-ops --features wgpu,cuda --test golden --test fused --no-run \
+    --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do
+    install -m 755 "$exe" "$out/$name"
+    strip "$out/$name"
+  done
+fi
+
+if [ "$tch" = 1 ]; then
+  echo "== qdarts with LibTorch (tch)" >&2
+  eval "$(bash scripts/setup_torch.sh)"
+  cargo build --release --features tch
+  install -m 755 "$target/release/qdarts" "$out/qdarts-tch"
+  strip "$out/qdarts-tch"
+fi
+
+if [ "$debs" = 1 ]; then
+  echo "== Vulkan loader packages" >&2
+  mkdir -p "$out/debs" /tmp/qdarts-apt/partial
+  o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/qdarts-apt)
+  apt-get "${o[@]}" update -qq
+  (cd "$out/debs" && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi
+
+du -ah "$out" | sort -k2 >&2
+echo "gpu_build.sh: carry $out (scripts/gpu_check.sh --artefacts $out)" >&2
