@@ -12,6 +12,8 @@
 #     debs/           with --debs: Debian's Vulkan loader packages, which gpu_check.sh unpacks
 #                     on a machine that has the NVIDIA driver but no loader.
 #   --no-tests: leave the test executables out (smaller, when the carry limit is tight).
+# Every executable is stripped and xz-compressed (NAME.xz: about a quarter of the stripped
+# size), so that the folder fits a small carry limit; gpu_check.sh unpacks them.
 # Environment: CUDARC_CUDA_VERSION (e.g. 12080) pins the CUDA API version cudarc is built for;
 # without nvcc here it takes the newest it knows, which a driver at least that new loads.
 set -euo pipefail
@@ -74,5 +76,8 @@ if [ "$debs" = 1 ]; then
   (cd "$out/debs" && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
 
+for f in "$out"/*; do
+  [ -f "$f" ] && [ -x "$f" ] && xz -T0 -6 -f "$f"
+done
 du -ah "$out" | sort -k2 >&2
 echo "gpu_build.sh: carry $out (scripts/gpu_check.sh --artefacts $out)" >&2

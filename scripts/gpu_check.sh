@@ -4,8 +4,8 @@
 # the machine with the NVIDIA GPU, and run this there from the repository root:
 #
 #   scripts/gpu_check.sh [--artefacts DIR] [--backends LIST] [--python PY] [--out DIR]
-#                        [--reps N] [--epochs N] [--batch B] [--layers L] [--init-channels C]
-#                        [--dry-run]
+#                        [--reps N] [--epochs N] [--limit N] [--batch B] [--layers L]
+#                        [--init-channels C] [--dry-run]
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
 #        one binary), optionally qdarts-tch (LibTorch) and the test executables golden-*/fused-*.
 #   LIST: comma-separated, of cuda, wgpu, tch (default: all three).
@@ -13,6 +13,7 @@
 #   --out DIR: logs, CSVs and the table (default: a new folder under results/).
 #   --reps N: timed steps per row (default 3, after one warm-up).
 #   --epochs N: epochs of the short default search per backend (default 1).
+#   --limit N: training images of that search (default: the default experiment's 1280).
 #   --batch/--layers/--init-channels: the search-step shape (default DARTS': 64, 8, 16; 4 nodes,
 #        3x32x32), the same on both sides.
 #   --dry-run: print the commands, run none.
@@ -29,7 +30,7 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-artefacts=.gpu backends=cuda,wgpu,tch python=python3 out="" reps=3 epochs=1
+artefacts=.gpu backends=cuda,wgpu,tch python=python3 out="" reps=3 epochs=1 limit=""
 batch=64 layers=8 channels=16 dry=0
 
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
@@ -43,6 +44,7 @@ while [ $# -gt 0 ]; do
     --out) need "$@"; out="$2"; shift 2 ;;
     --reps) need "$@"; posint "$1" "$2"; reps="$2"; shift 2 ;;
     --epochs) need "$@"; posint "$1" "$2"; epochs="$2"; shift 2 ;;
+    --limit) need "$@"; posint "$1" "$2"; limit="$2"; shift 2 ;;
     --batch) need "$@"; posint "$1" "$2"; batch="$2"; shift 2 ;;
     --layers) need "$@"; posint "$1" "$2"; layers="$2"; shift 2 ;;
     --init-channels) need "$@"; posint "$1" "$2"; channels="$2"; shift 2 ;;
@@ -58,10 +60,28 @@ IFS=, read -r -a list <<< "$backends"
 for b in "${list[@]}"; do
   case "$b" in cuda|wgpu|tch) ;; *) die "--backends: '$b' is none of cuda, wgpu, tch" ;; esac
 done
+[ -d "$artefacts" ] || die "$artefacts: no such folder (make it with scripts/gpu_build.sh)"
+# gpu_build.sh carries the executables xz-compressed: unpack them beside the results (with
+# Python's lzma, which every Python has, where xz itself may be missing).
+if compgen -G "$artefacts/*.xz" >/dev/null; then
+  [ -n "$out" ] || out="results/gpu-check-$(date -u +%Y%m%d-%H%M%S)"
+  unpacked="$out/bin"
+  if [ "$dry" = 0 ]; then
+    mkdir -p "$unpacked" || die "cannot make $unpacked"
+    for f in "$artefacts"/*.xz; do
+      name="$(basename "$f" .xz)"
+      python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as a, open(sys.argv[2], "wb") as b:
+    shutil.copyfileobj(a, b)' "$f" "$unpacked/$name" || die "cannot unpack $f"
+      chmod +x "$unpacked/$name"
+    done
+    [ -d "$artefacts/debs" ] && ln -sfn "$(cd "$artefacts/debs" && pwd)" "$unpacked/debs"
+  fi
+  artefacts="$unpacked"
+fi
 bin="$artefacts/qdarts"
 tchbin="$artefacts/qdarts-tch"
-[ -d "$artefacts" ] || die "$artefacts: no such folder (make it with scripts/gpu_build.sh)"
-if [[ " ${list[*]} " =~ " cuda " || " ${list[*]} " =~ " wgpu " ]]; then
+if [ "$dry" = 0 ] && [[ " ${list[*]} " =~ " cuda " || " ${list[*]} " =~ " wgpu " ]]; then
   [ -x "$bin" ] || die "$bin: missing or not executable (scripts/gpu_build.sh writes it)"
 fi
 [ -n "$out" ] || out="results/gpu-check-$(date -u +%Y%m%d-%H%M%S)"
@@ -169,7 +189,7 @@ for b in "${list[@]}"; do
   fi
   run "$b-parity" "$exe" "${dev[@]}" parity || failed=1
   run "$b-search" "$exe" "${dev[@]}" search --set "search.epochs=$epochs" \
-    --set "record.results_dir=\"$out/runs-$b\"" || failed=1
+    ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
   run "$b-quant" "$exe" "${dev[@]}" bench quant --reps "$reps" --csv "$out/quant-$b.csv" || failed=1
   run "$b-step" "$exe" "${dev[@]}" bench search --shape darts "${shape[@]}" --reps "$reps" \
     --csv "$out/step-$b.csv" || failed=1

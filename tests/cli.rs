@@ -207,7 +207,7 @@ fn device_flags_are_checked_against_the_backend() {
         (&["--device", "gpu"], 1, "--device `gpu`: expected `cpu`, `cuda` or `cuda:N`"),
         (&["--device", "cuda:-1"], 1, "expected `cpu`, `cuda` or `cuda:N`"),
         (&["--backend", "wgpu", "--device", "cpu"], 1, "wgpu"),
-        (&["--device"], 2, "a value is required"),
+        (&["--device", "--backend", "flex"], 2, "a value is required"),
     ] {
         let out = qdarts().args(args).args(["bench", "quant"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
