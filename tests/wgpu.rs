@@ -7,32 +7,14 @@
 
 use std::process::Command;
 
+mod common;
+use common::one_epoch_search;
+
 #[test]
 fn a_search_runs_on_wgpu() {
-    let dir = std::env::temp_dir().join(format!("qdarts-wgpu-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let results = format!("record.results_dir=\"{}\"", dir.display());
-    let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
-        .args(["search", "--backend", "wgpu", "--set", "search.epochs=1"])
-        .args(["--set", "data.limit=128", "--set", &results])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let run = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
-    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     // 128 images, half for the weights: 2 steps of 32, then one validation row.
-    let rows: Vec<Vec<&str>> = metrics.lines().skip(1).map(|l| l.split(',').collect()).collect();
-    assert_eq!(rows.iter().filter(|r| r[2] == "train").count(), 2, "{metrics}");
-    assert_eq!(rows.iter().filter(|r| r[2] == "val").count(), 1, "{metrics}");
-    for r in &rows {
-        let loss: f64 = r[3].parse().unwrap();
-        // Cross-entropy over 10 classes starts near ln 10.
-        assert!(loss.is_finite() && (1.0..4.0).contains(&loss), "{metrics}");
-    }
-    let genotype = std::fs::read_to_string(run.join("genotype.txt")).unwrap();
-    assert!(genotype.starts_with("Genotype(normal="), "{genotype}");
-    assert!(std::fs::read_to_string(run.join("quant_error.csv")).unwrap().lines().count() > 1);
+    let (run, _) = one_epoch_search("wgpu", &["--backend", "wgpu"], &["data.limit=128"], 2);
+    let _ = std::fs::remove_dir_all(run.parent().unwrap());
 }
 
 /// With every Vulkan and EGL driver hidden there is no adapter: a clear error, exit code 1, and

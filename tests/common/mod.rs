@@ -54,3 +54,45 @@ checkpoint_every = 1
 "#
     )
 }
+
+/// Runs `qdarts --backend <args…> search --set search.epochs=1 <sets…>` into a fresh results
+/// folder under the temp dir and checks the run record of that one epoch: `train_steps` train
+/// rows and one validation row, finite losses between 0.05 and 4 (cross-entropy over 10
+/// classes starts near ln 10), a genotype and quantizer rows. Returns the run folder and its
+/// validation top-1 (a fraction).
+pub fn one_epoch_search(
+    tag: &str,
+    backend: &[&str],
+    sets: &[&str],
+    train_steps: usize,
+) -> (PathBuf, f64) {
+    let dir = std::env::temp_dir().join(format!("qdarts-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let results = format!("record.results_dir=\"{}\"", dir.display());
+    let mut cmd = qdarts();
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.args(backend).args(["search", "--set", "search.epochs=1", "--set", &results]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("qdarts runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let run =
+        std::fs::read_dir(&dir).expect("results").next().expect("a run").expect("entry").path();
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).expect("metrics.csv");
+    let rows: Vec<Vec<&str>> = metrics.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.iter().filter(|r| r[2] == "train").count(), train_steps, "{metrics}");
+    assert_eq!(rows.iter().filter(|r| r[2] == "val").count(), 1, "{metrics}");
+    for r in &rows {
+        let loss: f64 = r[3].parse().expect("a loss");
+        assert!(loss.is_finite() && (0.05..4.0).contains(&loss), "{metrics}");
+    }
+    let top1: f64 =
+        rows.iter().find(|r| r[2] == "val").expect("val row")[4].parse().expect("top-1");
+    let genotype = std::fs::read_to_string(run.join("genotype.txt")).expect("genotype.txt");
+    assert!(genotype.starts_with("Genotype(normal="), "{genotype}");
+    let quant = std::fs::read_to_string(run.join("quant_error.csv")).expect("quant_error.csv");
+    assert!(quant.lines().count() > 1);
+    (run, top1)
+}
