@@ -3,7 +3,7 @@
 
 use qdarts_record::{
     AlphaRow, BitRow, ChangeRow, CheckpointPart, CostRow, GenotypeRow, MetricsRow, NanEventRow,
-    Plan, QuantErrorRow, RunDir, utc_stamp, write_atomic,
+    Plan, QuantErrorRow, RunDir, SelectionRow, utc_stamp, write_atomic,
 };
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +101,7 @@ pub(crate) fn truncate_tables(
     run.truncate::<GenotypeRow>(e, s)?;
     run.truncate::<BitRow>(e, s)?;
     run.truncate::<CostRow>(e, s)?;
+    run.truncate::<SelectionRow>(e, s)?;
     Ok(())
 }
 
@@ -112,6 +113,7 @@ fn remove_tables(run: &RunDir) -> Result<(), RunError> {
     run.remove::<GenotypeRow>()?;
     run.remove::<BitRow>()?;
     run.remove::<CostRow>()?;
+    run.remove::<SelectionRow>()?;
     Ok(())
 }
 

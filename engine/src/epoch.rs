@@ -55,12 +55,27 @@ pub struct LoopPlan {
     pub steps: usize,
     /// Initial and final weight learning rate (cosine, per epoch).
     pub lr: (f64, f64),
+    /// A warm restart: from this epoch on, cosine from this learning rate to the final one
+    /// over the remaining epochs (DARTS-PT's fine-tuning after the search); none: one cosine.
+    pub restart: Option<(usize, f64)>,
     /// Record every quantizer's error every this many steps (and at each epoch's last step).
     pub quant_error_every: usize,
     /// Checkpoint every this many global steps inside an epoch (0: at epoch ends only).
     pub checkpoint_every: usize,
     /// The NaN guard.
     pub nan_guard: NanGuardConfig,
+}
+
+impl LoopPlan {
+    /// The weight learning rate of epoch `e` (before a rollback's halving).
+    pub fn lr_at(&self, e: usize) -> f64 {
+        match self.restart {
+            Some((from, lr)) if e >= from => {
+                cosine_lr(lr, self.lr.1, e - from, self.epochs.saturating_sub(from).max(1))
+            }
+            _ => cosine_lr(self.lr.0, self.lr.1, e, self.restart.map_or(self.epochs, |r| r.0)),
+        }
+    }
 }
 
 /// What a step is asked to do.
@@ -133,8 +148,11 @@ pub trait EpochTask: Sized {
     fn arch_lr(&self) -> f64;
     /// The end-of-epoch validation.
     fn validate(&mut self) -> Result<Evaluation, RunError>;
-    /// Extra rows at the end of epoch `epoch`.
-    fn epoch_rows(&self, epoch: usize) -> Result<EpochRows, RunError>;
+    /// Extra rows at the end of epoch `epoch`, after its validation. A task may change its
+    /// state here and write rows of its own to `run` as it goes (the search's selection
+    /// decisions, `selection.csv`): the epoch's checkpoint is taken after, and a resume cuts
+    /// such a table back to the checkpoint's epochs.
+    fn epoch_rows(&mut self, epoch: usize, run: &RunDir) -> Result<EpochRows, RunError>;
     /// Writes the task's checkpoint files into `dir`.
     fn save(&self, dir: &Path) -> Result<(), RunError>;
     /// Reads them back from `dir`.
@@ -198,7 +216,7 @@ pub fn run_epochs<T: EpochTask>(
     let mut epoch = st.epochs_done;
     let mut stop_after_epoch = false;
     'epochs: while epoch < plan.epochs {
-        let lr = cosine_lr(plan.lr.0, plan.lr.1, epoch, plan.epochs) * st.lr_scale;
+        let lr = plan.lr_at(epoch) * st.lr_scale;
         let first = std::mem::take(&mut st.step_in_epoch).min(steps);
         let epoch_rng = if first > 0 { st.epoch_rng } else { rng.state() };
         rng = Rng::from_state(epoch_rng);
@@ -307,7 +325,7 @@ pub fn run_epochs<T: EpochTask>(
             arch_lr: task.arch_lr(),
             seconds: start.elapsed().as_secs_f64(),
         })?;
-        let rows = task.epoch_rows(epoch)?;
+        let rows = task.epoch_rows(epoch, run)?;
         if !rows.alphas.is_empty() {
             let mut w = run.writer::<AlphaRow>()?;
             rows.alphas.iter().try_for_each(|r| w.push(r))?;
@@ -324,6 +342,7 @@ pub fn run_epochs<T: EpochTask>(
             let mut w = run.writer::<CostRow>()?;
             rows.cost.iter().try_for_each(|r| w.push(r))?;
         }
+
         st.epochs_done = epoch + 1;
         st.rng = rng.state();
         (st.seen, st.right) = (0, 0);

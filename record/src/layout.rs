@@ -44,6 +44,8 @@ pub enum CheckpointPart {
     AlphaOptim,
     /// The optimizer (training).
     Optim,
+    /// The decisions of a perturbation-based selection so far (search; JSON).
+    Selection,
 }
 
 impl CheckpointPart {
@@ -56,6 +58,7 @@ impl CheckpointPart {
             CheckpointPart::WeightOptim => "w_optim.bpk",
             CheckpointPart::AlphaOptim => "a_optim.bpk",
             CheckpointPart::Optim => "optim.bpk",
+            CheckpointPart::Selection => "selection.json",
         }
     }
 

@@ -19,8 +19,8 @@ use thiserror::Error;
 
 pub use layout::{CheckpointPart, RunLayout};
 pub use rows::{
-    AlphaRow, BitRow, BitSite, CellType, ChangeRow, CostRow, GenotypeRow, MetricsRow, NanAction,
-    NanEventRow, NanSite, Phase, Plan, QuantErrorRow, Table,
+    AlphaRow, BitRow, BitSite, CellType, ChangeRow, CostRow, Decision, GenotypeRow, MetricsRow,
+    NanAction, NanEventRow, NanSite, Phase, Plan, QuantErrorRow, SelectionRow, Table, Verdict,
 };
 pub use run_dir::{RunDir, lock_owner, utc_stamp, write_atomic};
 pub use table::{

@@ -261,6 +261,77 @@ impl Table for CostRow {
     const STEPPED: bool = false;
 }
 
+/// What a perturbation-based selection decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// The op of one edge.
+    Op,
+    /// The inputs of one node.
+    Input,
+}
+
+/// A candidate's verdict in a selection decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The op kept on its edge (the one whose removal hurt most).
+    Kept,
+    /// The input edge taken off its node in this pass (the one whose removal hurt least).
+    Removed,
+    /// Neither.
+    #[serde(rename = "-")]
+    None,
+}
+
+/// `selection.csv` (`search.selection = "perturbation"`): one row per candidate measured in a
+/// decision of DARTS-PT: the supernet's validation top-1 and loss with the candidate taken out
+/// (an op of an undecided edge, or an input edge of a node), and the top-1 drop against the
+/// supernet as it stood before the decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelectionRow {
+    /// The epoch at whose end the decision was made.
+    pub epoch: usize,
+    /// Cell type.
+    pub cell_type: CellType,
+    /// Op or input.
+    pub decision: Decision,
+    /// The intermediate node (0-based) of the edge.
+    pub node: usize,
+    /// The edge (pt.darts' order) of the candidate.
+    pub edge: usize,
+    /// The op taken out, or (an input decision) the op on the edge taken out.
+    pub candidate: String,
+    /// Validation top-1 with the candidate taken out.
+    #[serde(serialize_with = "fixed6")]
+    pub top1: f64,
+    /// Validation loss with the candidate taken out.
+    #[serde(serialize_with = "fixed6")]
+    pub loss: f64,
+    /// Top-1 of the supernet before the decision minus `top1`.
+    #[serde(serialize_with = "fixed6")]
+    pub drop: f64,
+    /// What the decision did with the candidate.
+    pub verdict: Verdict,
+}
+
+impl Table for SelectionRow {
+    const FILE: &'static str = "selection.csv";
+    const COLUMNS: &'static [&'static str] = &[
+        "epoch",
+        "cell_type",
+        "decision",
+        "node",
+        "edge",
+        "candidate",
+        "top1",
+        "loss",
+        "drop",
+        "verdict",
+    ];
+    const STEPPED: bool = false;
+}
+
 /// `genotypes.csv`: the genotype derived at the end of an epoch, in DARTS text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenotypeRow {

@@ -203,7 +203,7 @@ impl EpochTask for TrainTask<'_> {
         Ok(evaluate(&self.net.valid(), &self.test, self.cfg.data.dataset, bs, self.device))
     }
 
-    fn epoch_rows(&self, _epoch: usize) -> Result<EpochRows, RunError> {
+    fn epoch_rows(&mut self, _epoch: usize, _run: &RunDir) -> Result<EpochRows, RunError> {
         Ok(EpochRows::default())
     }
 
@@ -347,6 +347,7 @@ pub fn run_train_prepared(
         epochs: t.epochs,
         steps: plan.steps_per_epoch,
         lr: (t.lr, t.lr_min),
+        restart: None,
         quant_error_every: cfg.record.quant_error_every,
         checkpoint_every: cfg.record.checkpoint_every,
         nan_guard: cfg.nan_guard.clone(),
