@@ -129,6 +129,93 @@ pub struct SearchConfig {
     /// A hardware cost added to the architecture loss (none when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostConfig>,
+    /// How the genotype is read off the trained supernet: α's magnitudes (DARTS) or
+    /// perturbation (DARTS-PT).
+    #[serde(default, skip_serializing_if = "Selection::is_magnitude")]
+    pub selection: Selection,
+    /// `[search.perturbation]`: the settings of `selection = "perturbation"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perturbation: Option<PerturbationConfig>,
+}
+
+/// How the genotype is selected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// DARTS: on each edge the op of largest softmax(α) (none excluded), then each node's two
+    /// strongest edges.
+    #[default]
+    Magnitude,
+    /// DARTS-PT (Wang et al., ICLR 2021): after the search, edge by edge, the op whose removal
+    /// from the supernet costs the most validation accuracy, then each node's inputs the same
+    /// way, with the supernet fine-tuned between decisions (`[search.perturbation]`).
+    Perturbation,
+}
+
+impl Selection {
+    fn is_magnitude(&self) -> bool {
+        *self == Selection::Magnitude
+    }
+}
+
+/// In which order DARTS-PT decides the edges (and then the nodes) of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectionOrder {
+    /// A seeded random order (DARTS-PT's `edge_decision = random`).
+    #[default]
+    Random,
+    /// Edge 0, 1, 2, … (and node 0, 1, …).
+    Fixed,
+}
+
+/// What the perturbation measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectionCriterion {
+    /// Validation top-1 (DARTS-PT's `proj_crit = acc`); ties go to the loss.
+    #[default]
+    Accuracy,
+    /// Validation loss (`proj_crit = loss`).
+    Loss,
+}
+
+/// `[search.perturbation]`: DARTS-PT's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerturbationConfig {
+    /// Epochs of fine-tuning (weights and α, as in the search, at a tenth of `w_lr` annealed
+    /// to `w_lr_min`) after each round of decisions (DARTS-PT's `proj_intv`, 10 on DARTS'
+    /// 50-epoch search; 0: decide everything at once after the search).
+    #[serde(default = "PerturbationConfig::default_tune_epochs")]
+    pub tune_epochs: usize,
+    /// Order of the edges and nodes.
+    #[serde(default)]
+    pub order: SelectionOrder,
+    /// What is measured.
+    #[serde(default)]
+    pub criterion: SelectionCriterion,
+    /// Validation images of each measurement: the first this many of the α split, the same
+    /// for every candidate (0: the whole split).
+    #[serde(default)]
+    pub eval_images: usize,
+}
+
+impl PerturbationConfig {
+    fn default_tune_epochs() -> usize {
+        1
+    }
+}
+
+impl Default for PerturbationConfig {
+    fn default() -> Self {
+        PerturbationConfig {
+            tune_epochs: Self::default_tune_epochs(),
+            order: SelectionOrder::default(),
+            criterion: SelectionCriterion::default(),
+            eval_images: 0,
+        }
+    }
 }
 
 /// `[search.bits]`: EdMIPS-style differentiable bit-width search. Every op with convolutions
@@ -239,6 +326,21 @@ pub struct GuardConfig {
     /// channels makes the edge choice noisy.
     #[serde(default)]
     pub edge_normalization: bool,
+    /// β-DARTS (Ye et al., CVPR 2022): `λ_e·mean over edges of logsumexp(α_edge)` added to
+    /// the architecture loss, every edge of both cell types, with `λ_e = beta_decay·e/E` at
+    /// epoch `e` (0-based) of `E`. It keeps α's magnitudes from running away, which is what
+    /// lets parameter-free ops win (0: off).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub beta_decay: f64,
+    /// SDARTS-RS (Chen & Hsieh, ICML 2020): during the weight step each edge's softmax(α) gets
+    /// uniform noise in `[-ε, ε]`, is clamped to `[0, 1]` and renormalized; `ε` grows linearly
+    /// from 0.03 at the first epoch to this value (SDARTS uses 0.3; 0: off).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub random_smoothing: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl GuardConfig {
@@ -250,6 +352,21 @@ impl GuardConfig {
         }
         let done = (step.saturating_sub(1) as f64 / total as f64).clamp(0.0, 1.0);
         (self.aux_skip * (1.0 - done)) as f32
+    }
+
+    /// β-DARTS' λ at epoch `epoch` (0-based) of `epochs`: linear from 0.
+    pub fn beta_decay_at(&self, epoch: usize, epochs: usize) -> f64 {
+        if epochs == 0 { 0.0 } else { self.beta_decay * epoch as f64 / epochs as f64 }
+    }
+
+    /// SDARTS-RS' ε at epoch `epoch` (0-based) of `epochs`: linear from 0.03 (or the maximum,
+    /// if smaller) to `random_smoothing`; 0 when off.
+    pub fn smoothing_at(&self, epoch: usize, epochs: usize) -> f64 {
+        if self.random_smoothing == 0.0 || epochs == 0 {
+            return 0.0;
+        }
+        let start = self.random_smoothing.min(0.03);
+        start + (self.random_smoothing - start) * epoch as f64 / epochs as f64
     }
 }
 
@@ -272,6 +389,8 @@ impl SearchConfig {
             guards: GuardConfig::default(),
             bits: None,
             cost: None,
+            selection: Selection::Magnitude,
+            perturbation: None,
         }
     }
 
@@ -386,6 +505,8 @@ impl ExperimentConfig {
         r.fraction("search.alpha_betas[1]", s.alpha_betas[1])?;
         r.within("search.alpha_weight_decay", s.alpha_weight_decay, 0.0, 1.0)?;
         r.within("search.guards.aux_skip", s.guards.aux_skip, 0.0, 10.0)?;
+        r.within("search.guards.beta_decay", s.guards.beta_decay, 0.0, 1e4)?;
+        r.within("search.guards.random_smoothing", s.guards.random_smoothing, 0.0, 1.0)?;
         if let Some(max) = s.guards.max_skip {
             // Two edges per node are kept.
             r.count("search.guards.max_skip", max, 0, 2 * m.nodes)?;
@@ -404,6 +525,33 @@ impl ExperimentConfig {
                 return bad(
                     "search.guards.max_param_free",
                     "needs an op with weights (a convolution) in model.primitives",
+                );
+            }
+        }
+        if s.perturbation.is_some() && s.selection != Selection::Perturbation {
+            return bad(
+                "search.perturbation",
+                "is read only with search.selection = \"perturbation\"",
+            );
+        }
+        if s.selection == Selection::Perturbation {
+            let p = s.perturbation.clone().unwrap_or_default();
+            r.count("search.perturbation.tune_epochs", p.tune_epochs, 0, 1000)?;
+            for (key, set) in [
+                ("search.guards.max_skip", s.guards.max_skip),
+                ("search.guards.max_param_free", s.guards.max_param_free),
+            ] {
+                if set.is_some() {
+                    return bad(
+                        key,
+                        "limits the magnitude derivation; search.selection = \"perturbation\" decides every edge by measurement",
+                    );
+                }
+            }
+            if s.guards.edge_normalization {
+                return bad(
+                    "search.guards.edge_normalization",
+                    "is not supported with search.selection = \"perturbation\"",
                 );
             }
         }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod cost;
 pub mod parity;
 pub mod run;
+pub mod selection;
 pub mod step;
 pub mod supernet;
 

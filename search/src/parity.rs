@@ -230,6 +230,7 @@ pub fn read_inputs(dir: &Path, device: &Device) -> Result<(StepSpec, StepState),
         edge_reduce: None,
         nodes: spec.nodes,
         bits: None,
+        projection: None,
     };
     let (mut w_optim, _) = build_optimizers(&spec.search());
     let (v, _) = tensors::read(&dir.join("velocity.safetensors"))?;
@@ -292,7 +293,7 @@ pub fn compute(spec: &StepSpec, st: StepState) -> Result<TensorMap, RunError> {
     let g = first.into_params(&alphas);
     let alphas = a_optim.step(s.alpha_lr, alphas, g);
     out.extend(alpha_map(alphas.normal.val(), alphas.reduce.val(), "alphas_after.")?);
-    let (back, _) = weight_backward(&net, &alphas, &train, None, &s);
+    let (back, _) = weight_backward(&net, &alphas, &train, None, &s, None);
     let net = qdarts_ops::quant::lsq::apply_init(net);
     let net = w_optim.step(spec.lr, net, back.grads);
     out.insert("loss".into(), HostTensor { dims: vec![1], values: vec![back.loss as f32] });

@@ -13,24 +13,29 @@ use qdarts_data::{self as data, ImageSet, Rng};
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{Event, correct, cross_entropy};
 use qdarts_engine::{
-    ConfigError, Progress, RunError, Sgd, apply_limit, load_module, load_optim, note_epochs_change,
-    run_epochs, save_module, save_optim, seeded, start,
+    ConfigError, Progress, RunError, Sgd, apply_limit, checkpoint_error, load_module, load_optim,
+    note_epochs_change, run_epochs, save_module, save_optim, seeded, start,
 };
 use qdarts_genotypes::{
-    Bits, DeriveOptions, Edge, Genotype, Primitive, edge_index, edge_input, softmax,
+    Bits, DeriveOptions, Edge, Genotype, Primitive, edge_count, edge_index, edge_input, softmax,
 };
 use qdarts_ops::candidates::{QuantSites, has_bits};
 use qdarts_ops::qconfig::Site;
 use qdarts_ops::quant::lsq;
 use qdarts_record::{
-    AlphaRow, BitRow, BitSite, CellType, CheckpointPart, CostRow, GenotypeRow, NanSite, Plan,
-    RunDir, read_plan, write_atomic, write_plan,
+    AlphaRow, BitRow, BitSite, CellType, CheckpointPart, CostRow, Decision, GenotypeRow, NanSite,
+    Plan, RunDir, SelectionRow, Verdict, read_plan, write_atomic, write_plan,
 };
 
-use crate::config::{BitsConfig, ExperimentConfig};
+use crate::config::{
+    BitsConfig, ExperimentConfig, PerturbationConfig, Selection, SelectionCriterion,
+};
 use crate::cost::CostModel;
+use crate::selection::{
+    Measure, Projection, Round, Trial, decide_inputs, decide_op, node_of, op_candidates, pick,
+};
 use crate::step::{arch_step, build_optimizers, weight_backward};
-use crate::supernet::{AlphaRows, Alphas, NetShape, SearchNetwork};
+use crate::supernet::{AlphaRows, Alphas, ArchWeights, NetShape, SearchNetwork};
 
 /// The result of a search that finished or was stopped.
 #[derive(Debug, Clone)]
@@ -59,7 +64,21 @@ pub fn net_shape(cfg: &ExperimentConfig, set: &ImageSet) -> NetShape {
     }
 }
 
-/// The genotype of the current α (and, with a bit-width search, the widths of its kept ops).
+/// Epochs of the whole run: the search's, and with a perturbation-based selection one
+/// fine-tuning interval after each round of decisions.
+pub fn total_epochs(cfg: &ExperimentConfig) -> usize {
+    let s = &cfg.search;
+    match s.selection {
+        Selection::Magnitude => s.epochs,
+        Selection::Perturbation => {
+            let tune = s.perturbation.as_ref().map_or(1, |p| p.tune_epochs);
+            s.epochs + tune * Projection::rounds(cfg.model.nodes)
+        }
+    }
+}
+
+/// The genotype of the current α (and, with a bit-width search, the widths of its kept ops);
+/// with a perturbation-based selection, the decided edges and nodes as decided.
 pub fn derive_genotype(cfg: &ExperimentConfig, alphas: &Alphas) -> Result<Genotype, RunError> {
     let (an, ar) = alphas.to_rows()?;
     derive_rows(cfg, alphas, &an, &ar)
@@ -122,13 +141,24 @@ fn derive_rows(
         edge_normal: edges.as_ref().map(|e| e.0.as_slice()),
         edge_reduce: edges.as_ref().map(|e| e.1.as_slice()),
     };
-    let mut g = Genotype::derive_with(an, ar, &m.primitives, m.nodes, 2, &opt)?;
+    let selected = alphas.projection.as_ref().and_then(|p| p.genotype(&m.primitives));
+    let mut g = match (selected, &alphas.projection) {
+        (Some(g), _) => g,
+        (None, Some(p)) => {
+            let (an, ar) = p.rows(an, ar);
+            Genotype::derive_with(&an, &ar, &m.primitives, m.nodes, 2, &opt)?
+        }
+        (None, None) => Genotype::derive_with(an, ar, &m.primitives, m.nodes, 2, &opt)?,
+    };
     if let (Some(bits), Some([wn, wr, a_n, a_r])) = (&cfg.search.bits, alphas.bit_rows()?) {
         g.normal_bits = Some(kept_bits(cfg, bits, &g.normal, (&wn, &a_n), false));
         g.reduce_bits = Some(kept_bits(cfg, bits, &g.reduce, (&wr, &a_r), true));
     }
     Ok(g)
 }
+
+/// Images per forward of the selection's measurements.
+const MEASURE_BATCH: usize = 160;
 
 /// What the weight step left pending.
 struct Pending {
@@ -179,10 +209,15 @@ impl EpochTask for SearchTask<'_> {
         let optims = (&mut self.a_optim, &self.w_optim);
         let batches = (&tb, &vb);
         let cost = self.cost.as_ref();
-        self.alphas = arch_step(&self.net, self.alphas.clone(), optims, batches, input.lr, s, cost);
+        let beta = s.guards.beta_decay_at(input.epoch.min(s.epochs), s.epochs);
+        let alphas = self.alphas.clone();
+        self.alphas = arch_step(&self.net, alphas, optims, batches, input.lr, s, cost, beta);
 
+        // SDARTS-RS: the weight step sees α's softmax with random noise.
+        let eps = s.guards.smoothing_at(input.epoch.min(s.epochs), s.epochs);
+        let arch = if eps > 0.0 { Some(self.alphas.arch_smoothed(eps, rng)?) } else { None };
         self.net.set_recording(input.record_quant);
-        let (back, logits) = weight_backward(&self.net, &self.alphas, &tb, input.inject, s);
+        let (back, logits) = weight_backward(&self.net, &self.alphas, &tb, input.inject, s, arch);
         let mut events = back.events;
         let (an, ar) = self.alphas.to_rows()?;
         let alpha_bad = an.iter().chain(&ar).flatten().any(|v| !v.is_finite());
@@ -225,23 +260,17 @@ impl EpochTask for SearchTask<'_> {
 
     /// Validation on the α split, with frozen statistics.
     fn validate(&mut self) -> Result<Evaluation, RunError> {
-        let (bs, kind) = (self.cfg.search.batch_size, self.cfg.data.dataset);
+        let bs = self.cfg.search.batch_size;
         let eval = self.net.valid();
         let arch = self.alphas.valid().arch();
-        let (mut loss, mut right, mut n) = (0.0, 0usize, 0usize);
-        for chunk in self.val_idx.chunks(bs).take(self.steps) {
-            let (x, y) = data::batch(&self.set, kind, chunk, None, self.device);
-            let logits = eval.forward_arch(x, arch.clone());
-            loss += cross_entropy(logits.clone(), y.clone()).into_scalar::<f32>() as f64
-                * chunk.len() as f64;
-            right += correct(logits, y);
-            n += chunk.len();
-        }
-        Ok(Evaluation { loss: loss / n as f64, top1: right as f64 / n as f64 })
+        let n = self.val_idx.len().min(bs * self.steps);
+        Ok(self.evaluate(&eval, arch, &self.val_idx[..n], bs))
     }
 
-    /// softmax(α) per edge and op, and the genotype derived from α.
-    fn epoch_rows(&self, epoch: usize) -> Result<EpochRows, RunError> {
+    /// softmax(α) per edge and op, and the genotype derived from α; with a perturbation-based
+    /// selection, the decisions due at the end of this epoch first.
+    fn epoch_rows(&mut self, epoch: usize, run: &RunDir) -> Result<EpochRows, RunError> {
+        self.select(epoch, run)?;
         let (an, ar) = self.alphas.to_rows()?;
         let primitives = &self.cfg.model.primitives;
         let mut alphas = Vec::new();
@@ -265,6 +294,11 @@ impl EpochTask for SearchTask<'_> {
         drop(self.net.valid());
         save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
         save_module(&self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
+        if let Some(p) = &self.alphas.projection {
+            let path = CheckpointPart::Selection.in_dir(dir);
+            let json = serde_json::to_vec_pretty(p).map_err(|e| checkpoint_error(&path, e))?;
+            write_atomic(&path, &json)?;
+        }
         self.w_optim.save(&self.net, &CheckpointPart::WeightOptim.in_dir(dir))?;
         save_optim(&self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))
     }
@@ -272,7 +306,22 @@ impl EpochTask for SearchTask<'_> {
     fn load(mut self, dir: &Path) -> Result<Self, RunError> {
         self.net = load_module(self.net, &CheckpointPart::Net.in_dir(dir))?;
         lsq::forget_init(&self.net);
+        let projection = self.alphas.projection.take();
         self.alphas = load_module(self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
+        if projection.is_some() {
+            let path = CheckpointPart::Selection.in_dir(dir);
+            let bytes = std::fs::read(&path).map_err(|e| checkpoint_error(&path, e))?;
+            let p: Projection =
+                serde_json::from_slice(&bytes).map_err(|e| checkpoint_error(&path, e))?;
+            if p.normal.ops.len() != edge_count(self.cfg.model.nodes) {
+                let msg = format!(
+                    "its decisions are for another number of nodes than model.nodes = {}",
+                    self.cfg.model.nodes
+                );
+                return Err(checkpoint_error(&path, msg));
+            }
+            self.alphas.projection = Some(p);
+        }
         self.w_optim = self.w_optim.load(&self.net, &CheckpointPart::WeightOptim.in_dir(dir))?;
         self.a_optim = load_optim(self.a_optim, &CheckpointPart::AlphaOptim.in_dir(dir))?;
         Ok(self)
@@ -280,6 +329,139 @@ impl EpochTask for SearchTask<'_> {
 }
 
 impl SearchTask<'_> {
+    /// Loss and top-1 of `eval` under `arch` on the images `idx` (in order, no augmentation),
+    /// in batches of `bs`.
+    fn evaluate(
+        &self,
+        eval: &SearchNetwork,
+        arch: ArchWeights,
+        idx: &[usize],
+        bs: usize,
+    ) -> Evaluation {
+        let kind = self.cfg.data.dataset;
+        let (mut loss, mut right, mut n) = (0.0, 0usize, 0usize);
+        for chunk in idx.chunks(bs) {
+            let (x, y) = data::batch(&self.set, kind, chunk, None, self.device);
+            let logits = eval.forward_arch(x, arch.clone());
+            loss += cross_entropy(logits.clone(), y.clone()).into_scalar::<f32>() as f64
+                * chunk.len() as f64;
+            right += correct(logits, y);
+            n += chunk.len();
+        }
+        Evaluation { loss: loss / n as f64, top1: right as f64 / n as f64 }
+    }
+
+    /// The selection rounds due at the end of `epoch` (DARTS-PT): round `r` follows epoch
+    /// `search.epochs − 1 + r·tune_epochs`. Each round decides one edge (or, once every edge
+    /// has its op, one node) of each cell type; each decision's measurements go to
+    /// `selection.csv` as soon as it is made.
+    fn select(&mut self, epoch: usize, run: &RunDir) -> Result<(), RunError> {
+        let s = &self.cfg.search;
+        if s.selection != Selection::Perturbation || epoch + 1 < s.epochs {
+            return Ok(());
+        }
+        let p = s.perturbation.clone().unwrap_or_default();
+        let after = epoch + 1 - s.epochs;
+        let mut w = run.writer::<SelectionRow>()?;
+        loop {
+            let Some(proj) = &self.alphas.projection else { return Ok(()) };
+            let Some(round) = proj.next_round() else { return Ok(()) };
+            // Rounds already made, and the epoch after which this one is due.
+            let r = proj.rounds_done();
+            if p.tune_epochs > 0 && r * p.tune_epochs != after {
+                return Ok(());
+            }
+            for reduction in [false, true] {
+                let rows = self.decide(epoch, round, r, reduction, &p)?;
+                rows.iter().try_for_each(|row| w.push(row))?;
+            }
+        }
+    }
+
+    /// One decision of one cell type: the candidates' measurements as rows.
+    fn decide(
+        &mut self,
+        epoch: usize,
+        round: Round,
+        r: usize,
+        reduction: bool,
+        p: &PerturbationConfig,
+    ) -> Result<Vec<SelectionRow>, RunError> {
+        let cfg = self.cfg;
+        let primitives = &cfg.model.primitives;
+        let by_loss = p.criterion == SelectionCriterion::Loss;
+        let n = match p.eval_images {
+            0 => self.val_idx.len(),
+            k => k.min(self.val_idx.len()),
+        };
+        let idx = &self.val_idx[..n];
+        let eval = self.net.valid();
+        let alphas = self.alphas.valid();
+        // Forward only: larger batches than the search's cost little memory and save the
+        // per-op overhead of the many small ops of a supernet.
+        let bs = MEASURE_BATCH.max(cfg.search.batch_size);
+        let measure = |trial: &Trial| {
+            let e = self.evaluate(&eval, alphas.arch_with(reduction, trial), idx, bs);
+            Measure { top1: e.top1, loss: e.loss }
+        };
+        let Some(proj) = &self.alphas.projection else { return Ok(Vec::new()) };
+        let cell = proj.cell(reduction).clone();
+        let cell_type = if reduction { CellType::Reduce } else { CellType::Normal };
+        let seed = cfg.seed;
+        let mut rows = Vec::new();
+        let row = |edge: usize, m: &Measure, base: &Measure, verdict: Verdict, decision| {
+            let op = cell.ops[edge].map_or("-".to_string(), |k| primitives[k].to_string());
+            SelectionRow {
+                epoch,
+                cell_type,
+                decision,
+                node: node_of(edge),
+                edge,
+                candidate: op,
+                top1: m.top1,
+                loss: m.loss,
+                drop: base.top1 - m.top1,
+                verdict,
+            }
+        };
+        match round {
+            Round::Op => {
+                let open = cell.open_edges();
+                if open.is_empty() {
+                    return Ok(rows);
+                }
+                let edge = pick(&open, p.order, seed, r, reduction);
+                let d = decide_op(edge, &op_candidates(primitives), by_loss, measure);
+                for (op, m) in &d.measures {
+                    let verdict = if *op == d.kept { Verdict::Kept } else { Verdict::None };
+                    let mut r = row(edge, m, &d.base, verdict, Decision::Op);
+                    r.candidate = primitives[*op].to_string();
+                    rows.push(r);
+                }
+                let proj = self.alphas.projection.as_mut().expect("checked above");
+                proj.cell_mut(reduction).ops[edge] = Some(d.kept);
+            }
+            Round::Input => {
+                let open = cell.open_nodes();
+                if open.is_empty() {
+                    return Ok(rows);
+                }
+                let node = pick(&open, p.order, seed, r, reduction);
+                let (passes, kept) = decide_inputs(node, by_loss, measure);
+                for pass in &passes {
+                    for (e, m) in &pass.measures {
+                        let verdict =
+                            if *e == pass.removed { Verdict::Removed } else { Verdict::None };
+                        rows.push(row(*e, m, &pass.base, verdict, Decision::Input));
+                    }
+                }
+                let proj = self.alphas.projection.as_mut().expect("checked above");
+                proj.cell_mut(reduction).inputs[node] = Some(kept);
+            }
+        }
+        Ok(rows)
+    }
+
     /// `bits.csv` rows: the softmax over each op's candidate widths (ops with convolutions).
     fn bit_rows(&self, epoch: usize) -> Result<Vec<BitRow>, RunError> {
         let (Some(b), Some(rows)) = (&self.cfg.search.bits, self.alphas.bit_rows()?) else {
@@ -392,6 +574,12 @@ pub fn prepare_search<'a>(
             }
             None => alphas,
         };
+        let alphas = match cfg.search.selection {
+            Selection::Perturbation => {
+                Alphas { projection: Some(Projection::new(cfg.model.nodes)), ..alphas }
+            }
+            Selection::Magnitude => alphas,
+        };
         Ok::<_, RunError>((net, alphas))
     })?;
     let (w_optim, a_optim) = build_optimizers(&cfg.search);
@@ -405,7 +593,7 @@ pub fn prepare_search<'a>(
     });
     let plan = Plan {
         batch_size: bs,
-        epochs: cfg.search.epochs,
+        epochs: total_epochs(cfg),
         steps_per_epoch: steps,
         train_images: train_idx.len(),
         val_images: val_idx.len(),
@@ -462,10 +650,14 @@ pub fn run_prepared(
     write_plan(&run, &plan)?;
     let (task, st) = start(&run, task, cfg.seed, resume)?;
     note_epochs_change(&run, old.as_ref(), &plan, "search.epochs", st.step)?;
+    let s = &cfg.search;
+    // DARTS-PT fine-tunes at a tenth of the search's learning rate, annealed anew.
+    let restart = (plan.epochs > s.epochs).then_some((s.epochs, s.w_lr / 10.0));
     let lp = LoopPlan {
-        epochs: cfg.search.epochs,
+        epochs: plan.epochs,
         steps: plan.steps_per_epoch,
-        lr: (cfg.search.w_lr, cfg.search.w_lr_min),
+        lr: (s.w_lr, s.w_lr_min),
+        restart,
         quant_error_every: cfg.record.quant_error_every,
         checkpoint_every: cfg.record.checkpoint_every,
         nan_guard: cfg.nan_guard.clone(),

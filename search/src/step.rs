@@ -12,7 +12,7 @@ use qdarts_ops::quant::lsq;
 use crate::architect::{self, AlphaGrads, Batch};
 use crate::config::{CostCharge, Order, SearchConfig};
 use crate::cost::CostModel;
-use crate::supernet::{Alphas, SearchNetwork};
+use crate::supernet::{Alphas, ArchWeights, SearchNetwork};
 
 /// The optimizers of a search as configured: SGD for the weights, Adam for α.
 pub fn build_optimizers(s: &SearchConfig) -> (Sgd, ModuleOptimizer) {
@@ -31,6 +31,10 @@ pub fn build_optimizers(s: &SearchConfig) -> (Sgd, ModuleOptimizer) {
 /// architecture parameters only), then an Adam step. `batches` is `(train, validation)`; `lr`
 /// is the current weight learning rate (ξ of the second-order virtual step) and `w_optim` the
 /// weight optimizer (its momentum).
+///
+/// `beta_decay` is β-DARTS' λ at this epoch ([`crate::config::GuardConfig::beta_decay_at`];
+/// 0: off): the gradient of `λ·`[`beta_decay_loss`] is added to α's.
+#[allow(clippy::too_many_arguments)]
 pub fn arch_step(
     net: &SearchNetwork,
     alphas: Alphas,
@@ -39,11 +43,16 @@ pub fn arch_step(
     lr: f64,
     s: &SearchConfig,
     cost: Option<&CostModel>,
+    beta_decay: f64,
 ) -> Alphas {
     let mut da = match s.order {
         Order::First => architect::first_order(net, &alphas, val),
         Order::Second => architect::second_order(net, &alphas, train, val, lr, w_optim),
     };
+    if beta_decay != 0.0 {
+        let mut g = beta_decay_loss(&alphas).backward();
+        da = da.combine(1.0, &AlphaGrads::take(&mut g, &alphas), beta_decay as f32);
+    }
     if let (Some(model), Some(c)) = (cost, &s.cost) {
         let mut arch = alphas.arch();
         if c.charge == CostCharge::Bits {
@@ -57,16 +66,30 @@ pub fn arch_step(
     optim.step(s.alpha_lr, alphas, grads)
 }
 
+/// β-DARTS' regularisation of α (Ye et al., CVPR 2022, the reference code's `mlc_loss`): the
+/// mean over every edge of both cell types of `logsumexp(α_edge)`. Its gradient is
+/// `softmax(α_edge)/edges` per edge, which pulls every α of an edge down by its own weight
+/// and so keeps α's magnitudes (and the softmax's sharpness) from running away.
+pub fn beta_decay_loss(alphas: &Alphas) -> Tensor<1> {
+    let a = Tensor::cat(vec![alphas.normal.val(), alphas.reduce.val()], 0);
+    let max = a.clone().max_dim(1).detach();
+    let lse = a.sub(max.clone()).exp().sum_dim(1).log().add(max);
+    lse.mean()
+}
+
 /// The weight step's forward and guarded backward on a training batch (α detached): the
-/// clipped gradients, the loss, any non-finite loss or gradient, and the logits.
+/// clipped gradients, the loss, any non-finite loss or gradient, and the logits. `arch`:
+/// the architecture weights to use instead of `alphas.arch()` (SDARTS-RS' smoothed ones).
 pub fn weight_backward(
     net: &SearchNetwork,
     alphas: &Alphas,
     train: &Batch,
     inject: Option<InjectSite>,
     s: &SearchConfig,
+    arch: Option<ArchWeights>,
 ) -> (Backward, Tensor<2>) {
-    let logits = net.forward_arch(train.0.clone(), alphas.arch().detach());
+    let arch = arch.unwrap_or_else(|| alphas.arch()).detach();
+    let logits = net.forward_arch(train.0.clone(), arch);
     let loss = cross_entropy(logits.clone(), train.1.clone());
     (guarded_backward(net, loss, inject, s.w_grad_clip), logits)
 }
@@ -81,7 +104,7 @@ pub fn weight_step(
     lr: f64,
     s: &SearchConfig,
 ) -> (SearchNetwork, f64) {
-    let (back, _) = weight_backward(&net, alphas, train, None, s);
+    let (back, _) = weight_backward(&net, alphas, train, None, s, None);
     let net = lsq::apply_init(net);
     (optim.step(lr, net, back.grads), back.loss)
 }

@@ -239,6 +239,7 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
             edge_reduce: alphas.edge_reduce.as_ref().map(|p| Param::from_tensor(p.val())),
             nodes: 2,
             bits: None,
+            projection: None,
         };
         let logits = net.forward_arch(x.clone(), a.arch());
         qdarts_engine::grads::cross_entropy(logits, y.clone()).into_scalar::<f64>()

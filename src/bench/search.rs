@@ -163,7 +163,8 @@ pub fn time_search_step(
         let timed = i >= warmup || over;
         let probe = MemProbe::start(device);
         let start = Instant::now();
-        alphas = arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None);
+        alphas =
+            arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None, 0.0);
         let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, s.w_lr, &s);
         net = n;
         settle_alphas(&alphas);

@@ -3,10 +3,13 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Distribution, Tensor};
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
+use qdarts_data::Rng;
 use qdarts_engine::{RunError, read_f32};
 use qdarts_genotypes::edge_count;
 use qdarts_ops::candidates::EdgeBits;
+
+use crate::selection::{CellProjection, Projection, Trial};
 
 /// α of one cell type on the host: one row per edge, one value per op.
 pub type AlphaRows = Vec<Vec<f32>>;
@@ -30,6 +33,10 @@ pub struct Alphas {
     pub nodes: usize,
     /// With a bit-width search, the parameters over each op's candidate widths.
     pub bits: Option<BitAlphas>,
+    /// DARTS-PT's decisions, applied to the softmax weights of every forward (none: plain
+    /// DARTS). Not a parameter: the search saves it beside the checkpoint.
+    #[module(skip)]
+    pub projection: Option<Projection>,
 }
 
 /// The bit-width parameters of a search (EdMIPS): for every edge and op of each cell type, one
@@ -129,6 +136,25 @@ impl ArchWeights {
     }
 }
 
+/// One edge's SDARTS-RS perturbation, in place: `w + U(-eps, eps)` per op, clamped to
+/// `[0, 1]`, divided by the sum; all 0 after the clamp: one-hot on the largest perturbed value.
+pub fn smooth_row(row: &mut [f32], eps: f64, rng: &mut Rng) {
+    for w in row.iter_mut() {
+        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        *w = (f64::from(*w) + eps * (2.0 * u - 1.0)) as f32;
+    }
+    let top = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+    for w in row.iter_mut() {
+        *w = w.clamp(0.0, 1.0);
+    }
+    let sum: f32 = row.iter().sum();
+    if sum == 0.0 {
+        row[top] = 1.0;
+    } else {
+        row.iter_mut().for_each(|w| *w /= sum);
+    }
+}
+
 /// softmax of β within each node's inputs (2, 3, … edges), concatenated: PC-DARTS' `weights2`.
 fn node_softmax(beta: Tensor<1>, nodes: usize) -> Tensor<1> {
     let mut parts = Vec::with_capacity(nodes);
@@ -161,6 +187,7 @@ impl Alphas {
             edge_reduce: None,
             nodes,
             bits: None,
+            projection: None,
         }
     }
 
@@ -201,9 +228,58 @@ impl Alphas {
         (softmax(self.normal.val(), 1), softmax(self.reduce.val(), 1))
     }
 
-    /// Everything the forward needs: softmax(α), and the edge weights when β exist.
+    /// Everything the forward needs: softmax(α) (under the selection's decisions, if any),
+    /// and the edge weights when β exist.
     pub fn arch(&self) -> ArchWeights {
+        self.arch_with(false, &Trial::Nothing)
+    }
+
+    /// [`Alphas::arch`] with `trial` taken out of the reduction cell (`reduction`) or the
+    /// normal cell: a measurement of the perturbation-based selection.
+    pub fn arch_with(&self, reduction: bool, trial: &Trial) -> ArchWeights {
         let (normal, reduce) = self.weights();
+        self.finish_arch(normal, reduce, reduction, trial)
+    }
+
+    /// SDARTS-RS' random smoothing (Chen & Hsieh, ICML 2020): softmax(α) of every edge plus
+    /// noise drawn uniformly in `[-eps, eps]` from `rng`, clamped to `[0, 1]` and divided by
+    /// its sum (an edge left all 0 becomes one-hot on its largest perturbed weight), before
+    /// the selection's decisions. Detached: it serves the weight step.
+    pub fn arch_smoothed(&self, eps: f64, rng: &mut Rng) -> Result<ArchWeights, RunError> {
+        let (normal, reduce) = self.weights();
+        let mut perturb = |w: Tensor<2>| -> Result<Tensor<2>, RunError> {
+            let [e, k] = w.dims();
+            let device = w.device();
+            let mut v = read_f32(w.detach(), "softmax(α)")?;
+            for row in v.chunks_mut(k) {
+                smooth_row(row, eps, rng);
+            }
+            Ok(Tensor::<2>::from_data(TensorData::new(v, [e, k]), &device))
+        };
+        let (normal, reduce) = (perturb(normal)?, perturb(reduce)?);
+        Ok(self.finish_arch(normal, reduce, false, &Trial::Nothing).detach())
+    }
+
+    fn finish_arch(
+        &self,
+        mut normal: Tensor<2>,
+        mut reduce: Tensor<2>,
+        reduction: bool,
+        trial: &Trial,
+    ) -> ArchWeights {
+        if let Some(p) = &self.projection {
+            let project = |w: Tensor<2>, cell: &CellProjection, trial: &Trial| {
+                let [e, k] = w.dims();
+                let (keep, fill) = cell.masks(k, trial);
+                let device = w.device();
+                let t = |v: Vec<f32>| Tensor::<2>::from_data(TensorData::new(v, [e, k]), &device);
+                w.mul(t(keep)).add(t(fill))
+            };
+            let (tn, tr) =
+                if reduction { (&Trial::Nothing, trial) } else { (trial, &Trial::Nothing) };
+            normal = project(normal, &p.normal, tn);
+            reduce = project(reduce, &p.reduce, tr);
+        }
         let edge =
             |b: &Option<Param<Tensor<1>>>| b.as_ref().map(|b| node_softmax(b.val(), self.nodes));
         ArchWeights {
