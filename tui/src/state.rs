@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-pub use qdarts_record::CellType;
 use qdarts_record::{
     AlphaRow, BitRow, BitSite, CostRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, Phase,
-    QuantErrorRow, RunLayout, parse_line,
+    QuantErrorRow, RunLayout, SelectionRow, parse_line,
 };
+pub use qdarts_record::{CellType, Verdict};
 
 /// Which table of the run record a row comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +27,13 @@ pub enum Source {
     Bits,
     /// `cost.csv` (bit-width or cost-aware searches).
     Cost,
+    /// `selection.csv` (perturbation-based selection).
+    Selection,
 }
 
 impl Source {
     /// Every table the dashboard follows.
-    pub const ALL: [Source; 7] = [
+    pub const ALL: [Source; 8] = [
         Source::Metrics,
         Source::Nan,
         Source::Quant,
@@ -39,6 +41,7 @@ impl Source {
         Source::Genotypes,
         Source::Bits,
         Source::Cost,
+        Source::Selection,
     ];
 
     /// The table's file in `run`.
@@ -51,6 +54,7 @@ impl Source {
             Source::Genotypes => run.table::<GenotypeRow>(),
             Source::Bits => run.table::<BitRow>(),
             Source::Cost => run.table::<CostRow>(),
+            Source::Selection => run.table::<SelectionRow>(),
         }
     }
 }
@@ -206,6 +210,8 @@ pub struct DashboardState {
     pub bits: Option<(usize, BitTable)>,
     /// `cost.csv`: the expected cost per epoch.
     pub cost: Vec<CostRow>,
+    /// `selection.csv`: the selection's verdicts so far (kept ops, removed inputs).
+    pub selection: Vec<SelectionRow>,
     /// Rows that did not parse (skipped).
     pub skipped_rows: usize,
 }
@@ -229,6 +235,7 @@ impl DashboardState {
             final_genotype: None,
             bits: None,
             cost: Vec::new(),
+            selection: Vec::new(),
             skipped_rows: 0,
         }
     }
@@ -246,6 +253,11 @@ impl DashboardState {
             Source::Cost => parse_line(header, line).map(|r: CostRow| {
                 self.cost.retain(|c: &CostRow| c.epoch != r.epoch);
                 self.cost.push(r)
+            }),
+            Source::Selection => parse_line(header, line).map(|r: SelectionRow| {
+                if r.verdict != Verdict::None {
+                    self.selection.push(r);
+                }
             }),
         };
         if ok.is_none() {

@@ -270,3 +270,27 @@ fn a_bit_search_shows_each_kept_ops_widths_and_the_expected_cost_over_time() {
     assert!(header.contains("E[BitOPs] 5.100e7 → 4.600e7"), "{header}");
     assert!(header.contains("E[weights] 5800 B"), "{header}");
 }
+
+#[test]
+fn the_header_shows_the_selection_phase_and_its_last_verdict() {
+    let mut s = state();
+    feed::<qdarts_record::SelectionRow>(
+        &mut s,
+        Source::Selection,
+        &[
+            "1,normal,op,0,0,max_pool_3x3,0.815625,0.571644,0.006250,-",
+            "1,normal,op,0,0,sep_conv_3x3,0.784375,0.618881,0.037500,kept",
+            "1,reduce,op,1,3,skip_connect,0.700000,0.900000,0.120000,kept",
+            "2,normal,input,1,4,avg_pool_3x3,0.790000,0.600000,-0.005000,removed",
+        ],
+    );
+    let header = draw(&Header { state: &s, search: None }, 240, 3);
+    assert!(header.contains("selection 2 ops kept, 1 inputs removed"), "{header}");
+    assert!(
+        header.contains("last: normal edge 4: taken off its node (top-1 +0.5 pts without it)"),
+        "{header}"
+    );
+    // Before any decision the header has no selection part.
+    let header = draw(&Header { state: &state(), search: None }, 240, 3);
+    assert!(!header.contains("selection"), "{header}");
+}

@@ -6,7 +6,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Widget};
 
 use super::{duration, num};
-use crate::state::{DashboardState, RunStatus};
+use crate::state::{DashboardState, RunStatus, Verdict};
 use crate::theme::THEME;
 
 /// The two header lines.
@@ -82,6 +82,28 @@ impl Widget for &Header<'_> {
                 Span::styled("  E[BitOPs] ", THEME.label),
                 Span::styled(trail.join(" → "), THEME.value),
                 Span::styled(format!("  E[weights] {:.0} B", last.weight_bytes), THEME.label),
+            ]);
+        }
+        if let Some(last) = s.selection.last() {
+            // The perturbation-based selection: how far it is, and its last verdict.
+            let kept = s.selection.iter().filter(|r| r.verdict == Verdict::Kept).count();
+            let removed = s.selection.len() - kept;
+            let what = match last.verdict {
+                Verdict::Kept => format!("{} kept", last.candidate),
+                _ => "taken off its node".to_string(),
+            };
+            second.extend([
+                Span::styled("  selection ", THEME.label),
+                Span::styled(format!("{kept} ops kept, {removed} inputs removed"), THEME.value),
+                Span::styled(
+                    format!(
+                        "  last: {} edge {}: {what} (top-1 {:+.1} pts without it)",
+                        format!("{:?}", last.cell_type).to_lowercase(),
+                        last.edge,
+                        -100.0 * last.drop
+                    ),
+                    THEME.label,
+                ),
             ]);
         }
         if s.collapse_alert().is_some() {
