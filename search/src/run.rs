@@ -23,17 +23,13 @@ use qdarts_ops::candidates::{QuantSites, has_bits};
 use qdarts_ops::qconfig::Site;
 use qdarts_ops::quant::lsq;
 use qdarts_record::{
-    AlphaRow, BitRow, BitSite, CellType, CheckpointPart, CostRow, Decision, GenotypeRow, NanSite,
-    Plan, RunDir, SelectionRow, Verdict, read_plan, write_atomic, write_plan,
+    AlphaRow, BitRow, BitSite, CellType, CheckpointPart, CostRow, GenotypeRow, NanSite, Plan,
+    RunDir, SelectionRow, read_plan, write_atomic, write_plan,
 };
 
-use crate::config::{
-    BitsConfig, ExperimentConfig, PerturbationConfig, Selection, SelectionCriterion,
-};
+use crate::config::{BitsConfig, ExperimentConfig, PerturbationConfig, Selection};
 use crate::cost::CostModel;
-use crate::selection::{
-    Measure, Projection, Round, Trial, decide_inputs, decide_op, node_of, op_candidates, pick,
-};
+use crate::selection::{At, Measure, Projection, Trial, decide_cell};
 use crate::step::{arch_step, build_optimizers, weight_backward};
 use crate::supernet::{AlphaRows, Alphas, ArchWeights, NetShape, SearchNetwork};
 
@@ -365,101 +361,40 @@ impl SearchTask<'_> {
         let mut w = run.writer::<SelectionRow>()?;
         loop {
             let Some(proj) = &self.alphas.projection else { return Ok(()) };
-            let Some(round) = proj.next_round() else { return Ok(()) };
+            let Some(kind) = proj.next_round() else { return Ok(()) };
             // Rounds already made, and the epoch after which this one is due.
             let r = proj.rounds_done();
             if p.tune_epochs > 0 && r * p.tune_epochs != after {
                 return Ok(());
             }
             for reduction in [false, true] {
-                let rows = self.decide(epoch, round, r, reduction, &p)?;
+                let rows = self.decide(At { epoch, round: r, kind, reduction }, &p);
                 rows.iter().try_for_each(|row| w.push(row))?;
             }
         }
     }
 
     /// One decision of one cell type: the candidates' measurements as rows.
-    fn decide(
-        &mut self,
-        epoch: usize,
-        round: Round,
-        r: usize,
-        reduction: bool,
-        p: &PerturbationConfig,
-    ) -> Result<Vec<SelectionRow>, RunError> {
+    fn decide(&mut self, at: At, p: &PerturbationConfig) -> Vec<SelectionRow> {
         let cfg = self.cfg;
-        let primitives = &cfg.model.primitives;
-        let by_loss = p.criterion == SelectionCriterion::Loss;
         let n = match p.eval_images {
             0 => self.val_idx.len(),
             k => k.min(self.val_idx.len()),
         };
-        let idx = &self.val_idx[..n];
         let eval = self.net.valid();
         let alphas = self.alphas.valid();
+        let Some(mut proj) = self.alphas.projection.take() else { return Vec::new() };
         // Forward only: larger batches than the search's cost little memory and save the
         // per-op overhead of the many small ops of a supernet.
         let bs = MEASURE_BATCH.max(cfg.search.batch_size);
         let measure = |trial: &Trial| {
-            let e = self.evaluate(&eval, alphas.arch_with(reduction, trial), idx, bs);
+            let arch = alphas.arch_with(at.reduction, trial);
+            let e = self.evaluate(&eval, arch, &self.val_idx[..n], bs);
             Measure { top1: e.top1, loss: e.loss }
         };
-        let Some(proj) = &self.alphas.projection else { return Ok(Vec::new()) };
-        let cell = proj.cell(reduction).clone();
-        let cell_type = if reduction { CellType::Reduce } else { CellType::Normal };
-        let seed = cfg.seed;
-        let mut rows = Vec::new();
-        let row = |edge: usize, m: &Measure, base: &Measure, verdict: Verdict, decision| {
-            let op = cell.ops[edge].map_or("-".to_string(), |k| primitives[k].to_string());
-            SelectionRow {
-                epoch,
-                cell_type,
-                decision,
-                node: node_of(edge),
-                edge,
-                candidate: op,
-                top1: m.top1,
-                loss: m.loss,
-                drop: base.top1 - m.top1,
-                verdict,
-            }
-        };
-        match round {
-            Round::Op => {
-                let open = cell.open_edges();
-                if open.is_empty() {
-                    return Ok(rows);
-                }
-                let edge = pick(&open, p.order, seed, r, reduction);
-                let d = decide_op(edge, &op_candidates(primitives), by_loss, measure);
-                for (op, m) in &d.measures {
-                    let verdict = if *op == d.kept { Verdict::Kept } else { Verdict::None };
-                    let mut r = row(edge, m, &d.base, verdict, Decision::Op);
-                    r.candidate = primitives[*op].to_string();
-                    rows.push(r);
-                }
-                let proj = self.alphas.projection.as_mut().expect("checked above");
-                proj.cell_mut(reduction).ops[edge] = Some(d.kept);
-            }
-            Round::Input => {
-                let open = cell.open_nodes();
-                if open.is_empty() {
-                    return Ok(rows);
-                }
-                let node = pick(&open, p.order, seed, r, reduction);
-                let (passes, kept) = decide_inputs(node, by_loss, measure);
-                for pass in &passes {
-                    for (e, m) in &pass.measures {
-                        let verdict =
-                            if *e == pass.removed { Verdict::Removed } else { Verdict::None };
-                        rows.push(row(*e, m, &pass.base, verdict, Decision::Input));
-                    }
-                }
-                let proj = self.alphas.projection.as_mut().expect("checked above");
-                proj.cell_mut(reduction).inputs[node] = Some(kept);
-            }
-        }
-        Ok(rows)
+        let rows = decide_cell(&mut proj, at, p, (&cfg.model.primitives, cfg.seed), measure);
+        self.alphas.projection = Some(proj);
+        rows
     }
 
     /// `bits.csv` rows: the softmax over each op's candidate widths (ops with convolutions).

@@ -18,7 +18,11 @@ use qdarts_data::Rng;
 use qdarts_genotypes::{Edge, Genotype, Primitive, edge_count, edge_index, edge_input};
 use serde::{Deserialize, Serialize};
 
-use crate::config::SelectionOrder;
+pub mod config;
+
+use qdarts_record::{CellType, Decision, SelectionRow, Verdict};
+
+use crate::config::{PerturbationConfig, SelectionCriterion, SelectionOrder};
 
 /// The decisions of one cell type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -361,4 +365,82 @@ pub fn decide_inputs(
         passes.push(InputPass { base, measures, removed });
     }
     (passes, left)
+}
+
+/// Where a decision is made: at the end of `epoch`, in round `round` (0-based) of kind
+/// `kind`, in the reduction cell or the normal cell.
+#[derive(Debug, Clone, Copy)]
+pub struct At {
+    /// The epoch at whose end it is made.
+    pub epoch: usize,
+    /// The round.
+    pub round: usize,
+    /// What the round decides.
+    pub kind: Round,
+    /// The cell type.
+    pub reduction: bool,
+}
+
+/// One decision of one cell type under `p`, made on `proj` (the edge or node chosen by
+/// `p.order` from `seed`): the candidates measured by `measure`, as `selection.csv` rows.
+pub fn decide_cell(
+    proj: &mut Projection,
+    at: At,
+    p: &PerturbationConfig,
+    (primitives, seed): (&[Primitive], u64),
+    measure: impl FnMut(&Trial) -> Measure,
+) -> Vec<SelectionRow> {
+    let by_loss = p.criterion == SelectionCriterion::Loss;
+    let reduction = at.reduction;
+    let cell = proj.cell(reduction).clone();
+    let cell_type = if reduction { CellType::Reduce } else { CellType::Normal };
+    let row = |edge: usize, m: &Measure, base: &Measure, verdict: Verdict, decision| {
+        let op = cell.ops[edge].map_or("-".to_string(), |k| primitives[k].to_string());
+        SelectionRow {
+            epoch: at.epoch,
+            cell_type,
+            decision,
+            node: node_of(edge),
+            edge,
+            candidate: op,
+            top1: m.top1,
+            loss: m.loss,
+            drop: base.top1 - m.top1,
+            verdict,
+        }
+    };
+    let mut rows = Vec::new();
+    match at.kind {
+        Round::Op => {
+            let open = cell.open_edges();
+            if open.is_empty() {
+                return rows;
+            }
+            let edge = pick(&open, p.order, seed, at.round, reduction);
+            let d = decide_op(edge, &op_candidates(primitives), by_loss, measure);
+            for (op, m) in &d.measures {
+                let verdict = if *op == d.kept { Verdict::Kept } else { Verdict::None };
+                let mut r = row(edge, m, &d.base, verdict, Decision::Op);
+                r.candidate = primitives[*op].to_string();
+                rows.push(r);
+            }
+            proj.cell_mut(reduction).ops[edge] = Some(d.kept);
+        }
+        Round::Input => {
+            let open = cell.open_nodes();
+            if open.is_empty() {
+                return rows;
+            }
+            let node = pick(&open, p.order, seed, at.round, reduction);
+            let (passes, kept) = decide_inputs(node, by_loss, measure);
+            for pass in &passes {
+                for (e, m) in &pass.measures {
+                    let verdict = if *e == pass.removed { Verdict::Removed } else { Verdict::None };
+                    rows.push(row(*e, m, &pass.base, verdict, Decision::Input));
+                }
+            }
+            proj.cell_mut(reduction).inputs[node] = Some(kept);
+        }
+    }
+    rows
 }
