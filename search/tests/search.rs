@@ -17,7 +17,7 @@ use qdarts_search::run_search;
 use qdarts_search::supernet::{NetShape, SearchNetwork};
 
 mod common;
-use common::{scratch, tiny};
+use common::{scratch, stop_at, tiny};
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -231,15 +231,6 @@ fn a_search_stopped_mid_epoch_resumes_to_the_uninterrupted_result() {
     // Stopped after step 2 of epoch 0 (no epoch-end checkpoint yet), then after step 3 of
     // epoch 1 (global step 7), then run to the end.
     let cfg = four_steps("stopped");
-    let stop_at = |global: usize| {
-        move |p: &qdarts_engine::Progress| {
-            if p.epoch * p.steps + p.step == global {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        }
-    };
     let part = run_search(&cfg, &Device::flex(), None, &mut stop_at(2)).unwrap();
     assert!(!part.finished && !part.run_dir.join("genotype.txt").exists());
     let state = read(&part.run_dir.join("checkpoint/state.json"));

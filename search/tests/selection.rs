@@ -22,7 +22,7 @@ use qdarts_search::step::beta_decay_loss;
 use qdarts_search::supernet::{Alphas, smooth_row};
 
 mod common;
-use common::{scratch, tiny_with};
+use common::{scratch, stop_at, tiny_with};
 
 /// A hand-built one-cell "supernet" of 2 nodes: edge `e`'s output on sample `i` is
 /// `Σ_k w[e][k]·f(e, k, i)`, where the projected weights `w` come from the selection's own
@@ -313,15 +313,6 @@ fn a_selection_stopped_and_resumed_equals_an_uninterrupted_one() {
     // Stopped inside the second fine-tuning epoch (global step 8 of 16: after two rounds),
     // then at the last step of epoch 5, then run to the end.
     let cfg = tiny_with(&scratch("pt-resume-stopped"), SELECTION, &sets);
-    let stop_at = |global: usize| {
-        move |p: &qdarts_engine::Progress| {
-            if p.epoch * p.steps + p.step == global {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        }
-    };
     let part = run_search(&cfg, &Device::flex(), None, &mut stop_at(7)).unwrap();
     assert!(!part.finished);
     let state = read(&part.run_dir.join("checkpoint/selection.json"));

@@ -4,6 +4,7 @@
 // Each test crate uses its own subset.
 #![allow(dead_code)]
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use qdarts_search::config::ExperimentConfig;
@@ -69,5 +70,16 @@ pub fn tiny_shape(partial: usize) -> NetShape {
         primitives: qdarts_genotypes::Primitive::DARTS.to_vec(),
         partial_channels: partial,
         bits: None,
+    }
+}
+
+/// A progress callback that stops a run after global step `global` (1-based).
+pub fn stop_at(global: usize) -> impl FnMut(&qdarts_engine::Progress) -> ControlFlow<()> {
+    move |p| {
+        if p.epoch * p.steps + p.step == global {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
     }
 }
