@@ -318,6 +318,11 @@ impl SearchConfig {
         }
     }
 
+    /// `[search.perturbation]` as given, or its defaults when absent.
+    pub fn perturbation_or_default(&self) -> PerturbationConfig {
+        self.perturbation.clone().unwrap_or_default()
+    }
+
     fn default_order() -> Order {
         Order::First
     }
@@ -459,7 +464,7 @@ impl ExperimentConfig {
             );
         }
         if s.selection == Selection::Perturbation {
-            let p = s.perturbation.clone().unwrap_or_default();
+            let p = s.perturbation_or_default();
             r.count("search.perturbation.tune_epochs", p.tune_epochs, 0, 1000)?;
             for (key, set) in [
                 ("search.guards.max_skip", s.guards.max_skip),

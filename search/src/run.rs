@@ -67,8 +67,7 @@ pub fn total_epochs(cfg: &ExperimentConfig) -> usize {
     match s.selection {
         Selection::Magnitude => s.epochs,
         Selection::Perturbation => {
-            let tune = s.perturbation.as_ref().map_or(1, |p| p.tune_epochs);
-            s.epochs + tune * Projection::rounds(cfg.model.nodes)
+            s.epochs + s.perturbation_or_default().tune_epochs * Projection::rounds(cfg.model.nodes)
         }
     }
 }
@@ -356,7 +355,7 @@ impl SearchTask<'_> {
         if s.selection != Selection::Perturbation || epoch + 1 < s.epochs {
             return Ok(());
         }
-        let p = s.perturbation.clone().unwrap_or_default();
+        let p = s.perturbation_or_default();
         let after = epoch + 1 - s.epochs;
         let mut w = run.writer::<SelectionRow>()?;
         loop {

@@ -198,15 +198,6 @@ impl Projection {
             + c.inputs.iter().skip(1).filter(|i| i.is_some()).count()
     }
 
-    /// Decisions made so far (edges and nodes, both cell types).
-    pub fn decided(&self) -> usize {
-        let count = |c: &CellProjection| {
-            c.ops.iter().filter(|o| o.is_some()).count()
-                + c.inputs.iter().skip(1).filter(|i| i.is_some()).count()
-        };
-        count(&self.normal) + count(&self.reduce)
-    }
-
     /// α rows `(normal, reduce)` with the decisions applied, for the per-epoch genotype.
     pub fn rows(&self, an: &[Vec<f32>], ar: &[Vec<f32>]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
         (self.normal.rows(an), self.reduce.rows(ar))
@@ -271,28 +262,29 @@ impl Measure {
     }
 }
 
-/// The op to keep on an edge: the candidate whose removal hurts most (the first on a tie);
+/// The candidate whose removal hurts most (`most`) or least, the first on a tie;
 /// `measures[i]` belongs to `candidates[i]`.
-pub fn choose_op(candidates: &[usize], measures: &[Measure], by_loss: bool) -> usize {
+fn extreme(candidates: &[usize], measures: &[Measure], by_loss: bool, most: bool) -> usize {
     let mut best = 0;
     for i in 1..candidates.len() {
-        if measures[i].hurts_more(&measures[best], by_loss) {
+        let (a, b) =
+            if most { (&measures[i], &measures[best]) } else { (&measures[best], &measures[i]) };
+        if a.hurts_more(b, by_loss) {
             best = i;
         }
     }
     candidates[best]
 }
 
+/// The op to keep on an edge: the candidate whose removal hurts most (the first on a tie).
+pub fn choose_op(candidates: &[usize], measures: &[Measure], by_loss: bool) -> usize {
+    extreme(candidates, measures, by_loss, true)
+}
+
 /// The input edge to take off a node: the candidate whose removal hurts least (the first on
 /// a tie).
 pub fn choose_removal(candidates: &[usize], measures: &[Measure], by_loss: bool) -> usize {
-    let mut best = 0;
-    for i in 1..candidates.len() {
-        if measures[best].hurts_more(&measures[i], by_loss) {
-            best = i;
-        }
-    }
-    candidates[best]
+    extreme(candidates, measures, by_loss, false)
 }
 
 /// The ops an edge's decision measures: every primitive but `none` (which is never kept).
