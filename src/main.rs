@@ -2,6 +2,10 @@
 //!
 //! Exit codes: 0 success; 1 error (message on stderr); 2 invalid command line.
 
+// The doc comments of the command-line structs are clap's `--help` text, where `<run>` is a
+// placeholder, not an HTML tag.
+#![allow(rustdoc::invalid_html_tags)]
+
 mod alloc;
 mod backend;
 mod bench;

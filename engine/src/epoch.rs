@@ -197,7 +197,7 @@ pub fn quant_row(epoch: usize, step: usize, q: &QuantStats) -> QuantErrorRow {
     }
 }
 
-/// Runs the epochs of `plan` from the state `st` (see [`start`]). `progress` is called after
+/// Runs the epochs of `plan` from the state `st` (see [`start`](crate::checkpoint::start)). `progress` is called after
 /// every step; when it returns `Break` the loop saves a checkpoint at that step and returns
 /// (`finished: false`); on an epoch's last step it finishes the epoch first.
 pub fn run_epochs<T: EpochTask>(

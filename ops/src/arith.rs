@@ -109,7 +109,7 @@ const FINE_SCALE: f64 = 1.0 / 1024.0;
 /// the scale `1/levels` (e.g. 255 for the 8-bit `[0, 1]` grid), rounded half up.
 ///
 /// Only integer arithmetic after the constants: the shift `k` that brings `S/2^k` under
-/// [`FINE_SCALE`], `⌊−ln2/S'⌋`, `⌊b'/S'⌋`, `⌊c'/S'²⌋`.
+/// `FINE_SCALE`, `⌊−ln2/S'⌋`, `⌊b'/S'⌋`, `⌊c'/S'²⌋`.
 pub fn int_softmax(q: &[i64], scale: f64, levels: i64) -> Vec<i64> {
     let Some(&max) = q.iter().max() else { return vec![] };
     let shift = (scale / FINE_SCALE).log2().ceil().clamp(0.0, 20.0) as u32;

@@ -1,7 +1,7 @@
 //! Per-channel batch statistics and the per-channel affine map: the two halves of a training
 //! BatchNorm, each one pass forward and one backward on flex.
 //!
-//! [`QBatchNorm`](crate::candidates::bn::QBatchNorm) fake-quantizes its folded weight between
+//! [`QBatchNorm`](crate::candidates::QBatchNorm) fake-quantizes its folded weight between
 //! them, so they stay two primitives:
 //!
 //! - [`moments`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`.

@@ -4,7 +4,7 @@
 //! hundreds of them. Burn's flex pools visit the window of every output one element at a time,
 //! and its max pool keeps an `i64` index per output for the backward pass. Here each
 //! (image, channel) plane is one task of the rayon pool, laid out flat with its padding
-//! ([`Flat`]), and the window is separable: one pass of `kw` contiguous runs along the rows,
+//! (`Flat`), and the window is separable: one pass of `kw` contiguous runs along the rows,
 //! then one of `kh` runs down the columns (so a 3×3 window costs six vector passes, not nine
 //! scalar visits per output).
 //!

@@ -2,9 +2,9 @@
 //! fixed-point requantization; images of a batch run on parallel threads.
 //!
 //! Two convolution kernels give the same integers: [`Kernels::Fast`] (im2col and a blocked
-//! matrix product, [`fast`]) runs by default; [`Kernels::Direct`] (a direct loop over the
-//! zero-padded, zero-point-subtracted input, [`direct`]) is the plain reading of the arithmetic
-//! that the fast one is tested against.
+//! matrix product, module `fast`) runs by default; [`Kernels::Direct`] (a direct loop over
+//! the zero-padded, zero-point-subtracted input, module `direct`) is the plain reading of the
+//! arithmetic that the fast one is tested against.
 
 mod direct;
 mod fast;

@@ -38,7 +38,7 @@ pub struct NetShape {
     pub bits: Option<(Vec<u32>, Vec<u32>)>,
 }
 
-/// The supernet's weights (the alphas live in [`Alphas`]).
+/// The supernet's weights (the alphas live in [`Alphas`](super::Alphas)).
 #[derive(Module, Debug)]
 pub struct SearchNetwork {
     /// Stem convolution 3×3 (`stem.conv`).
