@@ -197,7 +197,7 @@ pub struct CostConfig {
     /// What is counted.
     pub metric: CostMetric,
     /// The budget of the hinge penalty, in BitOPs per image or bytes, for the network at the
-    /// search's shape (see the README's bit-search section for how it is estimated).
+    /// search's shape (see docs/guide/bit-search.md for how it is estimated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<f64>,
     /// λ.
