@@ -397,3 +397,78 @@ fn partial_channel_mixed_op_quantizes_its_output_and_trains() {
         assert!(gw[1..].iter().all(|v| *v != 0.0), "{gw:?}");
     });
 }
+
+/// Every quantizer Burn's traversal reaches is listed by the hand-written `QuantSites` impls,
+/// once, for every candidate (and `conv_7x1_1x7`) at both strides, under every preset, with
+/// BatchNorm's multiplier quantized, with partial channels and under a bit-width search.
+#[test]
+fn quant_sites_list_every_quantizer_of_the_module_tree() {
+    use qdarts_ops::candidates::{OpBits, check_quant_sites, visited_quantizers};
+    seeded(|| {
+        let mut prims = Primitive::DARTS.to_vec();
+        prims.push(Primitive::Conv7x1_1x7);
+        let mut cfgs: Vec<(String, QuantConfig)> =
+            [Preset::Tensorrt, Preset::OnnxQdq, Preset::Paddle, Preset::Lsq, Preset::Float]
+                .into_iter()
+                .map(|p| (format!("{p:?}"), QuantConfig::preset(p)))
+                .collect();
+        cfgs.push((
+            "bn multiplier".into(),
+            QuantConfig { quantize_bn_multiplier: true, ..QuantConfig::default() },
+        ));
+        let searched = OpBits::Search { weight: &[2, 4, 8], act: &[4, 8] };
+        for (name, cfg) in &cfgs {
+            for stride in [1, 2] {
+                for (k, bits) in [(1, OpBits::Config), (2, OpBits::Config), (1, searched)] {
+                    if *name == "Float" && bits != OpBits::Config {
+                        continue;
+                    }
+                    let m =
+                        QMixedOp::with_bits(&prims, 4, stride, k, cfg, "e", &dev(), bits).unwrap();
+                    let n = check_quant_sites(&m)
+                        .unwrap_or_else(|e| panic!("{name}, stride {stride}, K={k}: {e}"));
+                    if *name != "Float" {
+                        assert!(n > prims.len(), "{name}: only {n} quantizers");
+                    }
+                }
+            }
+        }
+        // The check fails on an impl that leaves a field's quantizers out, and on one that
+        // lists a quantizer twice.
+        let cfg = QuantConfig::default();
+        let leaky = Leaky {
+            kept: op(Primitive::SepConv3x3, 4, 1, &cfg, &dev()),
+            left_out: op(Primitive::DilConv3x3, 4, 1, &cfg, &dev()),
+            twice: false,
+        };
+        let err = check_quant_sites(&leaky).unwrap_err();
+        assert!(err.contains("not listed"), "{err}");
+        assert_eq!(
+            visited_quantizers(&leaky).len(),
+            leaky.kept.quantizers().len() + leaky.left_out.quantizers().len()
+        );
+        let twice = Leaky { twice: true, ..leaky };
+        let err = check_quant_sites(&twice).unwrap_err();
+        assert!(err.contains("listed twice"), "{err}");
+    });
+}
+
+/// A module whose `QuantSites` impl forgets one of its fields (or lists one twice).
+#[derive(Module, Debug)]
+struct Leaky {
+    kept: CandidateOp,
+    left_out: CandidateOp,
+    #[module(skip)]
+    twice: bool,
+}
+
+impl QuantSites for Leaky {
+    fn quantizers(&self) -> Vec<&qdarts_ops::quant::FakeQuantizer> {
+        let mut qs = self.kept.quantizers();
+        if self.twice {
+            qs.extend(self.kept.quantizers());
+            qs.extend(self.left_out.quantizers());
+        }
+        qs
+    }
+}

@@ -270,3 +270,25 @@ fn bad_bit_and_cost_configs_name_the_key() {
     let e = ExperimentConfig::parse(&t, p, &["model.partial_channels=2".into()]).unwrap_err();
     assert!(e.to_string().contains("partial_channels"), "{e}");
 }
+
+/// The supernet's hand-written `QuantSites` (network, cells, preprocessing, node sums, the
+/// candidates) list every quantizer Burn's traversal reaches, once, with and without partial
+/// channels and a bit-width search.
+#[test]
+fn the_supernet_lists_every_quantizer_of_its_module_tree() {
+    use qdarts_ops::candidates::check_quant_sites;
+    use qdarts_ops::qconfig::Preset;
+    let d = Device::flex();
+    for preset in [Preset::Tensorrt, Preset::Lsq, Preset::OnnxQdq] {
+        for partial in [1, 2] {
+            for bits in [None, Some((vec![2, 4, 8], vec![4, 8]))] {
+                let mut shape = tiny_shape(partial);
+                shape.bits = bits.clone();
+                let net = SearchNetwork::new(&shape, &QuantConfig::preset(preset), &d).unwrap();
+                let n = check_quant_sites(&net)
+                    .unwrap_or_else(|e| panic!("{preset:?}, K={partial}, bits {bits:?}: {e}"));
+                assert!(n > 100, "{preset:?}: only {n} quantizers");
+            }
+        }
+    }
+}

@@ -102,3 +102,42 @@ fn negative_gamma_and_minus_128_weights_freeze_and_agree() {
     let ev = evaluate_frozen(&trained, &model, &set, 1, 0, &Device::flex()).unwrap();
     assert!(ev.report.agreement >= 0.995, "agreement {}", ev.report.agreement);
 }
+
+/// The evaluation network's hand-written `QuantSites` (network, cells, auxiliary head,
+/// classifier, the genotype's ops) list every quantizer Burn's traversal reaches, once, for
+/// published genotypes and one with per-op widths.
+#[test]
+fn the_eval_network_lists_every_quantizer_of_its_module_tree() {
+    use qdarts_ops::candidates::check_quant_sites;
+    use qdarts_ops::qconfig::{Preset, QuantConfig};
+    use qdarts_train::network::{EvalNetwork, EvalShape};
+    let d = Device::flex();
+    let shape = EvalShape {
+        c_in: 1,
+        size: 16,
+        classes: 10,
+        channels: 4,
+        layers: 5,
+        stem_multiplier: 3,
+        auxiliary: true,
+    };
+    let mut with_bits = qdarts_genotypes::known("DARTS_V2").unwrap();
+    let widths = |cell: &[Vec<qdarts_genotypes::Edge>], weight, act| {
+        let b = qdarts_genotypes::Bits { weight, act };
+        Some(cell.iter().map(|node| vec![b; node.len()]).collect())
+    };
+    with_bits.normal_bits = widths(&with_bits.normal, 4, 8);
+    with_bits.reduce_bits = widths(&with_bits.reduce, 2, 4);
+    for (name, genotype) in [
+        ("DARTS_V2", qdarts_genotypes::known("DARTS_V2").unwrap()),
+        ("NASNet", qdarts_genotypes::known("NASNet").unwrap()),
+        ("DARTS_V2 with widths", with_bits),
+    ] {
+        for preset in [Preset::Tensorrt, Preset::Lsq] {
+            let net =
+                EvalNetwork::new(&shape, &genotype, &QuantConfig::preset(preset), &d).unwrap();
+            let n = check_quant_sites(&net).unwrap_or_else(|e| panic!("{name}, {preset:?}: {e}"));
+            assert!(n > 50, "{name}: only {n} quantizers");
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! What every candidate op shares: the quantized activation type, the build context, and the
 //! visitor over quantizers.
 
+use burn::module::{Flag, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, Tensor};
 
 use crate::qconfig::{QuantConfig, Site};
@@ -207,6 +208,64 @@ pub trait QuantSites {
         }
         Ok(rows)
     }
+}
+
+/// The quantizers that Burn's traversal of `m` reaches (the ones its records save), each by
+/// the id of its `training` flag, in traversal order.
+///
+/// [`QuantSites`] impls are written by hand, so a quantizer left out of one would silently
+/// miss hold mode, recording and LSQ initialisation; [`check_quant_sites`] holds an impl to
+/// this list.
+pub fn visited_quantizers<M: Module>(m: &M) -> Vec<ParamId> {
+    struct Visitor {
+        path: Vec<(String, String)>,
+        found: Vec<ParamId>,
+    }
+    impl ModuleVisitor for Visitor {
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.path.push((name.to_string(), container_type.to_string()));
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_flag(&mut self, flag: &Param<Flag>) {
+            // `FakeQuantizer::training`, and no other flag.
+            if let Some((name, container)) = self.path.last()
+                && name == "training"
+                && container == "Struct:FakeQuantizer"
+            {
+                self.found.push(flag.id);
+            }
+        }
+    }
+    let mut v = Visitor { path: Vec::new(), found: Vec::new() };
+    m.visit(&mut v);
+    v.found
+}
+
+/// Checks that `m`'s [`QuantSites::quantizers`] lists every quantizer Burn's traversal of `m`
+/// reaches, each once, and nothing else ([`visited_quantizers`]). Returns their number, or
+/// what differs.
+pub fn check_quant_sites<M: Module + QuantSites>(m: &M) -> Result<usize, String> {
+    let listed: Vec<(ParamId, String)> =
+        m.quantizers().iter().map(|q| (q.training.id, q.path().to_string())).collect();
+    let visited = visited_quantizers(m);
+    let mut seen = std::collections::HashSet::new();
+    if let Some((_, path)) = listed.iter().find(|(id, _)| !seen.insert(*id)) {
+        return Err(format!("{path} is listed twice"));
+    }
+    if let Some((_, path)) = listed.iter().find(|(id, _)| !visited.contains(id)) {
+        return Err(format!("{path} is listed but not a field of the module tree"));
+    }
+    let missing = visited.iter().filter(|id| !seen.contains(*id)).count();
+    if missing > 0 {
+        return Err(format!(
+            "{missing} of the module's {} quantizers are not listed (listed: {})",
+            visited.len(),
+            listed.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    Ok(listed.len())
 }
 
 /// Collects the quantizers of optional bit mixes.

@@ -19,7 +19,10 @@ use qdarts_genotypes::Primitive;
 
 pub use bn::QBatchNorm;
 pub use bn::quantize_bias;
-pub use common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, quantize_site};
+pub use common::{
+    BitProbs, Ctx, OpBits, QTensor, QuantSites, check_quant_sites, quantize_opt, quantize_site,
+    visited_quantizers,
+};
 pub use conv::{Bias, ConvChain, ConvShape, QConv};
 pub use dil_conv::{DilShape, QDilConv};
 pub use fac_conv::QFacConv;
