@@ -3,6 +3,7 @@
 //! α split, the α and the derived genotype. Everything goes to the run record; progress goes
 //! to a callback.
 
+use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -16,22 +17,25 @@ use qdarts_engine::{
     ConfigError, Progress, RunError, Sgd, apply_limit, checkpoint_error, load_module, load_optim,
     note_epochs_change, run_epochs, save_module, save_optim, seeded, start,
 };
-use qdarts_genotypes::{
-    Bits, DeriveOptions, Edge, Genotype, Primitive, edge_count, edge_index, edge_input, softmax,
-};
-use qdarts_ops::candidates::{QuantSites, has_bits};
-use qdarts_ops::qconfig::Site;
+use qdarts_genotypes::{Genotype, edge_count, softmax};
+use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::quant::lsq;
 use qdarts_record::{
-    AlphaRow, BitRow, BitSite, CellType, CheckpointPart, CostRow, GenotypeRow, NanSite, Plan,
-    RunDir, SelectionRow, read_plan, write_atomic, write_plan,
+    AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, read_plan,
+    write_atomic, write_plan,
 };
 
-use crate::config::{BitsConfig, ExperimentConfig, PerturbationConfig, Selection};
+use crate::config::{ExperimentConfig, Selection};
 use crate::cost::CostModel;
-use crate::selection::{At, Measure, Projection, Trial, decide_cell};
+use crate::selection::Projection;
 use crate::step::{arch_step, build_optimizers, weight_backward};
-use crate::supernet::{AlphaRows, Alphas, ArchWeights, NetShape, SearchNetwork};
+use crate::supernet::{Alphas, ArchWeights, NetShape, SearchNetwork};
+
+mod derive;
+mod rows;
+
+pub use derive::derive_genotype;
+use derive::derive_rows;
 
 /// The result of a search that finished or was stopped.
 #[derive(Debug, Clone)]
@@ -71,89 +75,6 @@ pub fn total_epochs(cfg: &ExperimentConfig) -> usize {
         }
     }
 }
-
-/// The genotype of the current α (and, with a bit-width search, the widths of its kept ops);
-/// with a perturbation-based selection, the decided edges and nodes as decided.
-pub fn derive_genotype(cfg: &ExperimentConfig, alphas: &Alphas) -> Result<Genotype, RunError> {
-    let (an, ar) = alphas.to_rows()?;
-    derive_rows(cfg, alphas, &an, &ar)
-}
-
-/// The most likely widths of each kept op of a derived cell: `w_rows`/`a_rows` are the
-/// softmaxes over the candidate widths `[edges][K][B]`. Ops without convolutions get the
-/// config's widths (clamped to 2..8), which they keep anyway.
-fn kept_bits(
-    cfg: &ExperimentConfig,
-    bits: &BitsConfig,
-    cell: &[Vec<Edge>],
-    (w_rows, a_rows): (&[AlphaRows], &[AlphaRows]),
-    reduction: bool,
-) -> Vec<Vec<Bits>> {
-    let argmax = |row: &[f32], choices: &[u32]| {
-        let i =
-            row.iter().enumerate().fold(0, |best, (i, v)| if *v > row[best] { i } else { best });
-        choices[i] as u8
-    };
-    let config = |p: Primitive, site: Site| match cfg.quant.spec_for(p.name(), site) {
-        Ok(Some(s)) => s.bits().clamp(2, 8) as u8,
-        _ => 8,
-    };
-    let mut out = Vec::with_capacity(cell.len());
-    for (i, node) in cell.iter().enumerate() {
-        out.push(
-            node.iter()
-                .map(|edge| {
-                    let (e, p) = (edge_index(i, edge.input), edge.op);
-                    let stride = if reduction && edge.input < 2 { 2 } else { 1 };
-                    let k = cfg.model.primitives.iter().position(|q| *q == p);
-                    match k {
-                        Some(k) if has_bits(p, stride) => Bits {
-                            weight: argmax(&w_rows[e][k], &bits.weight),
-                            act: argmax(&a_rows[e][k], &bits.act),
-                        },
-                        _ => Bits { weight: config(p, Site::Weight), act: config(p, Site::Act) },
-                    }
-                })
-                .collect(),
-        );
-    }
-    out
-}
-
-/// The genotype of α rows under the configured guards: P-DARTS' limit on skip connections and
-/// on parameter-free ops, PC-DARTS' edge weights.
-fn derive_rows(
-    cfg: &ExperimentConfig,
-    alphas: &Alphas,
-    an: &[Vec<f32>],
-    ar: &[Vec<f32>],
-) -> Result<Genotype, RunError> {
-    let m = &cfg.model;
-    let edges = alphas.edge_rows()?;
-    let opt = DeriveOptions {
-        max_skip: cfg.search.guards.max_skip,
-        max_param_free: cfg.search.guards.max_param_free,
-        edge_normal: edges.as_ref().map(|e| e.0.as_slice()),
-        edge_reduce: edges.as_ref().map(|e| e.1.as_slice()),
-    };
-    let selected = alphas.projection.as_ref().and_then(|p| p.genotype(&m.primitives));
-    let mut g = match (selected, &alphas.projection) {
-        (Some(g), _) => g,
-        (None, Some(p)) => {
-            let (an, ar) = p.rows(an, ar);
-            Genotype::derive_with(&an, &ar, &m.primitives, m.nodes, 2, &opt)?
-        }
-        (None, None) => Genotype::derive_with(an, ar, &m.primitives, m.nodes, 2, &opt)?,
-    };
-    if let (Some(bits), Some([wn, wr, a_n, a_r])) = (&cfg.search.bits, alphas.bit_rows()?) {
-        g.normal_bits = Some(kept_bits(cfg, bits, &g.normal, (&wn, &a_n), false));
-        g.reduce_bits = Some(kept_bits(cfg, bits, &g.reduce, (&wr, &a_r), true));
-    }
-    Ok(g)
-}
-
-/// Images per forward of the selection's measurements.
-const MEASURE_BATCH: usize = 160;
 
 /// What the weight step left pending.
 struct Pending {
@@ -344,107 +265,6 @@ impl SearchTask<'_> {
             n += chunk.len();
         }
         Evaluation { loss: loss / n as f64, top1: right as f64 / n as f64 }
-    }
-
-    /// The selection rounds due at the end of `epoch` (DARTS-PT): round `r` follows epoch
-    /// `search.epochs − 1 + r·tune_epochs`. Each round decides one edge (or, once every edge
-    /// has its op, one node) of each cell type; each decision's measurements go to
-    /// `selection.csv` as soon as it is made.
-    fn select(&mut self, epoch: usize, run: &RunDir) -> Result<(), RunError> {
-        let s = &self.cfg.search;
-        if s.selection != Selection::Perturbation || epoch + 1 < s.epochs {
-            return Ok(());
-        }
-        let p = s.perturbation_or_default();
-        let after = epoch + 1 - s.epochs;
-        let mut w = run.writer::<SelectionRow>()?;
-        loop {
-            let Some(proj) = &self.alphas.projection else { return Ok(()) };
-            let Some(kind) = proj.next_round() else { return Ok(()) };
-            // Rounds already made, and the epoch after which this one is due.
-            let r = proj.rounds_done();
-            if p.tune_epochs > 0 && r * p.tune_epochs != after {
-                return Ok(());
-            }
-            for reduction in [false, true] {
-                let rows = self.decide(At { epoch, round: r, kind, reduction }, &p);
-                rows.iter().try_for_each(|row| w.push(row))?;
-            }
-        }
-    }
-
-    /// One decision of one cell type: the candidates' measurements as rows.
-    fn decide(&mut self, at: At, p: &PerturbationConfig) -> Vec<SelectionRow> {
-        let cfg = self.cfg;
-        let n = match p.eval_images {
-            0 => self.val_idx.len(),
-            k => k.min(self.val_idx.len()),
-        };
-        let eval = self.net.valid();
-        let alphas = self.alphas.valid();
-        let Some(mut proj) = self.alphas.projection.take() else { return Vec::new() };
-        // Forward only: larger batches than the search's cost little memory and save the
-        // per-op overhead of the many small ops of a supernet.
-        let bs = MEASURE_BATCH.max(cfg.search.batch_size);
-        let measure = |trial: &Trial| {
-            let arch = alphas.arch_with(at.reduction, trial);
-            let e = self.evaluate(&eval, arch, &self.val_idx[..n], bs);
-            Measure { top1: e.top1, loss: e.loss }
-        };
-        let rows = decide_cell(&mut proj, at, p, (&cfg.model.primitives, cfg.seed), measure);
-        self.alphas.projection = Some(proj);
-        rows
-    }
-
-    /// `bits.csv` rows: the softmax over each op's candidate widths (ops with convolutions).
-    fn bit_rows(&self, epoch: usize) -> Result<Vec<BitRow>, RunError> {
-        let (Some(b), Some(rows)) = (&self.cfg.search.bits, self.alphas.bit_rows()?) else {
-            return Ok(Vec::new());
-        };
-        let primitives = &self.cfg.model.primitives;
-        let [wn, wr, a_n, a_r] = rows;
-        let mut out = Vec::new();
-        let parts = [
-            (CellType::Normal, BitSite::Weight, &wn, &b.weight),
-            (CellType::Reduce, BitSite::Weight, &wr, &b.weight),
-            (CellType::Normal, BitSite::Act, &a_n, &b.act),
-            (CellType::Reduce, BitSite::Act, &a_r, &b.act),
-        ];
-        for (cell_type, site, rows, choices) in parts {
-            for (edge, ops) in rows.iter().enumerate() {
-                let stride =
-                    if cell_type == CellType::Reduce && edge_input(edge) < 2 { 2 } else { 1 };
-                for (k, probs) in ops.iter().enumerate() {
-                    if !has_bits(primitives[k], stride) {
-                        continue;
-                    }
-                    for (&bits, &w) in choices.iter().zip(probs) {
-                        out.push(BitRow {
-                            epoch,
-                            cell_type,
-                            edge,
-                            op: primitives[k].to_string(),
-                            site,
-                            bits,
-                            weight: f64::from(w),
-                        });
-                    }
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// `cost.csv` row: the expected cost and the penalty.
-    fn cost_rows(&self, epoch: usize) -> Vec<CostRow> {
-        let Some(model) = &self.cost else { return Vec::new() };
-        let arch = self.alphas.valid().arch();
-        let c = model.report(&arch);
-        let penalty = self.cfg.search.cost.as_ref().map_or(0.0, |cc| {
-            let p = model.penalty(cc.metric, &cc.penalty(), &arch);
-            f64::from(p.into_scalar::<f32>())
-        });
-        vec![CostRow { epoch, bitops: c.bitops, weight_bytes: c.weight_bytes, penalty }]
     }
 }
 
