@@ -1,12 +1,13 @@
 //! The direct convolution: a zero-padded, zero-point-subtracted i32 copy of the input and,
 //! per output channel and tap, a multiply-add over contiguous output columns. The plain reading
-//! of the arithmetic, kept as the reference the fast kernel is tested against.
+//! of the arithmetic, kept as the reference the fast kernel is tested against. Pooling, the
+//! same way: per output, over the window.
 
 use crate::fixed::Rounding;
-use crate::model::{ActGrid, ConvNode, Shape};
+use crate::model::{ActGrid, ConvNode, PoolKind, Shape};
 use crate::validate::conv_out;
 
-use super::store_requantized;
+use super::{div_round, store_requantized};
 
 /// The convolution of one image `x` (`[c_in, h, w]` i8 storage on grid `g_in`), with the
 /// widened weights `w` and the biases.
@@ -73,6 +74,46 @@ pub(super) fn conv(
         }
         let dst = &mut out[co * oh * ow..(co + 1) * oh * ow];
         store_requantized(&acc, c.multipliers[co], &c.out, r, dst);
+    }
+    out
+}
+
+/// Pooling on the input's grid: max of the window (padding ignored), or the average of the
+/// window's in-image values rounded as the model rounds. The direct form, per output; the
+/// fast kernels pool whole runs of the stride phases (`fast::pool`).
+pub(super) fn pool(
+    x: &[i8],
+    s: Shape,
+    o: Shape,
+    kind: PoolKind,
+    [k, st, p]: [usize; 3],
+    g: ActGrid,
+    r: Rounding,
+) -> Vec<i8> {
+    let [c, h, w] = s;
+    let z = g.zero_point - g.offset();
+    let mut out = Vec::with_capacity(o.iter().product());
+    for ch in 0..c {
+        let plane = &x[ch * h * w..(ch + 1) * h * w];
+        for oy in 0..o[1] {
+            for ox in 0..o[2] {
+                let (y0, x0) = ((oy * st) as isize - p as isize, (ox * st) as isize - p as isize);
+                let (mut best, mut sum, mut cnt) = (i32::MIN, 0i32, 0i32);
+                for y in y0.max(0)..(y0 + k as isize).min(h as isize) {
+                    for xx in x0.max(0)..(x0 + k as isize).min(w as isize) {
+                        let q = i32::from(plane[y as usize * w + xx as usize]);
+                        best = best.max(q);
+                        sum += q - z;
+                        cnt += 1;
+                    }
+                }
+                let q = match kind {
+                    PoolKind::Max => best,
+                    PoolKind::Avg => div_round(sum, cnt.max(1), r) + z,
+                };
+                out.push(q.clamp(-128, 127) as i8);
+            }
+        }
     }
     out
 }

@@ -8,10 +8,11 @@
 
 mod direct;
 mod fast;
+mod nodes;
 mod packed;
 mod simd;
 
-use crate::fixed::{FixedMultiplier, Rounding, requantize};
+use crate::fixed::{FixedMultiplier, Rounding};
 use crate::model::{ActGrid, ConvNode, FrozenModel, ModelError, Node, PoolKind, Shape, conv_macs};
 use crate::qdf::QTensor;
 
@@ -318,150 +319,6 @@ impl<'a> Runtime<'a> {
         rows
     }
 
-    /// Node `i` of one image, from the values before it (a classifier writes `logits` and
-    /// returns no value).
-    fn eval_node(
-        &self,
-        i: usize,
-        image: &[f32],
-        values: &[Vec<i8>],
-        logits: &mut Vec<i32>,
-    ) -> Vec<i8> {
-        let r = self.model.graph.rounding;
-        match &self.model.graph.nodes[i] {
-            Node::Input { grid } => {
-                let inv = 1.0 / grid.scale;
-                image
-                    .iter()
-                    .map(|&x| {
-                        let q = round_f32(x * inv, r).clamp(-1e9, 1e9) as i32;
-                        store(q.saturating_add(grid.zero_point), grid)
-                    })
-                    .collect()
-            }
-            Node::Conv(c) => {
-                let (x, s) = (&values[c.input], self.shapes[c.input]);
-                match &self.prepared[i] {
-                    Prepared::Plan(plan) => plan.run(c, x, s, self.shapes[i], r),
-                    Prepared::Weights { w, bias } => {
-                        direct::conv(c, x, s, self.grid(c.input), w, bias, r)
-                    }
-                    _ => unreachable!("every convolution is prepared"),
-                }
-            }
-            Node::Pool { input, kind, kernel, stride, padding }
-                if self.kernels == Kernels::Fast =>
-            {
-                let g = self.grid(*input);
-                let [_, oh, ow] = self.shapes[i];
-                fast::pool(
-                    &values[*input],
-                    self.shapes[*input],
-                    [oh, ow],
-                    [*kernel, *stride, *padding],
-                    *kind == PoolKind::Max,
-                    g.zero_point - g.offset(),
-                    r,
-                )
-            }
-            Node::Pool { input, kind, kernel, stride, padding } => {
-                let g = self.grid(*input);
-                pool(
-                    &values[*input],
-                    self.shapes[*input],
-                    self.shapes[i],
-                    *kind,
-                    [*kernel, *stride, *padding],
-                    g,
-                    r,
-                )
-            }
-            Node::Add { inputs, .. } if matches!(self.prepared[i], Prepared::Pairs(_)) => {
-                let Prepared::Pairs(pairs) = &self.prepared[i] else { unreachable!() };
-                let (a, b) = (&values[inputs[0].0], &values[inputs[1].0]);
-                a.iter()
-                    .zip(b)
-                    .map(|(&qa, &qb)| pairs[usize::from(qa as u8) << 8 | usize::from(qb as u8)])
-                    .collect()
-            }
-            Node::Add { inputs, out } if matches!(self.prepared[i], Prepared::Sum(_)) => {
-                let Prepared::Sum(tables) = &self.prepared[i] else { unreachable!() };
-                let operands: Vec<&[i8]> = inputs.iter().map(|(v, _)| &values[*v][..]).collect();
-                let mut y = vec![0i8; operands[0].len()];
-                simd::sum_tables(&operands, tables, out, &mut y);
-                y
-            }
-            Node::Concat { inputs, .. } if matches!(self.prepared[i], Prepared::Moves(_)) => {
-                let Prepared::Moves(tables) = &self.prepared[i] else { unreachable!() };
-                let mut y = Vec::with_capacity(inputs.iter().map(|(v, _)| values[*v].len()).sum());
-                for ((v, _), t) in inputs.iter().zip(tables) {
-                    y.extend(values[*v].iter().map(|&q| t[usize::from(q as u8)]));
-                }
-                y
-            }
-            Node::Add { inputs, out } => {
-                let n = values[inputs[0].0].len();
-                let mut acc = vec![0i32; n];
-                for (v, m) in inputs {
-                    let g = self.grid(*v);
-                    let z = g.zero_point - g.offset();
-                    simd::add_scaled(&mut acc, &values[*v], z, m.lanes(r));
-                }
-                let mut y = vec![0i8; n];
-                simd::store_sum(&acc, out, &mut y);
-                y
-            }
-            Node::Concat { inputs, out } => {
-                let mut y = vec![0i8; inputs.iter().map(|(v, _)| values[*v].len()).sum()];
-                let mut at = 0;
-                for (v, m) in inputs {
-                    let g = self.grid(*v);
-                    let z = g.zero_point - g.offset();
-                    let x = &values[*v];
-                    simd::rescale(x, z, m.lanes(r), out, &mut y[at..at + x.len()]);
-                    at += x.len();
-                }
-                y
-            }
-            Node::Zero { out, .. } => {
-                vec![store(out.zero_point, out); self.shapes[i].iter().product()]
-            }
-            Node::GlobalAvgPool { input, multiplier, out } => {
-                let g = self.grid(*input);
-                let z = g.zero_point - g.offset();
-                let [c, h, w] = self.shapes[*input];
-                let x = &values[*input];
-                (0..c)
-                    .map(|ch| {
-                        let s: i32 =
-                            x[ch * h * w..(ch + 1) * h * w].iter().map(|&q| i32::from(q) - z).sum();
-                        store(
-                            requantize(s, *multiplier, out.zero_point, out.qmin, out.qmax, r),
-                            out,
-                        )
-                    })
-                    .collect()
-            }
-            Node::Linear { input, multipliers, .. } => {
-                let Prepared::Weights { w, bias } = &self.prepared[i] else { unreachable!() };
-                let g = self.grid(*input);
-                let z = g.zero_point - g.offset();
-                let x: Vec<i32> = values[*input].iter().map(|&q| i32::from(q) - z).collect();
-                let k = x.len();
-                *logits = multipliers
-                    .iter()
-                    .enumerate()
-                    .map(|(o, m)| {
-                        let acc: i32 =
-                            w[o * k..(o + 1) * k].iter().zip(&x).map(|(a, b)| a * b).sum();
-                        m.apply(acc.saturating_add(bias[o]), r)
-                    })
-                    .collect();
-                Vec::new()
-            }
-        }
-    }
-
     fn grid(&self, v: usize) -> ActGrid {
         // Validated: every value an image node reads has a grid.
         self.model.grid_of(v).unwrap_or(FALLBACK_GRID)
@@ -492,46 +349,6 @@ impl<'a> Runtime<'a> {
         });
         out
     }
-}
-
-/// Pooling on the input's grid: max of the window (padding ignored), or the average of the
-/// window's in-image values rounded as the model rounds. The direct form, per output; the
-/// fast kernels pool whole runs of the stride phases ([`fast::pool`]).
-fn pool(
-    x: &[i8],
-    s: Shape,
-    o: Shape,
-    kind: PoolKind,
-    [k, st, p]: [usize; 3],
-    g: ActGrid,
-    r: Rounding,
-) -> Vec<i8> {
-    let [c, h, w] = s;
-    let z = g.zero_point - g.offset();
-    let mut out = Vec::with_capacity(o.iter().product());
-    for ch in 0..c {
-        let plane = &x[ch * h * w..(ch + 1) * h * w];
-        for oy in 0..o[1] {
-            for ox in 0..o[2] {
-                let (y0, x0) = ((oy * st) as isize - p as isize, (ox * st) as isize - p as isize);
-                let (mut best, mut sum, mut cnt) = (i32::MIN, 0i32, 0i32);
-                for y in y0.max(0)..(y0 + k as isize).min(h as isize) {
-                    for xx in x0.max(0)..(x0 + k as isize).min(w as isize) {
-                        let q = i32::from(plane[y as usize * w + xx as usize]);
-                        best = best.max(q);
-                        sum += q - z;
-                        cnt += 1;
-                    }
-                }
-                let q = match kind {
-                    PoolKind::Max => best,
-                    PoolKind::Avg => div_round(sum, cnt.max(1), r) + z,
-                };
-                out.push(q.clamp(-128, 127) as i8);
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]
