@@ -15,12 +15,75 @@
 //! The protobuf is written by hand (field numbers of `onnx.proto`), so this crate needs no
 //! protobuf dependency.
 
-use crate::fixed::Rounding;
-use crate::model::{ActGrid, FrozenModel, ModelError, Node, PoolKind};
+use crate::fixed::{FixedMultiplier, Rounding};
+use crate::model::{ActGrid, ConvNode, FrozenModel, ModelError, Node, PoolKind};
 
 /// The opset the export targets.
 pub const OPSET: i64 = 13;
 const IR_VERSION: i64 = 8;
+
+/// Field numbers of the `onnx.proto` messages written here.
+mod field {
+    pub mod model {
+        pub const IR_VERSION: u32 = 1;
+        pub const PRODUCER_NAME: u32 = 2;
+        pub const PRODUCER_VERSION: u32 = 3;
+        pub const GRAPH: u32 = 7;
+        pub const OPSET_IMPORT: u32 = 8;
+        pub const METADATA_PROPS: u32 = 14;
+    }
+    pub mod graph {
+        pub const NODE: u32 = 1;
+        pub const NAME: u32 = 2;
+        pub const INITIALIZER: u32 = 5;
+        pub const INPUT: u32 = 11;
+        pub const OUTPUT: u32 = 12;
+    }
+    pub mod node {
+        pub const INPUT: u32 = 1;
+        pub const OUTPUT: u32 = 2;
+        pub const NAME: u32 = 3;
+        pub const OP_TYPE: u32 = 4;
+        pub const ATTRIBUTE: u32 = 5;
+    }
+    pub mod attribute {
+        pub const NAME: u32 = 1;
+        pub const I: u32 = 3;
+        pub const INTS: u32 = 8;
+        pub const TYPE: u32 = 20;
+        /// `AttributeProto.AttributeType`.
+        pub const TYPE_INT: i64 = 2;
+        pub const TYPE_INTS: i64 = 7;
+    }
+    pub mod tensor {
+        pub const DIMS: u32 = 1;
+        pub const DATA_TYPE: u32 = 2;
+        pub const NAME: u32 = 8;
+        pub const RAW_DATA: u32 = 9;
+    }
+    /// `ValueInfoProto`, `TypeProto`, `TypeProto.Tensor`, `TensorShapeProto` and its
+    /// `Dimension`.
+    pub mod value_info {
+        pub const NAME: u32 = 1;
+        pub const TYPE: u32 = 2;
+        pub const TYPE_TENSOR: u32 = 1;
+        pub const TENSOR_ELEM_TYPE: u32 = 1;
+        pub const TENSOR_SHAPE: u32 = 2;
+        pub const SHAPE_DIM: u32 = 1;
+        pub const DIM_VALUE: u32 = 1;
+        pub const DIM_PARAM: u32 = 2;
+    }
+    /// `OperatorSetIdProto`.
+    pub mod opset {
+        pub const DOMAIN: u32 = 1;
+        pub const VERSION: u32 = 2;
+    }
+    /// `StringStringEntryProto`.
+    pub mod entry {
+        pub const KEY: u32 = 1;
+        pub const VALUE: u32 = 2;
+    }
+}
 
 // TensorProto.DataType
 const FLOAT: i64 = 1;
@@ -70,47 +133,50 @@ enum Attr {
 }
 
 fn attribute(name: &str, a: &Attr) -> Msg {
+    use field::attribute as f;
     let mut m = Msg::default();
-    m.str(1, name);
+    m.str(f::NAME, name);
     match a {
         Attr::Int(v) => {
-            m.int(3, *v).int(20, 2);
+            m.int(f::I, *v).int(f::TYPE, f::TYPE_INT);
         }
         Attr::Ints(vs) => {
             for v in vs {
-                m.int(8, *v);
+                m.int(f::INTS, *v);
             }
-            m.int(20, 7);
+            m.int(f::TYPE, f::TYPE_INTS);
         }
     }
     m
 }
 
 fn tensor(name: &str, dtype: i64, dims: &[i64], raw: &[u8]) -> Msg {
+    use field::tensor as f;
     let mut m = Msg::default();
     for d in dims {
-        m.int(1, *d);
+        m.int(f::DIMS, *d);
     }
-    m.int(2, dtype).str(8, name).bytes(9, raw);
+    m.int(f::DATA_TYPE, dtype).str(f::NAME, name).bytes(f::RAW_DATA, raw);
     m
 }
 
 fn value_info(name: &str, dims: &[Option<i64>]) -> Msg {
+    use field::value_info as f;
     let mut shape = Msg::default();
     for d in dims {
         let mut dim = Msg::default();
         match d {
-            Some(v) => dim.int(1, *v),
-            None => dim.str(2, "N"),
+            Some(v) => dim.int(f::DIM_VALUE, *v),
+            None => dim.str(f::DIM_PARAM, "N"),
         };
-        shape.msg(1, &dim);
+        shape.msg(f::SHAPE_DIM, &dim);
     }
     let mut tt = Msg::default();
-    tt.int(1, FLOAT).msg(2, &shape);
+    tt.int(f::TENSOR_ELEM_TYPE, FLOAT).msg(f::TENSOR_SHAPE, &shape);
     let mut ty = Msg::default();
-    ty.msg(1, &tt);
+    ty.msg(f::TYPE_TENSOR, &tt);
     let mut m = Msg::default();
-    m.str(1, name).msg(2, &ty);
+    m.str(f::NAME, name).msg(f::TYPE, &ty);
     m
 }
 
@@ -122,15 +188,16 @@ struct Builder {
 
 impl Builder {
     fn node(&mut self, op: &str, inputs: &[&str], output: &str, attrs: &[(&str, Attr)]) {
+        use field::node as f;
         let mut m = Msg::default();
         for i in inputs {
-            m.str(1, i);
+            m.str(f::INPUT, i);
         }
-        m.str(2, output);
+        m.str(f::OUTPUT, output);
         self.count += 1;
-        m.str(3, &format!("{op}_{}", self.count)).str(4, op);
+        m.str(f::NAME, &format!("{op}_{}", self.count)).str(f::OP_TYPE, op);
         for (name, a) in attrs {
-            m.msg(5, &attribute(name, a));
+            m.msg(f::ATTRIBUTE, &attribute(name, a));
         }
         self.nodes.push(m);
     }
@@ -220,124 +287,29 @@ pub fn export(m: &FrozenModel) -> Result<Vec<u8>, ModelError> {
         ));
     }
     let mut b = Builder { nodes: Vec::new(), inits: Vec::new(), count: 0 };
-    let v = |i: usize| format!("v{i}");
     for (i, node) in m.graph.nodes.iter().enumerate() {
-        let out = v(i);
+        let out = value(i);
         match node {
             Node::Input { grid } => b.qdq("input", &out, grid),
-            Node::Conv(c) => {
-                let mut x = v(c.input);
-                if c.offset > 0 {
-                    let (st, en, ax) =
-                        (format!("{out}_starts"), format!("{out}_ends"), format!("{out}_axes"));
-                    let o = c.offset as i64;
-                    b.int64s(&st, &[o, o]);
-                    b.int64s(&en, &[i64::MAX, i64::MAX]);
-                    b.int64s(&ax, &[2, 3]);
-                    let sliced = format!("{out}_crop");
-                    b.node("Slice", &[&x, &st, &en, &ax], &sliced, &[]);
-                    x = sliced;
-                }
-                if c.relu {
-                    let r = format!("{out}_relu");
-                    b.node("Relu", &[&x], &r, &[]);
-                    x = r;
-                }
-                let w = format!("{out}_w");
-                let bias = format!("{out}_b");
-                b.dq_param(m, &format!("{}.weight", c.name), &w)?;
-                b.dq_param(m, &format!("{}.bias", c.name), &bias)?;
-                let y = format!("{out}_f");
-                let [ph, pw] = c.padding;
-                b.node(
-                    "Conv",
-                    &[&x, &w, &bias],
-                    &y,
-                    &[
-                        ("kernel_shape", Attr::Ints(c.kernel.iter().map(|&k| k as i64).collect())),
-                        ("strides", Attr::Ints(c.stride.iter().map(|&k| k as i64).collect())),
-                        ("pads", Attr::Ints(vec![ph as i64, pw as i64, ph as i64, pw as i64])),
-                        ("dilations", Attr::Ints(vec![c.dilation as i64; 2])),
-                        ("group", Attr::Int(c.groups as i64)),
-                    ],
-                );
-                b.qdq(&y, &out, &c.out);
-            }
+            Node::Conv(c) => b.conv(m, c, &out)?,
             Node::Pool { input, kind, kernel, stride, padding } => {
                 let g = m
                     .grid_of(*input)
                     .ok_or_else(|| ModelError::Invalid(format!("node {i}: no grid")))?;
-                let (k, s, p) = (*kernel as i64, *stride as i64, *padding as i64);
-                let mut attrs = vec![
-                    ("kernel_shape", Attr::Ints(vec![k, k])),
-                    ("strides", Attr::Ints(vec![s, s])),
-                    ("pads", Attr::Ints(vec![p; 4])),
-                ];
-                let op = match kind {
-                    PoolKind::Max => "MaxPool",
-                    PoolKind::Avg => {
-                        attrs.push(("count_include_pad", Attr::Int(0)));
-                        "AveragePool"
-                    }
-                };
-                let y = format!("{out}_f");
-                b.node(op, &[&v(*input)], &y, &attrs);
-                b.qdq(&y, &out, &g);
+                b.pool(*input, *kind, [*kernel, *stride, *padding], &g, &out);
             }
-            Node::Add { inputs, out: g } => {
-                // Each operand is first rounded onto the output grid (QDQ), as the integer add
-                // rescales each operand on its own; the float sum of grid values is then exact.
-                let term = |b: &mut Builder, k: usize, x: usize| {
-                    let t = format!("{out}_term{k}");
-                    if inputs.len() > 1 {
-                        b.qdq(&v(x), &t, g);
-                        t
-                    } else {
-                        v(x)
-                    }
-                };
-                let mut acc = term(&mut b, 0, inputs[0].0);
-                for (k, (x, _)) in inputs.iter().enumerate().skip(1) {
-                    let t = term(&mut b, k, *x);
-                    let s = format!("{out}_sum{k}");
-                    b.node("Add", &[&acc, &t], &s, &[]);
-                    acc = s;
-                }
-                b.qdq(&acc, &out, g);
-            }
+            Node::Add { inputs, out: g } => b.add(inputs, g, &out),
             Node::Concat { inputs, out: g } => {
-                let names: Vec<String> = inputs.iter().map(|(x, _)| v(*x)).collect();
+                let names: Vec<String> = inputs.iter().map(|(x, _)| value(*x)).collect();
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
                 let y = format!("{out}_f");
                 b.node("Concat", &refs, &y, &[("axis", Attr::Int(1))]);
                 b.qdq(&y, &out, g);
             }
-            Node::Zero { input, stride, out: g } => {
-                let mut x = v(*input);
-                if *stride > 1 {
-                    let (st, en, ax, sp) = (
-                        format!("{out}_starts"),
-                        format!("{out}_ends"),
-                        format!("{out}_axes"),
-                        format!("{out}_steps"),
-                    );
-                    b.int64s(&st, &[0, 0]);
-                    b.int64s(&en, &[i64::MAX, i64::MAX]);
-                    b.int64s(&ax, &[2, 3]);
-                    b.int64s(&sp, &[*stride as i64; 2]);
-                    let s = format!("{out}_strided");
-                    b.node("Slice", &[&x, &st, &en, &ax, &sp], &s, &[]);
-                    x = s;
-                }
-                let zero = format!("{out}_zero");
-                b.init(&zero, FLOAT, &[], &0f32.to_le_bytes());
-                let y = format!("{out}_f");
-                b.node("Mul", &[&x, &zero], &y, &[]);
-                b.qdq(&y, &out, g);
-            }
+            Node::Zero { input, stride, out: g } => b.zero(*input, *stride, g, &out),
             Node::GlobalAvgPool { input, out: g, .. } => {
                 let y = format!("{out}_f");
-                b.node("GlobalAveragePool", &[&v(*input)], &y, &[]);
+                b.node("GlobalAveragePool", &[&value(*input)], &y, &[]);
                 let q = format!("{out}_4d");
                 b.qdq(&y, &q, g);
                 b.node("Flatten", &[&q], &out, &[("axis", Attr::Int(1))]);
@@ -347,46 +319,171 @@ pub fn export(m: &FrozenModel) -> Result<Vec<u8>, ModelError> {
                 let bias = format!("{out}_b");
                 b.dq_param(m, &format!("{name}.weight"), &w)?;
                 b.dq_param(m, &format!("{name}.bias"), &bias)?;
-                b.node("Gemm", &[&v(*input), &w, &bias], "logits", &[("transB", Attr::Int(1))]);
+                let x = value(*input);
+                b.node("Gemm", &[&x, &w, &bias], "logits", &[("transB", Attr::Int(1))]);
             }
         }
     }
+    model_proto(m, &b)
+}
+
+/// The name of value `i` in the exported graph.
+fn value(i: usize) -> String {
+    format!("v{i}")
+}
+
+impl Builder {
+    /// A convolution: the crop of its input (`offset`), its ReLU, the float `Conv` of the
+    /// dequantized weights and bias, and the QDQ onto its output grid.
+    fn conv(&mut self, m: &FrozenModel, c: &ConvNode, out: &str) -> Result<(), ModelError> {
+        let mut x = value(c.input);
+        if c.offset > 0 {
+            let (st, en, ax) =
+                (format!("{out}_starts"), format!("{out}_ends"), format!("{out}_axes"));
+            let o = c.offset as i64;
+            self.int64s(&st, &[o, o]);
+            self.int64s(&en, &[i64::MAX, i64::MAX]);
+            self.int64s(&ax, &[2, 3]);
+            let sliced = format!("{out}_crop");
+            self.node("Slice", &[&x, &st, &en, &ax], &sliced, &[]);
+            x = sliced;
+        }
+        if c.relu {
+            let r = format!("{out}_relu");
+            self.node("Relu", &[&x], &r, &[]);
+            x = r;
+        }
+        let w = format!("{out}_w");
+        let bias = format!("{out}_b");
+        self.dq_param(m, &format!("{}.weight", c.name), &w)?;
+        self.dq_param(m, &format!("{}.bias", c.name), &bias)?;
+        let y = format!("{out}_f");
+        let [ph, pw] = c.padding;
+        self.node(
+            "Conv",
+            &[&x, &w, &bias],
+            &y,
+            &[
+                ("kernel_shape", Attr::Ints(c.kernel.iter().map(|&k| k as i64).collect())),
+                ("strides", Attr::Ints(c.stride.iter().map(|&k| k as i64).collect())),
+                ("pads", Attr::Ints(vec![ph as i64, pw as i64, ph as i64, pw as i64])),
+                ("dilations", Attr::Ints(vec![c.dilation as i64; 2])),
+                ("group", Attr::Int(c.groups as i64)),
+            ],
+        );
+        self.qdq(&y, out, &c.out);
+        Ok(())
+    }
+
+    /// Max or average pooling (padding excluded from the average) on the input's grid.
+    fn pool(&mut self, input: usize, kind: PoolKind, window: [usize; 3], g: &ActGrid, out: &str) {
+        let [k, s, p] = window.map(|v| v as i64);
+        let mut attrs = vec![
+            ("kernel_shape", Attr::Ints(vec![k, k])),
+            ("strides", Attr::Ints(vec![s, s])),
+            ("pads", Attr::Ints(vec![p; 4])),
+        ];
+        let op = match kind {
+            PoolKind::Max => "MaxPool",
+            PoolKind::Avg => {
+                attrs.push(("count_include_pad", Attr::Int(0)));
+                "AveragePool"
+            }
+        };
+        let y = format!("{out}_f");
+        self.node(op, &[&value(input)], &y, &attrs);
+        self.qdq(&y, out, g);
+    }
+
+    /// A sum: each operand first rounded onto the output grid (QDQ), as the integer add
+    /// rescales each operand on its own; the float sum of grid values is then exact.
+    fn add(&mut self, inputs: &[(usize, FixedMultiplier)], g: &ActGrid, out: &str) {
+        let term = |b: &mut Builder, k: usize, x: usize| {
+            let t = format!("{out}_term{k}");
+            if inputs.len() > 1 {
+                b.qdq(&value(x), &t, g);
+                t
+            } else {
+                value(x)
+            }
+        };
+        let mut acc = term(self, 0, inputs[0].0);
+        for (k, (x, _)) in inputs.iter().enumerate().skip(1) {
+            let t = term(self, k, *x);
+            let s = format!("{out}_sum{k}");
+            self.node("Add", &[&acc, &t], &s, &[]);
+            acc = s;
+        }
+        self.qdq(&acc, out, g);
+    }
+
+    /// The `none` op: zeros of the (strided) input's shape on its grid.
+    fn zero(&mut self, input: usize, stride: usize, g: &ActGrid, out: &str) {
+        let mut x = value(input);
+        if stride > 1 {
+            let (st, en, ax, sp) = (
+                format!("{out}_starts"),
+                format!("{out}_ends"),
+                format!("{out}_axes"),
+                format!("{out}_steps"),
+            );
+            self.int64s(&st, &[0, 0]);
+            self.int64s(&en, &[i64::MAX, i64::MAX]);
+            self.int64s(&ax, &[2, 3]);
+            self.int64s(&sp, &[stride as i64; 2]);
+            let s = format!("{out}_strided");
+            self.node("Slice", &[&x, &st, &en, &ax, &sp], &s, &[]);
+            x = s;
+        }
+        let zero = format!("{out}_zero");
+        self.init(&zero, FLOAT, &[], &0f32.to_le_bytes());
+        let y = format!("{out}_f");
+        self.node("Mul", &[&x, &zero], &y, &[]);
+        self.qdq(&y, out, g);
+    }
+}
+
+/// The `ModelProto` around the built nodes and initializers, with the genotype, the input
+/// normalization and the logit scale as metadata.
+fn model_proto(m: &FrozenModel, b: &Builder) -> Result<Vec<u8>, ModelError> {
     let [c, h, w] = m.graph.input_shape;
     let mut graph = Msg::default();
     for n in &b.nodes {
-        graph.msg(1, n);
+        graph.msg(field::graph::NODE, n);
     }
-    graph.str(2, "qdarts");
+    graph.str(field::graph::NAME, "qdarts");
     for t in &b.inits {
-        graph.msg(5, t);
+        graph.msg(field::graph::INITIALIZER, t);
     }
-    graph.msg(11, &value_info("input", &[None, Some(c as i64), Some(h as i64), Some(w as i64)]));
-    graph.msg(12, &value_info("logits", &[None, Some(m.graph.classes as i64)]));
+    let input = value_info("input", &[None, Some(c as i64), Some(h as i64), Some(w as i64)]);
+    graph.msg(field::graph::INPUT, &input);
+    let logits = value_info("logits", &[None, Some(m.graph.classes as i64)]);
+    graph.msg(field::graph::OUTPUT, &logits);
     let mut opset = Msg::default();
-    opset.str(1, "").int(2, OPSET);
+    opset.str(field::opset::DOMAIN, "").int(field::opset::VERSION, OPSET);
     let mut model = Msg::default();
     model
-        .int(1, IR_VERSION)
-        .str(2, "qdarts")
-        .str(3, env!("CARGO_PKG_VERSION"))
-        .msg(7, &graph)
-        .msg(8, &opset);
-    let json = |v: &[f32]| serde_json::to_string(v).unwrap_or_default();
+        .int(field::model::IR_VERSION, IR_VERSION)
+        .str(field::model::PRODUCER_NAME, "qdarts")
+        .str(field::model::PRODUCER_VERSION, env!("CARGO_PKG_VERSION"))
+        .msg(field::model::GRAPH, &graph)
+        .msg(field::model::OPSET_IMPORT, &opset);
+    let json = |v: &[f32]| {
+        serde_json::to_string(v).map_err(|e| ModelError::Invalid(format!("normalization: {e}")))
+    };
+    let logit_scale = match m.graph.nodes.last() {
+        Some(Node::Linear { logit_scale, .. }) => logit_scale.to_string(),
+        _ => return Err(ModelError::Invalid("the last node must be the classifier".into())),
+    };
     for (k, val) in [
         ("genotype", m.genotype.to_darts_text()),
-        ("mean", json(&m.graph.mean)),
-        ("std", json(&m.graph.std)),
-        (
-            "logit_scale",
-            m.graph.nodes.last().map_or(String::new(), |n| match n {
-                Node::Linear { logit_scale, .. } => logit_scale.to_string(),
-                _ => String::new(),
-            }),
-        ),
+        ("mean", json(&m.graph.mean)?),
+        ("std", json(&m.graph.std)?),
+        ("logit_scale", logit_scale),
     ] {
         let mut prop = Msg::default();
-        prop.str(1, k).str(2, &val);
-        model.msg(14, &prop);
+        prop.str(field::entry::KEY, k).str(field::entry::VALUE, &val);
+        model.msg(field::model::METADATA_PROPS, &prop);
     }
     Ok(model.0)
 }
