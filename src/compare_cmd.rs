@@ -1,6 +1,7 @@
 //! `qdarts compare` (many run records in one table) and `qdarts sample` (random genotypes of
 //! a search space, the baseline a search must beat).
 
+use qdarts_engine::config::Experiment;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};

@@ -2,6 +2,7 @@
 //! the dashboard (the search on a worker thread, logs to `debug.log`); print where the run
 //! record is.
 
+use qdarts_engine::config::Experiment;
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};

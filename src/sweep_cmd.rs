@@ -3,6 +3,7 @@
 //! `qdarts search|train --sweep DIR [--trial N]`, which runs one trial and resumes it when its
 //! folder already holds a checkpoint.
 
+use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

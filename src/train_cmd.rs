@@ -1,5 +1,6 @@
 //! `qdarts train`, `freeze`, `export` and `eval`: from a genotype to a checked integer model.
 
+use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 

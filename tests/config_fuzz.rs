@@ -6,6 +6,7 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+use qdarts_engine::config::Experiment;
 use std::path::Path;
 
 use proptest::prelude::*;

@@ -138,6 +138,70 @@ pub fn load_validated<T: DeserializeOwned>(
     parse_validated(&text, path, overrides, validate)
 }
 
+/// The keys every experiment file has: the run name, the first cell's channels, the run
+/// record, the NaN guard and the quantization config.
+#[derive(Debug, Clone, Copy)]
+pub struct CommonKeys<'a> {
+    /// `name`: the run folder's prefix.
+    pub name: &'a str,
+    /// `model.init_channels`.
+    pub init_channels: usize,
+    /// `[record]`.
+    pub record: &'a RecordConfig,
+    /// `[nan_guard]`.
+    pub nan_guard: &'a NanGuardConfig,
+    /// `[quant]`.
+    pub quant: &'a qdarts_ops::qconfig::QuantConfig,
+}
+
+/// An experiment file (`qdarts search`'s or `qdarts train`'s): TOML with unknown keys
+/// rejected, `key=value` overrides, validation that names the key at fault (and the file or
+/// the `--set` argument it came from), and the resolved config as the run's `config.toml`.
+pub trait Experiment: Serialize + DeserializeOwned {
+    /// The keys every experiment has.
+    fn common(&self) -> CommonKeys<'_>;
+
+    /// The checks of the experiment's own keys.
+    fn validate_own(&self, path: &Path, r: &Ranges<'_>) -> Result<(), ConfigError>;
+
+    /// Every check: the name and the first cell's channels, the experiment's own keys, then
+    /// the run record, the NaN guard and the quantization config.
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let r = Ranges::new(path);
+        let c = self.common();
+        if c.name.is_empty() || c.name.contains(['/', '\\']) {
+            return Err(ConfigError::invalid(path, "name", "must be a non-empty folder name"));
+        }
+        if c.init_channels < 2 || !c.init_channels.is_multiple_of(2) {
+            let message = "must be even and at least 2";
+            return Err(ConfigError::invalid(path, "model.init_channels", message));
+        }
+        r.count("model.init_channels", c.init_channels, 2, 4096)?;
+        self.validate_own(path, &r)?;
+        c.record.validate(&r)?;
+        c.nan_guard.validate(&r)?;
+        c.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))
+    }
+
+    /// Reads a config file, applies `key=value` overrides, and validates.
+    fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        load_validated(path, overrides, Self::validate)
+    }
+
+    /// Parses config text (`path` names it in errors).
+    fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        parse_validated(text, path, overrides, Self::validate)
+    }
+
+    /// The resolved config as TOML (the run's `config.toml`).
+    fn to_toml(&self) -> Result<String, ConfigError> {
+        to_toml(self).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<resolved config>"),
+            message: e.to_string(),
+        })
+    }
+}
+
 /// Range checks of numeric keys, naming the key at fault.
 #[derive(Debug, Clone, Copy)]
 pub struct Ranges<'a> {

@@ -197,6 +197,27 @@ pub fn quant_row(epoch: usize, step: usize, q: &QuantStats) -> QuantErrorRow {
     }
 }
 
+/// Appends a task's per-epoch rows to their tables (each table opened only when it has rows).
+fn write_epoch_rows(run: &RunDir, rows: &EpochRows) -> Result<(), RunError> {
+    fn append<R: qdarts_record::Table>(run: &RunDir, rows: &[R]) -> Result<(), RunError> {
+        if !rows.is_empty() {
+            let mut w = run.writer::<R>()?;
+            rows.iter().try_for_each(|r| w.push(r))?;
+        }
+        Ok(())
+    }
+    append::<AlphaRow>(run, &rows.alphas)?;
+    append::<GenotypeRow>(run, &rows.genotypes)?;
+    append::<BitRow>(run, &rows.bits)?;
+    append::<CostRow>(run, &rows.cost)
+}
+
+/// Whether the NaN guard's test injection asks for a non-finite validation loss after `epoch`.
+fn injects_val(guard: &NanGuardConfig, epoch: usize, steps: usize) -> bool {
+    guard.inject_site == InjectSite::Val
+        && guard.inject_step.is_some_and(|s| s > epoch * steps && s <= (epoch + 1) * steps)
+}
+
 /// Runs the epochs of `plan` from the state `st` (see [`start`](crate::checkpoint::start)). `progress` is called after
 /// every step; when it returns `Break` the loop saves a checkpoint at that step and returns
 /// (`finished: false`); on an epoch's last step it finishes the epoch first.
@@ -295,10 +316,7 @@ pub fn run_epochs<T: EpochTask>(
         }
 
         let mut val = task.validate()?;
-        if !injected
-            && guard.inject_site == InjectSite::Val
-            && guard.inject_step.is_some_and(|s| s > epoch * steps && s <= (epoch + 1) * steps)
-        {
+        if !injected && injects_val(guard, epoch, steps) {
             injected = true;
             val.loss = f64::NAN;
         }
@@ -325,23 +343,7 @@ pub fn run_epochs<T: EpochTask>(
             arch_lr: task.arch_lr(),
             seconds: start.elapsed().as_secs_f64(),
         })?;
-        let rows = task.epoch_rows(epoch, run)?;
-        if !rows.alphas.is_empty() {
-            let mut w = run.writer::<AlphaRow>()?;
-            rows.alphas.iter().try_for_each(|r| w.push(r))?;
-        }
-        if !rows.genotypes.is_empty() {
-            let mut w = run.writer::<GenotypeRow>()?;
-            rows.genotypes.iter().try_for_each(|r| w.push(r))?;
-        }
-        if !rows.bits.is_empty() {
-            let mut w = run.writer::<BitRow>()?;
-            rows.bits.iter().try_for_each(|r| w.push(r))?;
-        }
-        if !rows.cost.is_empty() {
-            let mut w = run.writer::<CostRow>()?;
-            rows.cost.iter().try_for_each(|r| w.push(r))?;
-        }
+        write_epoch_rows(run, &task.epoch_rows(epoch, run)?)?;
 
         st.epochs_done = epoch + 1;
         st.rng = rng.state();

@@ -4,6 +4,7 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 

@@ -2,6 +2,7 @@
 //! images, on one thread and on every core, beside onnxruntime on the run's exported ONNX
 //! model over the very same images (`scripts/ort_bench.py`) when Python has onnxruntime.
 
+use qdarts_engine::config::Experiment;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use qdarts_data::DatasetKind;
-use qdarts_engine::config::{Ranges, load_validated, parse_validated, to_toml};
+pub use qdarts_engine::config::Experiment;
+use qdarts_engine::config::{CommonKeys, Ranges};
 use qdarts_engine::{ConfigError, NanGuardConfig, RecordConfig};
 use qdarts_ops::qconfig::QuantConfig;
 use serde::{Deserialize, Serialize};
@@ -141,29 +142,19 @@ pub struct TrainConfig {
     pub nan_guard: NanGuardConfig,
 }
 
-impl TrainConfig {
-    /// Reads a config file, applies `key=value` overrides, and validates; an error names the
-    /// file or the `--set` argument at fault.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        load_validated(path, overrides, Self::validate)
+impl Experiment for TrainConfig {
+    fn common(&self) -> CommonKeys<'_> {
+        CommonKeys {
+            name: &self.name,
+            init_channels: self.model.init_channels,
+            record: &self.record,
+            nan_guard: &self.nan_guard,
+            quant: &self.quant,
+        }
     }
 
-    /// Parses config text (`path` names it in errors).
-    pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        parse_validated(text, path, overrides, Self::validate)
-    }
-
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |key: &str, message: &str| Err(ConfigError::invalid(path, key, message));
-        let r = Ranges::new(path);
+    fn validate_own(&self, _path: &Path, r: &Ranges<'_>) -> Result<(), ConfigError> {
         let (m, t) = (&self.model, &self.train);
-        if self.name.is_empty() || self.name.contains(['/', '\\']) {
-            return bad("name", "must be a non-empty folder name");
-        }
-        if m.init_channels < 2 || m.init_channels % 2 != 0 {
-            return bad("model.init_channels", "must be even and at least 2");
-        }
-        r.count("model.init_channels", m.init_channels, 2, 4096)?;
         r.count("model.layers", m.layers, 3, 64)?;
         r.count("model.stem_multiplier", m.stem_multiplier, 1, 16)?;
         r.fraction("model.drop_path_prob", m.drop_path_prob)?;
@@ -176,16 +167,6 @@ impl TrainConfig {
         r.within("train.weight_decay", t.weight_decay, 0.0, 1.0)?;
         r.positive("train.grad_clip", t.grad_clip)?;
         r.count("train.cutout_length", t.cutout_length, 0, 4096)?;
-        self.record.validate(&r)?;
-        self.nan_guard.validate(&r)?;
-        self.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))
-    }
-
-    /// The resolved config as TOML (the run's `config.toml`).
-    pub fn to_toml(&self) -> Result<String, ConfigError> {
-        to_toml(self).map_err(|e| ConfigError::Parse {
-            path: PathBuf::from("<resolved config>"),
-            message: e.to_string(),
-        })
+        Ok(())
     }
 }

@@ -4,6 +4,7 @@
 //! CIFAR. The end-of-epoch validation is the test set. The run record is the search's kind
 //! (metrics, quantization error, NaN events, plan, checkpoints with resume).
 
+use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 

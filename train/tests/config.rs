@@ -3,6 +3,7 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+use qdarts_engine::config::Experiment;
 use std::path::Path;
 
 use qdarts_train::TrainConfig;

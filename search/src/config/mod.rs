@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use qdarts_data::DatasetKind;
-use qdarts_engine::config::{Ranges, load_validated, parse_validated, to_toml};
+pub use qdarts_engine::config::Experiment;
+use qdarts_engine::config::{CommonKeys, Ranges};
 use qdarts_engine::{ConfigError, NanGuardConfig, RecordConfig};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::qconfig::QuantConfig;
@@ -13,6 +14,12 @@ use serde::{Deserialize, Serialize};
 pub use crate::selection::config::{
     PerturbationConfig, Selection, SelectionCriterion, SelectionOrder,
 };
+
+mod cost;
+mod guards;
+
+pub use cost::{BitsConfig, CostCharge, CostConfig, CostMetric, PenaltyKind};
+pub use guards::GuardConfig;
 
 /// Where the data comes from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,158 +149,6 @@ pub struct SearchConfig {
     pub perturbation: Option<PerturbationConfig>,
 }
 
-/// `[search.bits]`: EdMIPS-style differentiable bit-width search. Every op with convolutions
-/// on every edge gets parameters over these widths for its weights and for its activations;
-/// the derived genotype carries the most likely widths of each kept op.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BitsConfig {
-    /// Candidate weight widths (2 to 8, each once), e.g. `[2, 4, 8]`.
-    pub weight: Vec<u32>,
-    /// Candidate activation widths, e.g. `[4, 8]`.
-    pub act: Vec<u32>,
-}
-
-/// What the cost counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CostMetric {
-    /// Expected BitOPs per image: MACs × weight bits × activation bits.
-    Bitops,
-    /// Expected bytes of the weights.
-    Size,
-}
-
-/// How the cost enters the loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum PenaltyKind {
-    /// `weight·max(0, cost/target − 1)`: free below the target, linear above it.
-    #[default]
-    Hinge,
-    /// `weight·ln(cost)`: always pushes down, by the same relative amount at any scale.
-    Log,
-}
-
-/// Which architecture parameters the cost trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum CostCharge {
-    /// Only the bit-width parameters (EdMIPS): the op choice is left to the loss. The
-    /// default: charging the op choice too makes parameter-free ops, which cost nothing,
-    /// win every edge of a small search.
-    #[default]
-    Bits,
-    /// The op choice α too (FBNet-style hardware-aware op search).
-    OpsAndBits,
-}
-
-/// `[search.cost]`: a differentiable hardware cost of the architecture (the expected BitOPs or
-/// weight bytes of the derived network under the softmaxes), added to the validation loss
-/// that trains the architecture parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CostConfig {
-    /// What is counted.
-    pub metric: CostMetric,
-    /// The budget of the hinge penalty, in BitOPs per image or bytes, for the network at the
-    /// search's shape (see docs/guide/bit-search.md for how it is estimated).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<f64>,
-    /// λ.
-    pub weight: f64,
-    /// The penalty's form.
-    #[serde(default)]
-    pub penalty: PenaltyKind,
-    /// Which parameters it trains.
-    #[serde(default)]
-    pub charge: CostCharge,
-}
-
-impl CostConfig {
-    /// The penalty as the ops crate computes it.
-    pub fn penalty(&self) -> qdarts_ops::cost::Penalty {
-        match self.penalty {
-            PenaltyKind::Hinge => qdarts_ops::cost::Penalty::Hinge {
-                target: self.target.unwrap_or(f64::INFINITY),
-                weight: self.weight,
-            },
-            PenaltyKind::Log => qdarts_ops::cost::Penalty::Log { weight: self.weight },
-        }
-    }
-}
-
-/// `[search.guards]`: guards against the collapse of DARTS' normal cell to parameter-free ops
-/// (skip_connect, pooling). All off by default, which is the search as DARTS defines it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GuardConfig {
-    /// DARTS- (Chu et al., ICLR 2021): `β·x` added to every stride-1 edge of the supernet, an
-    /// auxiliary skip connection outside the softmax, so that skip_connect's own weight need
-    /// not carry the residual path; β decays linearly from this value to 0 over the search
-    /// (DARTS- uses 1; 0 is off). The derived network has no such term.
-    #[serde(default)]
-    pub aux_skip: f64,
-    /// P-DARTS (Chen et al., ICCV 2019): at most this many skip_connect edges in the derived
-    /// normal cell (P-DARTS uses 2); unset: no limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_skip: Option<usize>,
-    /// P-DARTS' rule applied to every parameter-free op (pooling and skip_connect): at most
-    /// this many such edges in the derived normal cell, the weakest taken off their edges one
-    /// by one. For a search that collapses to pooling, where `max_skip` never acts; unset: no
-    /// limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_param_free: Option<usize>,
-    /// PC-DARTS (Xu et al., ICLR 2020): a parameter β per edge, softmax over each node's
-    /// inputs, scaling each edge's output in the node sum and its rank in the derivation.
-    /// PC-DARTS uses it with partial channels (`model.partial_channels > 1`), where sampling
-    /// channels makes the edge choice noisy.
-    #[serde(default)]
-    pub edge_normalization: bool,
-    /// β-DARTS (Ye et al., CVPR 2022): `λ_e·mean over edges of logsumexp(α_edge)` added to
-    /// the architecture loss, every edge of both cell types, with `λ_e = beta_decay·e/E` at
-    /// epoch `e` (0-based) of `E`. It keeps α's magnitudes from running away, which is what
-    /// lets parameter-free ops win (0: off).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub beta_decay: f64,
-    /// SDARTS-RS (Chen & Hsieh, ICML 2020): during the weight step each edge's softmax(α) gets
-    /// uniform noise in `[-ε, ε]`, is clamped to `[0, 1]` and renormalized; `ε` grows linearly
-    /// from 0.03 at the first epoch to this value (SDARTS uses 0.3; 0: off).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub random_smoothing: f64,
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
-}
-
-impl GuardConfig {
-    /// β of the auxiliary skip at global step `step` (1-based) of `total`: linear from
-    /// `aux_skip` at the first step to 0 after the last.
-    pub fn aux_skip_at(&self, step: usize, total: usize) -> f32 {
-        if self.aux_skip == 0.0 || total == 0 {
-            return 0.0;
-        }
-        let done = (step.saturating_sub(1) as f64 / total as f64).clamp(0.0, 1.0);
-        (self.aux_skip * (1.0 - done)) as f32
-    }
-
-    /// β-DARTS' λ at epoch `epoch` (0-based) of `epochs`: linear from 0.
-    pub fn beta_decay_at(&self, epoch: usize, epochs: usize) -> f64 {
-        if epochs == 0 { 0.0 } else { self.beta_decay * epoch as f64 / epochs as f64 }
-    }
-
-    /// SDARTS-RS' ε at epoch `epoch` (0-based) of `epochs`: linear from 0.03 (or the maximum,
-    /// if smaller) to `random_smoothing`; 0 when off.
-    pub fn smoothing_at(&self, epoch: usize, epochs: usize) -> f64 {
-        if self.random_smoothing == 0.0 || epochs == 0 {
-            return 0.0;
-        }
-        let start = self.random_smoothing.min(0.03);
-        start + (self.random_smoothing - start) * epoch as f64 / epochs as f64
-    }
-}
-
 impl SearchConfig {
     /// `epochs` of `batch_size`, with every other setting at its default (DARTS').
     pub fn with_defaults(epochs: usize, batch_size: usize) -> Self {
@@ -378,29 +233,20 @@ pub struct ExperimentConfig {
     pub nan_guard: NanGuardConfig,
 }
 
-impl ExperimentConfig {
-    /// Reads a config file, applies `key=value` overrides, and validates; an error names the
-    /// file or the `--set` argument at fault.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        load_validated(path, overrides, Self::validate)
+impl Experiment for ExperimentConfig {
+    fn common(&self) -> CommonKeys<'_> {
+        CommonKeys {
+            name: &self.name,
+            init_channels: self.model.init_channels,
+            record: &self.record,
+            nan_guard: &self.nan_guard,
+            quant: &self.quant,
+        }
     }
 
-    /// Parses config text (`path` names it in errors).
-    pub fn parse(text: &str, path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        parse_validated(text, path, overrides, Self::validate)
-    }
-
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+    fn validate_own(&self, path: &Path, r: &Ranges<'_>) -> Result<(), ConfigError> {
         let bad = |key: &str, message: &str| Err(ConfigError::invalid(path, key, message));
-        let r = Ranges::new(path);
         let (m, s, d) = (&self.model, &self.search, &self.data);
-        if self.name.is_empty() || self.name.contains(['/', '\\']) {
-            return bad("name", "must be a non-empty folder name");
-        }
-        if m.init_channels < 2 || m.init_channels % 2 != 0 {
-            return bad("model.init_channels", "must be even and at least 2");
-        }
-        r.count("model.init_channels", m.init_channels, 2, 4096)?;
         r.count("model.layers", m.layers, 3, 64)?;
         if m.partial_channels == 0 || !m.init_channels.is_multiple_of(m.partial_channels) {
             return bad(
@@ -529,16 +375,6 @@ impl ExperimentConfig {
                 _ => {}
             }
         }
-        self.record.validate(&r)?;
-        self.nan_guard.validate(&r)?;
-        self.quant.validate().map_err(|e| ConfigError::invalid(path, "quant", e.to_string()))
-    }
-
-    /// The resolved config as TOML (the run's `config.toml`).
-    pub fn to_toml(&self) -> Result<String, ConfigError> {
-        to_toml(self).map_err(|e| ConfigError::Parse {
-            path: PathBuf::from("<resolved config>"),
-            message: e.to_string(),
-        })
+        Ok(())
     }
 }

@@ -4,6 +4,7 @@
 // Each test crate uses its own subset.
 #![allow(dead_code)]
 
+use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
