@@ -1,11 +1,11 @@
 //! `qdarts compare` (many run records in one table) and `qdarts sample` (random genotypes of
 //! a search space, the baseline a search must beat).
 
-use qdarts_engine::config::Experiment;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use qdarts_data::Rng;
+use qdarts_engine::config::Experiment;
 use qdarts_genotypes::random_genotype;
 use qdarts_plot::across::plot_comparison;
 use qdarts_plot::cell::Renderer;

@@ -3,7 +3,6 @@
 //! `qdarts search|train --sweep DIR [--trial N]`, which runs one trial and resumes it when its
 //! folder already holds a checkpoint.
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use qdarts_engine::Progress;
+use qdarts_engine::config::Experiment;
 use qdarts_record::{RunDir, RunLayout, epochs_done, write_atomic};
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::{prepare_search, run_prepared};

@@ -1,12 +1,12 @@
 //! `qdarts train`, `freeze`, `export` and `eval`: from a genotype to a checked integer model.
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use qdarts_engine::Progress;
 use qdarts_engine::RunKind;
+use qdarts_engine::config::Experiment;
 use qdarts_frozen::FrozenModel;
 use qdarts_record::{MetricsRow, Phase, RunDir, RunLayout, read_table, write_atomic};
 use qdarts_train::eval::{evaluate_frozen, input_spec};

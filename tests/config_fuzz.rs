@@ -6,11 +6,11 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::path::Path;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
+use qdarts_engine::config::Experiment;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_train::TrainConfig;
 

@@ -5,12 +5,12 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use burn::tensor::Device;
+use qdarts_engine::config::Experiment;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::run_search;
 use qdarts_tui::app::{App, Tab};

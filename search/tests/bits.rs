@@ -5,12 +5,12 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::module::Param;
 use burn::tensor::{Device, Tensor};
+use qdarts_engine::config::Experiment;
 use qdarts_engine::seeded;
 use qdarts_genotypes::{Genotype, Primitive};
 use qdarts_ops::qconfig::QuantConfig;

@@ -5,11 +5,11 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::tensor::{Device, Distribution, Tensor};
+use qdarts_engine::config::Experiment;
 use qdarts_genotypes::{Genotype, Primitive};
 use qdarts_ops::candidates::QTensor;
 use qdarts_ops::qconfig::QuantConfig;

@@ -6,13 +6,13 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::module::Param;
 use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_data::Rng;
+use qdarts_engine::config::Experiment;
 use qdarts_genotypes::{Primitive, softmax};
 use qdarts_search::config::{Selection, SelectionOrder};
 use qdarts_search::run_search;

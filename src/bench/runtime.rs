@@ -2,12 +2,12 @@
 //! images, on one thread and on every core, beside onnxruntime on the run's exported ONNX
 //! model over the very same images (`scripts/ort_bench.py`) when Python has onnxruntime.
 
-use qdarts_engine::config::Experiment;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use qdarts_engine::config::Experiment;
 use qdarts_frozen::Runtime;
 use qdarts_frozen::runtime::Kernels;
 use qdarts_record::RunLayout;

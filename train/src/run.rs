@@ -4,7 +4,6 @@
 //! CIFAR. The end-of-epoch validation is the test set. The run record is the search's kind
 //! (metrics, quantization error, NaN events, plan, checkpoints with resume).
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 
@@ -12,6 +11,7 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
 use qdarts_data::{self as data, DatasetKind, ImageSet, Rng};
+use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{correct, cross_entropy, guarded_backward};
 use qdarts_engine::{

@@ -3,9 +3,9 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::path::Path;
 
+use qdarts_engine::config::Experiment;
 use qdarts_train::TrainConfig;
 
 fn experiments() -> std::path::PathBuf {

@@ -5,13 +5,13 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Device, Tensor};
 use qdarts_engine::Progress;
+use qdarts_engine::config::Experiment;
 use qdarts_record::RunDir;
 use qdarts_train::eval::{evaluate_frozen, input_spec};
 use qdarts_train::freeze::freeze;

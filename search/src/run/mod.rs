@@ -3,7 +3,6 @@
 //! α split, the α and the derived genotype. Everything goes to the run record; progress goes
 //! to a callback.
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
@@ -11,6 +10,7 @@ use burn::module::Module;
 use burn::optim::{GradientsParams, ModuleOptimizer};
 use burn::tensor::Device;
 use qdarts_data::{self as data, ImageSet, Rng};
+use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{Event, correct, cross_entropy};
 use qdarts_engine::{

@@ -4,10 +4,10 @@
 // Each test crate uses its own subset.
 #![allow(dead_code)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use qdarts_engine::config::Experiment;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::supernet::NetShape;
 
