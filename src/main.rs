@@ -9,6 +9,7 @@
 mod alloc;
 mod backend;
 mod bench;
+mod check_cmd;
 mod compare_cmd;
 mod dashboard_cmd;
 mod debug_log;
@@ -187,6 +188,12 @@ enum Command {
         #[arg(long, default_value = "results/random")]
         out: PathBuf,
     },
+    /// Check a run folder: its config, both checkpoints against their checksums, every table,
+    /// the frozen model. Exits 1 when something is wrong.
+    Check {
+        /// Run folder, e.g. results/default-20261122-014901.
+        run: PathBuf,
+    },
     /// Watch a run record in the terminal (live, finished or copied).
     Dashboard {
         /// Run folder, e.g. results/default-20261122-014901.
@@ -354,6 +361,9 @@ fn main() -> ExitCode {
             cpu_only(cli.backend, "export").and_then(|()| train_cmd::export(&run))
         }
         Command::Eval { run, threads } => train_cmd::eval(&run, cli.backend, threads.max(1)),
+        Command::Check { run } => {
+            cpu_only(cli.backend, "check").and_then(|()| check_cmd::check(&run))
+        }
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
         Command::DumpStep { preset, out, with_outputs } => {
             search_cmd::dump_step(preset.into(), &out, with_outputs, cli.backend)

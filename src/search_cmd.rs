@@ -2,7 +2,6 @@
 //! the dashboard (the search on a worker thread, logs to `debug.log`); print where the run
 //! record is.
 
-use qdarts_engine::config::Experiment;
 use std::io::IsTerminal;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -12,8 +11,10 @@ use std::sync::{Mutex, PoisonError};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use qdarts_engine::Progress;
-use qdarts_engine::{RunError, RunKind};
-use qdarts_record::{CheckpointPart, RunDir, RunLayout};
+use qdarts_engine::checkpoint::damaged_message;
+use qdarts_engine::config::Experiment;
+use qdarts_engine::{LoopState, RunError, RunKind};
+use qdarts_record::{RunDir, RunLayout, choose_checkpoint};
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::{SearchOutcome, prepare_search, run_prepared, run_search};
 use qdarts_tui::{Exit, SearchControl, SearchPhase};
@@ -97,8 +98,28 @@ pub(crate) fn resumed_config<C>(
     RunKind::expect(dir, kind)?;
     let layout = RunLayout::new(dir);
     let cfg = load(&layout.config())?;
-    if !layout.checkpoint_part(CheckpointPart::State).exists() {
-        eprintln!("note: {} has no checkpoint yet: the run starts over from step 0", dir.display());
+    let choice = choose_checkpoint(&layout);
+    let damaged = damaged_message(&choice.damaged);
+    match &choice.dir {
+        None if choice.damaged.is_empty() => eprintln!(
+            "note: {} has no checkpoint yet: the run starts over from step 0",
+            dir.display()
+        ),
+        None => bail!("{}: no checkpoint to resume from: {damaged}", dir.display()),
+        Some(good) if !choice.damaged.is_empty() => {
+            let step = |d: &Path| LoopState::read_in(d).map(|s| s.step).ok();
+            let name = good.file_name().map_or_else(String::new, |n| n.to_string_lossy().into());
+            let at = step(good).map_or_else(|| "?".into(), |s| s.to_string());
+            let cost = match (step(&choice.damaged[0].dir), step(good)) {
+                (Some(lost), Some(s)) if lost >= s => {
+                    let n = lost - s;
+                    format!(", {n} step{} earlier", if n == 1 { "" } else { "s" })
+                }
+                _ => String::new(),
+            };
+            eprintln!("note: {damaged}; resuming from {name}/ at step {at}{cost}");
+        }
+        Some(_) => {}
     }
     Ok(cfg)
 }

@@ -224,8 +224,45 @@ fn resume_keeps_the_run_config_and_only_extend_epochs_changes_it() {
         let out = qdarts().arg(sub).arg(&run).output().unwrap();
         refused(&out, &["is a search run, not a training run"]);
     }
-    // A run without its checkpoint starts over, and says so.
+    // One damaged file in the last checkpoint: the resume goes back to the one before (a
+    // checkpoint every step here: step 7 of 8), says so, and finishes with the same record.
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let cut = run.join("checkpoint").join("a_optim.bpk");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+    let out = qdarts().arg("check").arg(&run).output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("PROBLEM  checkpoint/"), "{report}");
+    assert!(report.contains("does not verify: a_optim.bpk has"), "{report}");
+    assert!(report.contains("would continue from checkpoint.prev/ at step 7"), "{report}");
+    assert!(report.contains("1 training row after step 7 (a resume redoes it)"), "{report}");
+    let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let note = text(&out);
+    assert!(note.contains("note: checkpoint/ does not verify (a_optim.bpk has"), "{note}");
+    assert!(note.contains("resuming from checkpoint.prev/ at step 7, 1 step earlier"), "{note}");
+    let wall = |m: &str| -> Vec<String> {
+        m.lines().map(|l| l.rsplit_once(',').map_or(l, |(a, _)| a).to_string()).collect()
+    };
+    let again = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert_eq!(wall(&again), wall(&metrics));
+    let out = qdarts().arg("check").arg(&run).output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{report}{}", text(&out));
+    assert!(report.contains("no problems found"), "{report}");
+
+    // Both checkpoints damaged: exit 1, each named, the record untouched.
+    for dir in ["checkpoint", "checkpoint.prev"] {
+        std::fs::write(run.join(dir).join("state.json"), "{").unwrap();
+    }
+    let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
+    refused(&out, &["no checkpoint to resume from", "checkpoint/ does not verify (state.json"]);
+    assert_eq!(std::fs::read_to_string(run.join("metrics.csv")).unwrap(), again);
+
+    // A run without any checkpoint starts over, and says so.
     std::fs::remove_dir_all(run.join("checkpoint")).unwrap();
+    std::fs::remove_dir_all(run.join("checkpoint.prev")).unwrap();
     let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("has no checkpoint yet: the run starts over from step 0"));

@@ -2,8 +2,9 @@
 //! written atomically, read back on resume or rollback, and the tables cut back to it.
 
 use qdarts_record::{
-    AlphaRow, BitRow, ChangeRow, CheckpointPart, CostRow, GenotypeRow, MetricsRow, NanEventRow,
-    Plan, QuantErrorRow, RunDir, SelectionRow, utc_stamp, write_atomic,
+    AlphaRow, BitRow, ChangeRow, CheckpointPart, CostRow, Damaged, GenotypeRow, MetricsRow,
+    NanEventRow, Plan, QuantErrorRow, RunDir, SelectionRow, choose_checkpoint, utc_stamp,
+    write_atomic,
 };
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +65,12 @@ impl LoopState {
 
     /// Reads the state of a run's last checkpoint.
     pub fn read(run: &qdarts_record::RunLayout) -> Result<Self, RunError> {
-        let path = run.checkpoint_part(CheckpointPart::State);
+        Self::read_in(&run.checkpoint())
+    }
+
+    /// Reads the state of the checkpoint folder `dir`.
+    pub fn read_in(dir: &std::path::Path) -> Result<Self, RunError> {
+        let path = CheckpointPart::State.in_dir(dir);
         let bytes = std::fs::read(&path).map_err(|e| checkpoint_error(&path, e))?;
         serde_json::from_slice(&bytes).map_err(|e| checkpoint_error(&path, e))
     }
@@ -117,8 +123,10 @@ fn remove_tables(run: &RunDir) -> Result<(), RunError> {
     Ok(())
 }
 
-/// Prepares `run` for the loop: with `resume`, the last checkpoint is loaded and the tables
-/// are cut back to it (a run killed before its first checkpoint starts over); without one, an
+/// Prepares `run` for the loop: with `resume`, the newest checkpoint that verifies is loaded
+/// (`checkpoint/`, else `checkpoint.prev/`: see [`choose_checkpoint`]) and the tables are cut
+/// back to it (a run killed before its first checkpoint starts over; a run whose every
+/// checkpoint is damaged is an error that says what is wrong with each); without one, an
 /// initial checkpoint is written, the state a rollback in the first epoch returns to.
 pub fn start<T: EpochTask>(
     run: &RunDir,
@@ -126,13 +134,22 @@ pub fn start<T: EpochTask>(
     seed: u64,
     resume: bool,
 ) -> Result<(T, LoopState), RunError> {
-    let has_checkpoint = run.checkpoint_part(CheckpointPart::State).exists();
-    if resume && has_checkpoint {
-        let (task, st) = load(run, task)?;
-        truncate_tables(run, &st, false)?;
-        return Ok((task, st));
-    }
     if resume {
+        let choice = choose_checkpoint(run);
+        if let Some(mut dir) = choice.dir {
+            if dir == run.checkpoint_new() {
+                // Killed between the two renames of a swap: the new checkpoint is complete.
+                std::fs::rename(&dir, run.checkpoint()).map_err(|e| checkpoint_error(&dir, e))?;
+                dir = run.checkpoint();
+            }
+            let st = LoopState::read_in(&dir)?;
+            let task = task.load(&dir)?;
+            truncate_tables(run, &st, false)?;
+            return Ok((task, st));
+        }
+        if !choice.damaged.is_empty() {
+            return Err(checkpoint_error(&run.checkpoint(), damaged_message(&choice.damaged)));
+        }
         remove_tables(run)?;
     }
     let st = LoopState::fresh(seed);
@@ -140,6 +157,18 @@ pub fn start<T: EpochTask>(
         save(run, &task, &st)?;
     }
     Ok((task, st))
+}
+
+/// What is wrong with each damaged checkpoint, for an error or a note.
+pub fn damaged_message(damaged: &[Damaged]) -> String {
+    let each: Vec<String> = damaged
+        .iter()
+        .map(|d| {
+            let name = d.dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into());
+            format!("{name}/ does not verify ({})", d.reason)
+        })
+        .collect();
+    each.join("; ")
 }
 
 /// Records in `changes.csv` that a resumed run's epochs (`key`) went from the old plan's to

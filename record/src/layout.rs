@@ -7,6 +7,8 @@
 //!   metrics.csv  nan_events.csv  quant_error.csv  alphas.csv  genotypes.csv
 //!   genotype.json  genotype.txt
 //!   checkpoint/  state.json  net.bpk  alphas.bpk  w_optim.bpk  a_optim.bpk  optim.bpk
+//!                checksums.json
+//!   checkpoint.prev/  the checkpoint before, kept until the next one is complete
 //!   frozen/      model.qdf  model.onnx  predictions.csv
 //! ```
 
@@ -23,7 +25,7 @@ const GENOTYPE_JSON: &str = "genotype.json";
 const GENOTYPE_TEXT: &str = "genotype.txt";
 const CHECKPOINT: &str = "checkpoint";
 const CHECKPOINT_NEW: &str = "checkpoint.tmp";
-const CHECKPOINT_OLD: &str = "checkpoint.old";
+const CHECKPOINT_PREV: &str = "checkpoint.prev";
 const FROZEN: &str = "frozen";
 const FROZEN_MODEL: &str = "model.qdf";
 const ONNX_MODEL: &str = "model.onnx";
@@ -137,13 +139,14 @@ impl RunLayout {
     }
 
     /// `checkpoint.tmp/`: a checkpoint being written.
-    pub(crate) fn checkpoint_new(&self) -> PathBuf {
+    pub fn checkpoint_new(&self) -> PathBuf {
         self.root.join(CHECKPOINT_NEW)
     }
 
-    /// `checkpoint.old/`: the checkpoint being replaced.
-    pub(crate) fn checkpoint_old(&self) -> PathBuf {
-        self.root.join(CHECKPOINT_OLD)
+    /// `checkpoint.prev/`: the checkpoint before the last, the fallback when the last one
+    /// does not verify.
+    pub fn checkpoint_prev(&self) -> PathBuf {
+        self.root.join(CHECKPOINT_PREV)
     }
 
     /// `frozen/`: the integer model and its exports.

@@ -7,6 +7,7 @@
 //!
 //! No Burn here: a run folder can be read anywhere serde and csv build.
 
+mod checksum;
 mod layout;
 pub mod rows;
 mod run_dir;
@@ -17,6 +18,10 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+pub use checksum::{
+    CHECKSUMS, CheckpointChoice, Damaged, Verified, choose_checkpoint, verify_checkpoint,
+    write_checksums,
+};
 pub use layout::{CheckpointPart, RunLayout};
 pub use rows::{
     AlphaRow, BitRow, BitSite, CellType, ChangeRow, CostRow, Decision, GenotypeRow, MetricsRow,

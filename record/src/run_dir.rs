@@ -8,6 +8,7 @@ use std::ops::Deref;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::checksum::{verify_checkpoint, write_checksums};
 use crate::layout::RunLayout;
 use crate::rows::Table;
 use crate::table::{TableWriter, truncate_table};
@@ -149,24 +150,36 @@ impl RunDir {
         }
     }
 
-    /// Writes a checkpoint folder with `fill` into `checkpoint.tmp`, then swaps it in for
-    /// `checkpoint`: the old one stays until the new one is complete.
+    /// Writes a checkpoint folder with `fill` into `checkpoint.tmp`, adds its checksums and
+    /// verifies it, then swaps it in for `checkpoint`. The checkpoint it replaces becomes
+    /// `checkpoint.prev` if it verifies (else it is dropped and `checkpoint.prev` stays), so
+    /// that one damaged checkpoint never leaves a run without a good one. A fill that fails,
+    /// or a folder that does not verify, leaves both as they were.
     pub fn replace_checkpoint<E: From<RecordError>>(
         &self,
         fill: impl FnOnce(&Path) -> Result<(), E>,
     ) -> Result<(), E> {
         let tmp = self.checkpoint_new();
         let dest = self.checkpoint();
-        let old = self.checkpoint_old();
+        let prev = self.checkpoint_prev();
         remove_dir_if_any(&tmp)?;
         fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
         fill(&tmp)?;
-        remove_dir_if_any(&old)?;
+        write_checksums(&tmp)?;
+        verify_checkpoint(&tmp).map_err(|reason| RecordError::Decode {
+            path: tmp.clone(),
+            message: format!("the checkpoint just written does not verify: {reason}"),
+        })?;
         if dest.exists() {
-            fs::rename(&dest, &old).map_err(io_err(&dest))?;
+            if verify_checkpoint(&dest).is_ok() {
+                remove_dir_if_any(&prev)?;
+                fs::rename(&dest, &prev).map_err(io_err(&dest))?;
+            } else {
+                remove_dir_if_any(&dest)?;
+            }
         }
         fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
-        Ok(remove_dir_if_any(&old)?)
+        Ok(())
     }
 }
 

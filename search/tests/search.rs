@@ -4,11 +4,11 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use qdarts_engine::config::Experiment;
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::tensor::Device;
+use qdarts_engine::config::Experiment;
 use qdarts_genotypes::{Genotype, Primitive};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::qconfig::QuantConfig;
@@ -246,6 +246,61 @@ fn a_search_stopped_mid_epoch_resumes_to_the_uninterrupted_result() {
     {
         assert_eq!(a, b, "{f} differs after two stops and resumes");
     }
+}
+
+/// One damaged file in the last checkpoint (a disk that filled, a copy cut short) costs the
+/// steps since the checkpoint before it, not the run: `--resume` loads `checkpoint.prev`,
+/// cuts the tables back to it, and ends with the uninterrupted run's record.
+#[test]
+fn a_damaged_last_checkpoint_resumes_from_the_one_before() {
+    use qdarts_record::{RunLayout, choose_checkpoint, verify_checkpoint};
+    let four_steps = |name: &str| {
+        let mut cfg = tiny(&scratch(name), "");
+        cfg.search.steps_per_epoch = 4;
+        cfg
+    };
+    let go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
+    let whole =
+        run_search(&four_steps("damaged-whole"), &Device::flex(), None, &mut { go }).unwrap();
+
+    // Stopped after global step 7: the last checkpoint is at step 7, the one before at the end
+    // of epoch 0 (step 4). Then the last one loses the tail of its architecture optimizer.
+    let cfg = four_steps("damaged");
+    let part = run_search(&cfg, &Device::flex(), None, &mut stop_at(7)).unwrap();
+    let layout = RunLayout::new(&part.run_dir);
+    assert!(verify_checkpoint(&layout.checkpoint()).is_ok());
+    assert!(verify_checkpoint(&layout.checkpoint_prev()).is_ok());
+    let state = read(&layout.checkpoint_prev().join("state.json"));
+    assert!(state.contains("\"step\": 4"), "{state}");
+    let cut = layout.checkpoint().join("a_optim.bpk");
+    let bytes = std::fs::read(&cut).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let choice = choose_checkpoint(&layout);
+    assert_eq!(choice.dir.as_deref(), Some(layout.checkpoint_prev().as_path()));
+    assert!(choice.damaged[0].reason.contains("a_optim.bpk"), "{:?}", choice.damaged);
+
+    let done = run_search(&cfg, &Device::flex(), Some(&part.run_dir), &mut { go }).unwrap();
+    assert!(done.finished);
+    assert_eq!(done.genotype, whole.genotype);
+    for ((f, a), (_, b)) in
+        record_without_time(&whole.run_dir).iter().zip(&record_without_time(&done.run_dir))
+    {
+        assert_eq!(a, b, "{f} differs after resuming past a damaged checkpoint");
+    }
+    // The damaged checkpoint was dropped, not kept as the fallback.
+    assert!(verify_checkpoint(&layout.checkpoint()).is_ok());
+    assert!(verify_checkpoint(&layout.checkpoint_prev()).is_ok());
+
+    // With both checkpoints damaged the resume is an error naming each, and nothing runs.
+    for dir in [layout.checkpoint(), layout.checkpoint_prev()] {
+        std::fs::write(dir.join("net.bpk"), b"garbage").unwrap();
+    }
+    let before = read(&part.run_dir.join("metrics.csv"));
+    let err = run_search(&cfg, &Device::flex(), Some(&part.run_dir), &mut { go }).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("checkpoint/ does not verify (net.bpk"), "{msg}");
+    assert!(msg.contains("checkpoint.prev/ does not verify (net.bpk"), "{msg}");
+    assert_eq!(read(&part.run_dir.join("metrics.csv")), before);
 }
 
 #[test]
