@@ -96,7 +96,7 @@ pub fn sample(count: usize, seed: u64, config: &Path, out: &Path) -> Result<()> 
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for (stem, g) in &files {
         write_atomic(&stem.with_extension("txt"), format!("{}\n", g.to_darts_text()).as_bytes())?;
-        write_atomic(&stem.with_extension("json"), &g.to_json())?;
+        write_atomic(&stem.with_extension("json"), &g.to_json()?)?;
         println!("{}", stem.with_extension("json").display());
     }
     eprintln!(

@@ -250,7 +250,7 @@ fn default_threads() -> usize {
 /// `--data`/`--dataset` as config overrides.
 fn data_overrides(overrides: &mut Vec<String>, data: Option<PathBuf>, dataset: Option<String>) {
     if let Some(d) = dataset {
-        overrides.push(format!("data.dataset=\"{d}\""));
+        overrides.push(format!("data.dataset={}", toml_string(&d)));
     }
     if let Some(p) = data {
         overrides.push(format!("data.path={}", toml_string(&p.display().to_string())));
@@ -271,8 +271,10 @@ pub(crate) fn cpu_only(backend: Backend, command: &str) -> anyhow::Result<()> {
     }
 }
 
+/// `s` as a TOML string value (quotes, backslashes, newlines and control characters escaped),
+/// for a `key=value` override.
 fn toml_string(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    toml::Value::String(s.to_string()).to_string()
 }
 
 fn main() -> ExitCode {

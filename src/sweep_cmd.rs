@@ -121,14 +121,18 @@ fn trial_status(sweep: &SweepDir, n: usize) -> String {
         return "not started".into();
     }
     match epochs_done(&RunLayout::new(&dir)) {
-        (d, Some(p)) if d >= p => "finished".into(),
-        (d, Some(p)) => format!("started ({d}/{p} epochs)"),
-        _ => "started".into(),
+        Ok((d, Some(p))) if d >= p => "finished".into(),
+        Ok((d, Some(p))) => format!("started ({d}/{p} epochs)"),
+        Ok(_) => "started".into(),
+        Err(e) => format!("unreadable: {e}"),
     }
 }
 
-fn finished(dir: &Path) -> bool {
-    matches!(epochs_done(&RunLayout::new(dir)), (d, Some(p)) if d >= p)
+/// Whether the run in `dir` has run all its epochs; an unreadable record is an error.
+fn finished(dir: &Path) -> Result<bool> {
+    let done = epochs_done(&RunLayout::new(dir))
+        .with_context(|| format!("cannot tell whether {} has finished", dir.display()))?;
+    Ok(matches!(done, (d, Some(p)) if d >= p))
 }
 
 /// Runs `qdarts sweep`.
@@ -212,8 +216,12 @@ fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
     let kind = sweep.file.kind.command();
     std::fs::create_dir_all(sweep.logs())
         .with_context(|| format!("creating {}", sweep.logs().display()))?;
-    let mut queue: Vec<usize> =
-        (0..sweep.len()).rev().filter(|&n| !finished(&sweep.trial_dir(n))).collect();
+    let mut queue = Vec::new();
+    for n in (0..sweep.len()).rev() {
+        if !finished(&sweep.trial_dir(n))? {
+            queue.push(n);
+        }
+    }
     if queue.len() < sweep.len() {
         eprintln!("{} of {} trials have finished already", sweep.len() - queue.len(), sweep.len());
     }
@@ -303,7 +311,7 @@ pub fn run_trial(
     let label = sweep.trial(n)?.label.clone();
     let set = sweep.trial_overrides(n)?;
     let run_dir = sweep.trial_dir(n);
-    if finished(&run_dir) {
+    if finished(&run_dir)? {
         eprintln!("trial {n} ({label}) has finished already: {}", run_dir.display());
         println!("{}", run_dir.display());
         return Ok(());

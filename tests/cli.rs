@@ -80,6 +80,46 @@ fn bad_input_is_a_clear_error_and_a_nonzero_exit() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Values from the command line reach the config as TOML strings, whatever they hold: a quote
+/// and a newline in `--data` cannot add a key, and the error names the path (`--dataset` is
+/// one of three names). A `record.results_dir` that is a file says so.
+#[test]
+fn command_line_values_cannot_inject_config_and_a_file_is_no_results_folder() {
+    let dir = scratch("inject");
+    let cfg = config(&dir);
+    let out = qdarts()
+        .args(["search", "--config"])
+        .arg(&cfg)
+        .args(["--dataset", "mnist\"\nseed = 9\nx = \"1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("possible values: fashion-mnist, mnist, cifar10"), "{err}");
+    let out = qdarts()
+        .args(["search", "--config"])
+        .arg(&cfg)
+        .args(["--dataset", "mnist", "--data", "/no/such\"\nseed = 9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/no/such\"\nseed = 9"), "{err}");
+    assert!(!dir.join("results").exists());
+
+    std::fs::write(dir.join("taken"), "").unwrap();
+    let out = qdarts()
+        .args(["search", "--config"])
+        .arg(&cfg)
+        .arg("--set")
+        .arg(format!("record.results_dir={}", dir.join("taken").display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the results folder (record.results_dir) is a file"), "{err}");
+}
+
 /// Runs `qdarts <sub> --config <cfg>` twice, each in a fresh folder: once to the end, and once
 /// killed with SIGKILL after its first epoch's checkpoint, then continued with `--resume`.
 /// Returns the two run folders.

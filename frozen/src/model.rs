@@ -257,13 +257,15 @@ impl FrozenModel {
     }
 
     /// The `.qdf` container of the model.
-    pub fn to_qdf(&self) -> QdfFile {
+    pub fn to_qdf(&self) -> Result<QdfFile, ModelError> {
         let mut attrs = BTreeMap::new();
-        attrs.insert("model".to_string(), serde_json::to_value(&self.graph).unwrap_or_default());
-        QdfFile {
+        let graph = serde_json::to_value(&self.graph)
+            .map_err(|e| ModelError::Invalid(format!("the graph cannot be encoded: {e}")))?;
+        attrs.insert("model".to_string(), graph);
+        Ok(QdfFile {
             meta: Meta { genotype: self.genotype.clone(), attrs },
             tensors: self.tensors.values().cloned().collect(),
-        }
+        })
     }
 
     /// The model of a `.qdf` container, validated.
@@ -283,7 +285,7 @@ impl FrozenModel {
     /// Writes `model.qdf`.
     pub fn save(&self, path: &Path) -> Result<(), ModelError> {
         let bytes =
-            self.to_qdf().write().map_err(|cause| ModelError::Qdf { path: path.into(), cause })?;
+            self.to_qdf()?.write().map_err(|cause| ModelError::Qdf { path: path.into(), cause })?;
         let tmp = path.with_extension("qdf.tmp");
         std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::rename(&tmp, path))

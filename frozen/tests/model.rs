@@ -376,7 +376,7 @@ fn runtime_matches_the_naive_reference_on_every_node_kind() {
 #[test]
 fn a_model_survives_its_file_round_trip() {
     let model = model(7, Rounding::TiesToEven);
-    let bytes = model.to_qdf().write().unwrap();
+    let bytes = model.to_qdf().unwrap().write().unwrap();
     let back = FrozenModel::from_qdf(QdfFile::read(&bytes).unwrap()).unwrap();
     assert_eq!(back, model);
 }
@@ -466,7 +466,7 @@ proptest! {
     #[test]
     fn damaged_model_files_are_refused_or_run(cut in 0usize..100_000, flips in proptest::collection::vec((0usize..100_000, 1u8..=255), 1..4), truncate in any::<bool>()) {
         let model = model(9, Rounding::TiesToEven);
-        let mut bytes = model.to_qdf().write().unwrap();
+        let mut bytes = model.to_qdf().unwrap().write().unwrap();
         if truncate {
             bytes.truncate(cut % bytes.len());
         } else {

@@ -186,11 +186,11 @@ impl Genotype {
     }
 
     /// Writes pretty JSON.
-    pub fn to_json(&self) -> Vec<u8> {
-        // Serializing this plain data cannot fail.
-        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+    pub fn to_json(&self) -> Result<Vec<u8>, GenotypeError> {
+        let mut v =
+            serde_json::to_vec_pretty(self).map_err(|e| GenotypeError::Json(e.to_string()))?;
         v.push(b'\n');
-        v
+        Ok(v)
     }
 
     /// Reads the DARTS text form (pt.darts' nested lists or the original flat list), validated.

@@ -13,7 +13,10 @@ use qdarts_genotypes::{Genotype, KNOWN, MAX_EDGES, MAX_NODES};
 fn check_accepted(g: &Genotype) {
     g.validate().unwrap();
     assert_eq!(&Genotype::from_darts_text(&g.to_darts_text()).unwrap(), g);
-    assert_eq!(&Genotype::from_json(std::str::from_utf8(&g.to_json()).unwrap()).unwrap(), g);
+    assert_eq!(
+        &Genotype::from_json(std::str::from_utf8(&g.to_json().unwrap()).unwrap()).unwrap(),
+        g
+    );
 }
 
 fn read_both(text: &str) {
@@ -30,7 +33,7 @@ fn read_both(text: &str) {
 fn mutated(which: usize, json: bool, edits: &[(f64, usize, String)]) -> String {
     let g = qdarts_genotypes::known(KNOWN[which % KNOWN.len()].0).unwrap();
     let mut s: Vec<char> = if json {
-        String::from_utf8(g.to_json()).unwrap().chars().collect()
+        String::from_utf8(g.to_json().unwrap()).unwrap().chars().collect()
     } else {
         g.to_darts_text().chars().collect()
     };

@@ -29,7 +29,7 @@ fn every_shipped_genotype_parses_validates_and_round_trips() {
         let g = known(name).unwrap();
         let text = g.to_darts_text();
         assert_eq!(Genotype::from_darts_text(&text).unwrap(), g, "{name} through text");
-        let json = g.to_json();
+        let json = g.to_json().unwrap();
         assert_eq!(
             Genotype::from_json(std::str::from_utf8(&json).unwrap()).unwrap(),
             g,
@@ -369,7 +369,7 @@ mod bits {
     #[test]
     fn bits_round_trip_through_json_and_stay_out_of_the_darts_text() {
         let g = with_bits();
-        let json = String::from_utf8(g.to_json()).unwrap();
+        let json = String::from_utf8(g.to_json().unwrap()).unwrap();
         assert!(
             json.contains("\"normal_bits\"") && json.contains("[\n        4,\n        8\n      ]"),
             "{json}"
@@ -390,7 +390,7 @@ mod bits {
             "reduce": [[["max_pool_3x3", 0], ["max_pool_3x3", 1]]], "reduce_concat": [2]}"#;
         let g = Genotype::from_json(old).unwrap();
         assert_eq!((g.normal_bits.as_ref(), g.reduce_bits.as_ref()), (None, None));
-        let json = String::from_utf8(g.to_json()).unwrap();
+        let json = String::from_utf8(g.to_json().unwrap()).unwrap();
         assert!(!json.contains("bits"), "{json}");
     }
 
@@ -398,7 +398,8 @@ mod bits {
     fn bits_of_the_wrong_shape_or_range_are_refused() {
         let mut g = with_bits();
         g.normal_bits.as_mut().unwrap()[1].pop();
-        let err = Genotype::from_json(&String::from_utf8(g.to_json()).unwrap()).unwrap_err();
+        let err =
+            Genotype::from_json(&String::from_utf8(g.to_json().unwrap()).unwrap()).unwrap_err();
         assert!(err.to_string().contains("`normal_bits` has [2, 1, 2, 2] entries"), "{err}");
         let mut g = with_bits();
         g.reduce_bits.as_mut().unwrap()[0][0] = Bits { weight: 1, act: 8 };

@@ -28,7 +28,7 @@ fn random_genotypes_are_valid_cells_of_the_space() {
             }
             // Round trip through both file formats.
             assert_eq!(Genotype::from_darts_text(&g.to_darts_text()).expect("text"), g);
-            let json = String::from_utf8(g.to_json()).expect("utf8");
+            let json = String::from_utf8(g.to_json().unwrap()).expect("utf8");
             assert_eq!(Genotype::from_json(&json).expect("json"), g);
         }
     }

@@ -82,7 +82,7 @@ fn fake_run(dir: &Path, seed: u64, shift: f64) -> Genotype {
             }
         }
     }
-    std::fs::write(dir.join("genotype.json"), g.to_json()).expect("genotype");
+    std::fs::write(dir.join("genotype.json"), g.to_json().expect("json")).expect("genotype");
     g
 }
 

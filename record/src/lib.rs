@@ -97,9 +97,10 @@ pub fn read_plan(run: &RunLayout) -> Option<Plan> {
 }
 
 /// Epochs of a run that have their validation row, and the epochs its plan asks for (`None`
-/// without a plan): a run is finished when the first reaches the second.
-pub fn epochs_done(run: &RunLayout) -> (usize, Option<usize>) {
-    let rows: Vec<MetricsRow> = read_table(&run.table::<MetricsRow>()).unwrap_or_default();
+/// without a plan): a run is finished when the first reaches the second. A `metrics.csv`
+/// that cannot be read is an error, not "no epochs" (a missing one is none yet).
+pub fn epochs_done(run: &RunLayout) -> Result<(usize, Option<usize>), RecordError> {
+    let rows: Vec<MetricsRow> = read_table(&run.table::<MetricsRow>())?;
     let done = rows.iter().filter(|r| r.phase == Phase::Val).count();
-    (done, read_plan(run).map(|p| p.epochs))
+    Ok((done, read_plan(run).map(|p| p.epochs)))
 }

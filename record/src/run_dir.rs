@@ -71,6 +71,12 @@ impl Deref for RunDir {
 impl RunDir {
     /// Creates `<parent>/<name>-<UTC time>` (with a numeric suffix if taken) and takes its lock.
     pub fn create(parent: &Path, name: &str) -> Result<Self, RecordError> {
+        if parent.exists() && !parent.is_dir() {
+            return Err(RecordError::NotARun(format!(
+                "{}: the results folder (record.results_dir) is a file, not a folder",
+                parent.display()
+            )));
+        }
         fs::create_dir_all(parent).map_err(io_err(parent))?;
         let stamp = utc_stamp();
         for n in 0..1000 {

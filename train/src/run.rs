@@ -341,7 +341,7 @@ pub fn run_train_prepared(
     let (task, st) = start(run, task, cfg.seed, resume)?;
     note_epochs_change(run, old.as_ref(), &plan, "train.epochs", st.step)?;
     write_atomic(&run.config(), cfg.to_toml()?.as_bytes())?;
-    write_atomic(&run.genotype_json(), &genotype.to_json())?;
+    write_atomic(&run.genotype_json(), &genotype.to_json()?)?;
     write_atomic(&run.genotype_text(), format!("{}\n", genotype.to_darts_text()).as_bytes())?;
     write_plan(run, &plan)?;
     let lp = LoopPlan {

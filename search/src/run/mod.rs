@@ -419,7 +419,7 @@ pub fn run_prepared(
     let end = run_epochs(&run, task, st, &lp, progress)?;
     let genotype = derive_genotype(cfg, &end.task.alphas)?;
     if end.finished {
-        write_atomic(&run.genotype_json(), &genotype.to_json())?;
+        write_atomic(&run.genotype_json(), &genotype.to_json()?)?;
         write_atomic(&run.genotype_text(), format!("{}\n", genotype.to_darts_text()).as_bytes())?;
     }
     Ok(SearchOutcome { run_dir: run.root().to_path_buf(), genotype, finished: end.finished })
