@@ -356,3 +356,43 @@ fn simultaneous_resumes_of_one_run_let_exactly_one_in() {
     let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(metrics.lines().all(|l| l.split(',').count() == 8), "{metrics}");
 }
+
+/// A network too big for the machine is refused before it allocates: exit 1, the estimate,
+/// what is free and the keys to lower, no run folder. Under an address-space limit (`ulimit
+/// -v`, 6 GiB) as well as without one; for the search's channels, cells and nodes and the
+/// training's channels.
+#[test]
+fn a_network_too_big_for_the_machine_is_refused_before_it_allocates() {
+    let d = scratch("too-big");
+    let cfg = write_config(&d, "s.toml", &search_config());
+    let cases: [(&str, &[&str]); 3] = [
+        ("search", &["--set", "model.init_channels=4096"]),
+        ("search", &["--set", "model.layers=64", "--set", "model.init_channels=256"]),
+        ("search", &["--set", "model.nodes=16", "--set", "model.init_channels=512"]),
+    ];
+    for (sub, sets) in cases {
+        let out = qdarts().args([sub, "--config"]).arg(&cfg).args(sets).output().unwrap();
+        refused(&out, &["the supernet needs about", "GiB", "is free (", "lower search.batch_size"]);
+        assert!(runs(&d).is_empty(), "{sets:?} left a run folder");
+    }
+    // The reproduction: 6 GiB of address space, C = 4096 on 64 images, one epoch.
+    let bin = env!("CARGO_BIN_EXE_qdarts");
+    let script = format!(
+        "ulimit -v 6291456 && exec '{bin}' search --config '{}' --set model.init_channels=4096 \
+         --set data.limit=64 --set search.epochs=1",
+        cfg.display()
+    );
+    let out = std::process::Command::new("sh").args(["-c", &script]).output().unwrap();
+    refused(&out, &["the supernet needs about", "under the address-space limit, ulimit -v"]);
+    assert!(runs(&d).is_empty());
+
+    let train = write_config(&d, "t.toml", TRAIN);
+    let out = qdarts()
+        .args(["train", "--config"])
+        .arg(&train)
+        .args(["--set", "model.init_channels=4096"])
+        .output()
+        .unwrap();
+    refused(&out, &["the network needs about", "lower train.batch_size"]);
+    assert!(runs(&d).is_empty());
+}

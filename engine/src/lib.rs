@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod epoch;
 pub mod grads;
+pub mod memory;
 pub mod sgd;
 pub mod tensors;
 
@@ -51,6 +52,9 @@ pub enum RunError {
         /// What is wrong.
         message: String,
     },
+    /// A run that cannot fit in memory, refused before it allocates.
+    #[error("{0}")]
+    Memory(String),
     /// A checkpoint that cannot be written or read.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {

@@ -7,6 +7,7 @@
 pub mod architect;
 pub mod config;
 pub mod cost;
+pub mod memory;
 pub mod parity;
 pub mod run;
 pub mod selection;

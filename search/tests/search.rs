@@ -414,3 +414,48 @@ fn an_lsq_search_starts_from_data_initialised_weight_steps() {
     sqnr.sort_by(f64::total_cmp);
     assert!(sqnr[sqnr.len() / 2] > 20.0, "median weight SQNR {} dB", sqnr[sqnr.len() / 2]);
 }
+
+/// The memory estimate errs low, within 25 %, against the peaks `qdarts bench search` measured
+/// (docs/results/2026-11-23-speed-cpu.md and this machine, 2026-11-25): refusing a start means
+/// it cannot fit, and a run estimated to fit is not far from its estimate.
+#[test]
+fn the_memory_estimate_errs_low_against_measured_peaks() {
+    use qdarts_search::config::Order;
+    use qdarts_search::memory::supernet_need;
+    let mib = |v: f64| (v * f64::from(1u32 << 20)) as u64;
+    // (init_channels, layers, nodes, batch, channels in, side, order, quantized, peak MiB)
+    let measured = [
+        (4, 4, 3, 32, 1, 28, Order::First, true, 372.8),
+        (4, 4, 3, 32, 1, 28, Order::First, false, 217.4),
+        (4, 4, 3, 32, 1, 28, Order::Second, true, 593.7),
+        (8, 4, 3, 64, 1, 28, Order::First, true, 1307.2),
+        (16, 8, 4, 64, 3, 32, Order::First, false, 6057.0),
+        (16, 8, 4, 64, 3, 32, Order::First, true, 9985.0),
+        (16, 8, 4, 64, 3, 32, Order::Second, false, 7784.0),
+        (16, 8, 4, 64, 3, 32, Order::Second, true, 16792.0),
+    ];
+    for (c, layers, nodes, batch, c_in, side, order, quantized, peak) in measured {
+        let mut cfg = tiny(&scratch("memory"), "");
+        cfg.search.batch_size = batch;
+        cfg.search.order = order;
+        if !quantized {
+            cfg.quant = QuantConfig::float();
+        }
+        let shape = NetShape {
+            c_in,
+            classes: 10,
+            channels: c,
+            layers,
+            nodes,
+            stem_multiplier: 3,
+            primitives: Primitive::DARTS.to_vec(),
+            partial_channels: 1,
+            bits: None,
+        };
+        // The bench measures the step's heap: no process overhead.
+        let need = supernet_need(&cfg, &shape, (side, side));
+        let est = need.parameters + need.activations;
+        let ratio = est as f64 / mib(peak) as f64;
+        assert!((0.75..=1.0).contains(&ratio), "C={c} b{batch} {order:?} {quantized}: {ratio:.2}");
+    }
+}

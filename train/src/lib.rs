@@ -6,6 +6,7 @@
 pub mod config;
 pub mod eval;
 pub mod freeze;
+pub mod memory;
 pub mod network;
 pub mod run;
 

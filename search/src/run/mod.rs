@@ -13,6 +13,7 @@ use qdarts_data::{self as data, ImageSet, Rng};
 use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{Event, correct, cross_entropy};
+use qdarts_engine::memory::check_fits;
 use qdarts_engine::{
     ConfigError, Progress, RunError, Sgd, apply_limit, checkpoint_error, load_module, load_optim,
     note_epochs_change, run_epochs, save_module, save_optim, seeded, start,
@@ -312,6 +313,12 @@ pub fn prepare_search<'a>(
     }
     let ad = device.clone().autodiff();
     let shape = net_shape(cfg, &set);
+    if *device == Device::flex() {
+        let need = crate::memory::supernet_need(cfg, &shape, (set.height, set.width));
+        let keys = "search.batch_size, model.init_channels, model.layers or model.nodes \
+                    (or raise model.partial_channels)";
+        check_fits("the supernet", need, keys)?;
+    }
     // The backend's generator is process-wide: hold it from seeding to the last random
     // initial value, so that two searches in one process (tests) cannot interleave draws.
     let (net, alphas) = seeded(&ad, cfg.seed, || {
