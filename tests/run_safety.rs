@@ -396,3 +396,80 @@ fn a_network_too_big_for_the_machine_is_refused_before_it_allocates() {
     refused(&out, &["the network needs about", "lower train.batch_size"]);
     assert!(runs(&d).is_empty());
 }
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (mount's syntax, e.g. `2900k`) at `dir`; `None` where this
+    /// process may not mount (not root, no CAP_SYS_ADMIN), and the test skips.
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    fn resize(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The disk fills in the middle of a search (a 2.9 MB tmpfs as the results folder; the run
+/// needs three checkpoints of ~0.9 MB and its tables): the run stops with exit 1 and an error
+/// naming the file it could not write, a checkpoint that verifies stays, and once space is
+/// freed `--resume` ends with the record of an uninterrupted run. Skipped where the test may
+/// not mount a tmpfs.
+#[test]
+fn a_full_disk_stops_the_run_cleanly_and_a_resume_finishes_it() {
+    let d = scratch("disk-full");
+    let config = tiny_search("full", 3, 4);
+    let (whole_dir, full) = (d.join("whole"), d.join("full"));
+    std::fs::create_dir_all(&whole_dir).unwrap();
+    let whole_cfg = write_config(&whole_dir, "s.toml", &config);
+    let out = qdarts().args(["search", "--config"]).arg(&whole_cfg).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let whole = runs(&whole_dir).pop().unwrap();
+
+    let Some(disk) = Tmpfs::mount(&full.join("results"), "2900k") else {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let cfg = write_config(&full, "s.toml", &config);
+    let out = qdarts().args(["search", "--config"]).arg(&cfg).output().unwrap();
+    let err = text(&out);
+    refused(&out, &["No space left on device"]);
+    let run = runs(&full).pop().unwrap();
+    assert!(err.contains(&run.display().to_string()), "the error names no file of the run: {err}");
+    let choice = qdarts_record::choose_checkpoint(&qdarts_record::RunLayout::new(&run));
+    assert!(choice.dir.is_some(), "no checkpoint verifies after the disk filled: {choice:?}");
+
+    disk.resize("16m");
+    let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let strip = |p: &Path| -> Vec<String> {
+        let t = std::fs::read_to_string(p).unwrap();
+        t.lines().map(|l| l.rsplit_once(',').map_or(l, |(a, _)| a).to_string()).collect()
+    };
+    assert_eq!(strip(&run.join("metrics.csv")), strip(&whole.join("metrics.csv")));
+    for f in ["quant_error.csv", "alphas.csv", "genotypes.csv", "genotype.txt"] {
+        let a = std::fs::read_to_string(run.join(f)).unwrap();
+        let b = std::fs::read_to_string(whole.join(f)).unwrap();
+        assert!(a == b, "{f} differs from the uninterrupted run's");
+    }
+}
