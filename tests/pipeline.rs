@@ -166,8 +166,41 @@ fn searched_genotype_to_integer_model_and_onnx() {
         assert!(bench.contains(row), "`{row}` missing:\n{bench}");
     }
     assert_eq!(bench.contains("onnxruntime (graph optimizations on)"), ready, "{bench}");
+    freeze_export_eval_at_once(&run);
     mismatched_model_is_refused(&d, &run);
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `freeze`, `export` and `eval` three times each, all at once on one run: every one
+/// succeeds (each reads a whole model and writes its file whole), the model is the one a
+/// single freeze writes, and no temp file is left behind.
+fn freeze_export_eval_at_once(run: &Path) {
+    let model = run.join("frozen").join("model.qdf");
+    let before = std::fs::read(&model).unwrap();
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        for sub in ["freeze", "export", "eval"] {
+            let child = qdarts()
+                .arg(sub)
+                .arg(run)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            children.push((sub, child));
+        }
+    }
+    for (sub, child) in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{sub}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(std::fs::read(&model).unwrap(), before, "freeze is a pure function of the run");
+    for dir in [run.to_path_buf(), run.join("frozen")] {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(!name.ends_with(".tmp"), "{name} left in {}", dir.display());
+        }
+    }
 }
 
 /// A copy of the trained run whose test images are 32×32 while its frozen model takes 28×28:

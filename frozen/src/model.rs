@@ -286,10 +286,20 @@ impl FrozenModel {
     pub fn save(&self, path: &Path) -> Result<(), ModelError> {
         let bytes =
             self.to_qdf()?.write().map_err(|cause| ModelError::Qdf { path: path.into(), cause })?;
-        let tmp = path.with_extension("qdf.tmp");
-        std::fs::write(&tmp, bytes)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|cause| ModelError::Io { path: path.into(), cause })
+        // A temp file of this write's own, synced, then renamed: two `freeze` at once each
+        // put a whole model in place.
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = path.file_name().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()
+        });
+        written.and_then(|()| std::fs::rename(&tmp, path)).map_err(|cause| {
+            let _ = std::fs::remove_file(&tmp);
+            ModelError::Io { path: path.into(), cause }
+        })
     }
 
     /// Reads and validates `model.qdf`.

@@ -42,13 +42,27 @@ pub fn lock_owner(run: &RunLayout) -> Option<u32> {
     alive(pid).then_some(pid)
 }
 
-/// Writes `path` atomically (temp file in the same folder, fsync, rename).
+/// Writes `path` atomically (temp file in the same folder, fsync, rename). Each write has its
+/// own temp file (process and a per-process count in its name), so two processes writing the
+/// same file at once (`qdarts freeze` twice) each rename a whole file: the last one wins,
+/// and no reader ever sees a mix. A failed write removes its temp file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(bytes).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path.file_name().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(RecordError::Io { path: tmp, cause: e });
+    }
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        RecordError::Io { path: path.into(), cause: e }
+    })
 }
 
 /// A run folder held by this process: an exclusive OS lock (`flock`) on its `lock` file,
