@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use qdarts_engine::Progress;
 use qdarts_engine::config::Experiment;
-use qdarts_record::{RunDir, RunLayout, epochs_done, write_atomic};
+use qdarts_record::{RunDir, RunLayout, epochs_done, lock_owner, write_atomic};
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::{prepare_search, run_prepared};
 use qdarts_sweep::emit::{K8sOptions, SlurmOptions, TaskCommand, k8s_manifest, slurm_script};
@@ -228,9 +228,21 @@ fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut failed: Vec<usize> = Vec::new();
     eprintln!("running {} trials, {jobs} at a time, {threads} threads each", queue.len());
+    // Trials still held by a process of an earlier, killed sweep (it stops at its next step,
+    // orphaned; see `orphaned`): each waits for its folder's lock instead of failing on it.
+    let mut told: Vec<usize> = Vec::new();
     while !queue.is_empty() || !running.is_empty() {
+        let mut held = Vec::new();
         while running.len() < jobs {
             let Some(n) = queue.pop() else { break };
+            if let Some(pid) = lock_owner(&RunLayout::new(sweep.trial_dir(n))) {
+                if !told.contains(&n) {
+                    eprintln!("trial {n}: waiting for process {pid}, which still holds its folder");
+                    told.push(n);
+                }
+                held.push(n);
+                continue;
+            }
             let log_path = sweep.log(n);
             let log = std::fs::OpenOptions::new()
                 .create(true)
@@ -245,6 +257,7 @@ fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
                 .arg(sweep.root())
                 .args(["--trial", &n.to_string()])
                 .env("RAYON_NUM_THREADS", threads.to_string())
+                .env(SWEEP_PARENT, std::process::id().to_string())
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(err)
@@ -253,6 +266,7 @@ fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
             eprintln!("trial {n} ({}) started", sweep.file.trials[n].label);
             running.push((n, child));
         }
+        queue.extend(held.into_iter().rev());
         std::thread::sleep(Duration::from_millis(200));
         let mut i = 0;
         while i < running.len() {
@@ -290,6 +304,24 @@ fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
     Ok(())
 }
 
+/// Names, in a trial's environment, the `qdarts sweep --local` process that started it.
+const SWEEP_PARENT: &str = "QDARTS_SWEEP_PARENT";
+
+/// Whether the sweep that started this trial (`parent`) is gone: the trial was re-parented.
+/// A killed `sweep --local` leaves its trials running; each then stops cleanly at its next
+/// step, so that the sweep started again resumes them rather than racing them.
+fn orphaned(parent: Option<u32>) -> bool {
+    #[cfg(unix)]
+    {
+        parent.is_some_and(|p| std::os::unix::process::parent_id() != p)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = parent;
+        false
+    }
+}
+
 /// Runs one trial of a sweep (`qdarts search|train --sweep DIR [--trial N]`).
 pub fn run_trial(
     dir: &Path,
@@ -319,8 +351,15 @@ pub fn run_trial(
     let base = sweep.base_config();
     let device = backend.device()?;
     let bar = progress_bar();
+    let parent = std::env::var(SWEEP_PARENT).ok().and_then(|v| v.parse::<u32>().ok());
     let mut on_progress = |p: &Progress| {
         show(&bar, p);
+        if orphaned(parent) {
+            eprintln!(
+                "trial {n}: its sweep is gone; stopping after this step (a checkpoint is kept)"
+            );
+            return ControlFlow::Break(());
+        }
         ControlFlow::Continue(())
     };
     let existed = run_dir.exists();
@@ -357,7 +396,21 @@ pub fn run_trial(
     Ok(())
 }
 
+/// Opens (creating) a trial's folder. Started by `sweep --local`, a trial whose folder is
+/// still held by a trial of an earlier, killed sweep waits for it (it stops at its next step)
+/// for up to two minutes rather than failing.
 fn open_trial_dir(dir: &Path) -> Result<RunDir> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(RunDir::open(dir)?)
+    let patient = std::env::var_os(SWEEP_PARENT).is_some();
+    let start = std::time::Instant::now();
+    loop {
+        match RunDir::open(dir) {
+            Err(qdarts_record::RecordError::Locked { .. })
+                if patient && start.elapsed() < Duration::from_secs(120) =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            other => return Ok(other?),
+        }
+    }
 }

@@ -349,3 +349,42 @@ fn bad_sweeps_and_trials_are_refused_before_anything_is_written() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not a run folder"), "{}", stderr(&out));
 }
+
+/// A `sweep --local` killed (SIGKILL) and started again: the trials of the killed sweep stop
+/// at their next step, the new sweep waits for their folders instead of failing on them, and
+/// every trial ends once, with the record of the same sweep run without a kill.
+#[test]
+fn a_killed_local_sweep_started_again_runs_every_trial_once() {
+    let d = scratch("sweep", "killed");
+    let sweep = write_sweep(&d, "k", "results");
+    let calm = write_sweep(&d, "k", "calm");
+    run_ok(qdarts().args(["sweep"]).arg(&calm).args(["--local", "--jobs", "2"]).output().unwrap());
+
+    let mut first = qdarts()
+        .args(["sweep"])
+        .arg(&sweep)
+        .args(["--local", "--jobs", "2"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once its first trials have written a checkpoint (or have finished).
+    let trial0 = d.join("results").join("k").join("trial-000");
+    let start = std::time::Instant::now();
+    while !trial0.join("checkpoint").exists() && start.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let out = qdarts().args(["sweep"]).arg(&sweep).args(["--local", "--jobs", "2"]).output();
+    let out = out.unwrap();
+    run_ok(out.clone());
+    assert!(stderr(&out).contains("all 4 trials finished"), "{}", stderr(&out));
+    for n in 0..4 {
+        let name = format!("trial-{n:03}");
+        let a = record(&d.join("results").join("k").join(&name));
+        let b = record(&d.join("calm").join("k").join(&name));
+        for ((f, x), (_, y)) in a.iter().zip(&b) {
+            assert!(x == y, "{name}/{f} differs from the sweep run without a kill");
+        }
+    }
+}
