@@ -710,7 +710,7 @@ def cmd_bench(args):
     torch.set_default_device(args.device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     quant = args.quant == "tensorrt"
-    net = SearchNetwork(3, args.init_channels, 10, args.layers, args.nodes, 3, quant)
+    net = SearchNetwork(args.c_in, args.init_channels, 10, args.layers, args.nodes, 3, quant)
     with torch.no_grad():
         for w in net.weights().values():
             w.uniform_(-0.1, 0.1) if w.dim() > 1 else w.zero_()
@@ -719,7 +719,8 @@ def cmd_bench(args):
                 m.gamma.fill_(1.0)
     n_edges = sum(2 + i for i in range(args.nodes))
     alphas = {k: (1e-3 * torch.randn(n_edges, len(PRIMITIVES))) for k in ("normal", "reduce")}
-    batch = lambda: (torch.randn(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,)))
+    batch = lambda: (torch.randn(args.batch, args.c_in, args.size, args.size),
+                     torch.randint(0, 10, (args.batch,)))
     train, val = batch(), batch()
     spec = {"alpha_lr": 3e-4, "alpha_betas": [0.5, 0.999], "alpha_weight_decay": 1e-3, "lr": 0.025,
             "w_momentum": 0.9, "w_weight_decay": 3e-4, "w_grad_clip": 5.0}
@@ -751,6 +752,7 @@ def cmd_bench(args):
         **extra,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "layers": args.layers,
         "init_channels": args.init_channels, "nodes": args.nodes, "batch": args.batch,
+        "c_in": args.c_in, "size": args.size,
         "quant": args.quant, "order": args.order, "reps": args.reps,
         "median_s": times[len(times) // 2], "min_s": times[0], "max_s": times[-1],
         "peak_rss_mib": peak,
@@ -812,6 +814,8 @@ def main():
     b.add_argument("--init-channels", type=int, default=16)
     b.add_argument("--nodes", type=int, default=4)
     b.add_argument("--batch", type=int, default=64)
+    b.add_argument("--c-in", type=int, default=3, help="image channels (the default search: 1)")
+    b.add_argument("--size", type=int, default=32, help="image side (the default search: 28)")
     b.add_argument("--quant", choices=["float", "tensorrt"], default="float")
     b.add_argument("--order", choices=["first", "second"], default="first")
     b.add_argument("--reps", type=int, default=3)
