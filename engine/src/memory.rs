@@ -68,9 +68,18 @@ pub fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
-/// Refuses a start whose estimated need exceeds what is available: the message gives both,
-/// what the estimate is made of, and the config keys (`keys`) that lower it.
-pub fn check_fits(what: &str, need: MemoryNeed, keys: &str) -> Result<(), RunError> {
+/// Refuses a start on the CPU backend whose estimated need exceeds what is available: the
+/// message gives both, what the estimate is made of, and the config keys (`keys`) that lower
+/// it. On other devices nothing is checked (their memory is not read).
+pub fn check_fits(
+    device: &burn::tensor::Device,
+    what: &str,
+    need: MemoryNeed,
+    keys: &str,
+) -> Result<(), RunError> {
+    if *device != burn::tensor::Device::flex() {
+        return Ok(());
+    }
     let Some((avail, source)) = available() else { return Ok(()) };
     if need.total() <= avail {
         return Ok(());

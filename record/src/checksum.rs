@@ -1,6 +1,6 @@
 //! Checkpoint checksums: every checkpoint folder carries `checksums.json`, the size and
-//! SHA-256 of each of its files, written after the files and checked before the folder
-//! replaces the last checkpoint and before a resume loads it. A checkpoint that does not
+//! SHA-256 of each of its files as read back from disk, written after the files, and checked
+//! before a resume loads the folder (and before a swap keeps the one it replaces). A checkpoint that does not
 //! verify (a file cut short by a full disk, a copy interrupted, a flipped byte) is never
 //! loaded; `--resume` falls back to the one before it ([`choose_checkpoint`]).
 

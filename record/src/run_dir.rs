@@ -170,11 +170,11 @@ impl RunDir {
         }
     }
 
-    /// Writes a checkpoint folder with `fill` into `checkpoint.tmp`, adds its checksums and
-    /// verifies it, then swaps it in for `checkpoint`. The checkpoint it replaces becomes
+    /// Writes a checkpoint folder with `fill` into `checkpoint.tmp`, adds the checksums of its
+    /// files as read back, then swaps it in for `checkpoint`. The checkpoint it replaces becomes
     /// `checkpoint.prev` if it verifies (else it is dropped and `checkpoint.prev` stays), so
-    /// that one damaged checkpoint never leaves a run without a good one. A fill that fails,
-    /// or a folder that does not verify, leaves both as they were.
+    /// that one damaged checkpoint never leaves a run without a good one. A fill or a read-back
+    /// that fails leaves both as they were.
     pub fn replace_checkpoint<E: From<RecordError>>(
         &self,
         fill: impl FnOnce(&Path) -> Result<(), E>,
@@ -185,11 +185,9 @@ impl RunDir {
         remove_dir_if_any(&tmp)?;
         fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
         fill(&tmp)?;
+        // The checksums are taken from the files read back from disk: a part that did not
+        // reach the disk whole fails here, before anything is swapped.
         write_checksums(&tmp)?;
-        verify_checkpoint(&tmp).map_err(|reason| RecordError::Decode {
-            path: tmp.clone(),
-            message: format!("the checkpoint just written does not verify: {reason}"),
-        })?;
         if dest.exists() {
             if verify_checkpoint(&dest).is_ok() {
                 remove_dir_if_any(&prev)?;

@@ -291,11 +291,9 @@ pub fn prepare_train<'a>(
     }
     let ad = device.clone().autodiff();
     let shape = eval_shape(cfg, &train_set);
-    if *device == Device::flex() {
-        let need = crate::memory::eval_need(cfg, &shape, genotype);
-        let keys = "train.batch_size, model.init_channels or model.layers";
-        qdarts_engine::memory::check_fits("the network", need, keys)?;
-    }
+    let need = crate::memory::eval_need(cfg, &shape, genotype);
+    let keys = "train.batch_size, model.init_channels or model.layers";
+    qdarts_engine::memory::check_fits(device, "the network", need, keys)?;
     let net = seeded(&ad, cfg.seed, || EvalNetwork::new(&shape, genotype, &cfg.quant, &ad))?;
     let optim = Sgd::new(t.momentum, t.weight_decay);
     let plan = Plan {

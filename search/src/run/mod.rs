@@ -313,12 +313,10 @@ pub fn prepare_search<'a>(
     }
     let ad = device.clone().autodiff();
     let shape = net_shape(cfg, &set);
-    if *device == Device::flex() {
-        let need = crate::memory::supernet_need(cfg, &shape, (set.height, set.width));
-        let keys = "search.batch_size, model.init_channels, model.layers or model.nodes \
-                    (or raise model.partial_channels)";
-        check_fits("the supernet", need, keys)?;
-    }
+    let need = crate::memory::supernet_need(cfg, &shape, (set.height, set.width));
+    let keys = "search.batch_size, model.init_channels, model.layers or model.nodes \
+                (or raise model.partial_channels)";
+    check_fits(device, "the supernet", need, keys)?;
     // The backend's generator is process-wide: hold it from seeding to the last random
     // initial value, so that two searches in one process (tests) cannot interleave draws.
     let (net, alphas) = seeded(&ad, cfg.seed, || {
