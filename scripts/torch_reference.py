@@ -657,14 +657,14 @@ def search_step(net, alphas, train, val, spec, velocity, arch_grad=None):
     return first, {k: v.detach() for k, v in a.items()}, loss.detach()
 
 
-def fixture(inputs, out):
+def fixture(inputs, out, device="cpu"):
     spec = json.load(open(os.path.join(inputs, "spec.json")))
     net = build(spec)
-    sd = load_file(os.path.join(inputs, "net.safetensors"))
+    sd = load_file(os.path.join(inputs, "net.safetensors"), device=device)
     net.load(sd)
-    alphas = load_file(os.path.join(inputs, "alphas.safetensors"))
-    velocity = load_file(os.path.join(inputs, "velocity.safetensors"))
-    b = load_file(os.path.join(inputs, "batches.safetensors"))
+    alphas = load_file(os.path.join(inputs, "alphas.safetensors"), device=device)
+    velocity = load_file(os.path.join(inputs, "velocity.safetensors"), device=device)
+    b = load_file(os.path.join(inputs, "batches.safetensors"), device=device)
     train, val = (b["train_x"], b["train_y"]), (b["val_x"], b["val_y"])
     res = {}
     d, h = second_order(net, alphas, train, val, spec["lr"], velocity, spec["w_momentum"], spec["w_weight_decay"])
@@ -683,19 +683,33 @@ def fixture(inputs, out):
     for f in ("spec.json", "net.safetensors", "alphas.safetensors", "velocity.safetensors", "batches.safetensors"):
         if os.path.abspath(os.path.join(inputs, f)) != os.path.abspath(os.path.join(out, f)):
             shutil.copyfile(os.path.join(inputs, f), os.path.join(out, f))
-    save_file({k: v.contiguous().float() for k, v in res.items()}, os.path.join(out, "expected.safetensors"),
-              metadata={"torch": torch.__version__, "generator": "scripts/torch_reference.py"})
+    meta = {"torch": torch.__version__, "generator": "scripts/torch_reference.py", "device": device}
+    if device.startswith("cuda"):
+        # PyTorch's defaults, recorded: convolutions through cuDNN may use TF32, matrix products not.
+        meta["cudnn_allow_tf32"] = str(torch.backends.cudnn.allow_tf32)
+        meta["matmul_allow_tf32"] = str(torch.backends.cuda.matmul.allow_tf32)
+        meta["gpu"] = torch.cuda.get_device_name()
+    save_file({k: v.contiguous().float().cpu() for k, v in res.items()}, os.path.join(out, "expected.safetensors"),
+              metadata=meta)
     return res
 
 
 def cmd_fixtures(args):
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            sys.exit(f"--device {args.device}: this PyTorch ({torch.__version__}) sees no CUDA GPU")
+        if args.no_tf32:
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+    # Every tensor the step makes lands on the device.
+    torch.set_default_device(args.device)
     names = sorted(d for d in os.listdir(args.inputs) if os.path.isfile(os.path.join(args.inputs, d, "spec.json")))
     if not names:
         sys.exit(f"{args.inputs}: no fixture folders (spec.json) found; write them with `qdarts dump-step`")
     for name in names:
-        res = fixture(os.path.join(args.inputs, name), os.path.join(args.out, name))
+        res = fixture(os.path.join(args.inputs, name), os.path.join(args.out, name), args.device)
         print(f"{name}: {len(res)} tensors, loss {res['loss'].item():.6f} (torch {torch.__version__})")
 
 
@@ -809,6 +823,9 @@ def main():
     f = sub.add_parser("fixtures", help="the reference outputs of qdarts' dumped search steps")
     f.add_argument("--out", required=True)
     f.add_argument("--inputs", default=DEFAULT_INPUTS)
+    f.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N: the same step on that GPU (PyTorch's TF32 defaults)")
+    f.add_argument("--no-tf32", action="store_true", help="on a GPU, full float32 everywhere")
     b = sub.add_parser("bench", help="seconds per search step of the same supernet")
     b.add_argument("--layers", type=int, default=8)
     b.add_argument("--init-channels", type=int, default=16)
