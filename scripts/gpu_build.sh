@@ -2,13 +2,15 @@
 # Builds, on a machine with cargo, what scripts/gpu_check.sh runs on a machine with an NVIDIA
 # GPU (which needs no Rust toolchain): one folder to carry there.
 #
-# usage: scripts/gpu_build.sh [--out DIR] [--tch] [--debs] [--no-tests]
+# usage: scripts/gpu_build.sh [--out DIR] [--tch] [--tch-torch VERSION] [--debs] [--no-tests]
 #   DIR (--out): the folder to write (default .gpu, ignored by git):
 #     qdarts          release binary with flex, wgpu and cuda (cuda through NVRTC: see
 #                     vendor/README.md), stripped;
 #     golden-*, fused-*  the golden-vector and fused-kernel test executables of the same build;
 #     qdarts-tch      with --tch: the LibTorch build (scripts/setup_torch.sh); it runs where the
-#                     same PyTorch's libraries are found (LD_LIBRARY_PATH);
+#                     same PyTorch's libraries are found (LD_LIBRARY_PATH), whose version
+#                     qdarts-tch.torch records; --tch-torch VERSION builds it against that
+#                     PyTorch instead of the pinned one (the GPU machine's own, e.g. 2.11.0);
 #     debs/           with --debs: Debian's Vulkan loader packages, which gpu_check.sh unpacks
 #                     on a machine that has the NVIDIA driver but no loader.
 #   --no-tests: leave the test executables out (smaller, when the carry limit is tight).
@@ -19,16 +21,19 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-out=.gpu tch=0 debs=0 tests=1
+out=.gpu tch=0 debs=0 tests=1 torch_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out)
       [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_build.sh: --out needs a folder" >&2; exit 2; }
       out="$2"; shift 2 ;;
     --tch) tch=1; shift ;;
+    --tch-torch)
+      [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_build.sh: --tch-torch needs a version" >&2; exit 2; }
+      tch=1; torch_args=(--torch "$2"); shift 2 ;;
     --debs) debs=1; shift ;;
     --no-tests) tests=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,10 +67,11 @@ fi
 
 if [ "$tch" = 1 ]; then
   echo "== qdarts with LibTorch (tch)" >&2
-  eval "$(bash scripts/setup_torch.sh)"
+  eval "$(bash scripts/setup_torch.sh "${torch_args[@]}")"
   cargo build --release --features tch
   install -m 755 "$target/release/qdarts" "$out/qdarts-tch"
   strip "$out/qdarts-tch"
+  python -c 'import torch; print(torch.__version__.split("+")[0])' > "$out/qdarts-tch.torch"
 fi
 
 if [ "$debs" = 1 ]; then
@@ -77,7 +83,7 @@ if [ "$debs" = 1 ]; then
 fi
 
 for f in "$out"/*; do
-  [ -f "$f" ] && [ -x "$f" ] && xz -T0 -6 -f "$f"
+  [ -f "$f" ] && [ -x "$f" ] && [[ "$f" != *.xz ]] && xz -T0 -6 -f "$f"
 done
 du -ah "$out" | sort -k2 >&2
 echo "gpu_build.sh: carry $out (scripts/gpu_check.sh --artefacts $out)" >&2

@@ -4,9 +4,12 @@
 #
 #   eval "$(bash scripts/setup_torch.sh)" && cargo build --release --features tch
 #
-# usage: scripts/setup_torch.sh [--venv DIR] [--check]
+# usage: scripts/setup_torch.sh [--venv DIR] [--torch VERSION] [--check]
 #   DIR:     where the venv lives (default $QDARTS_TORCH_VENV, else
 #            ~/.cache/qdarts/torch-<version>); an existing venv with the right PyTorch is reused.
+#   VERSION: another PyTorch than the pinned one, to build a binary for a machine that has
+#            that one (a GPU machine's own PyTorch): the build then skips torch-sys' version
+#            check (LIBTORCH_BYPASS_VERSION_CHECK=1). Tested with 2.11.0 only.
 #   --check: make nothing; exit 1 (with the reason) unless DIR already holds that PyTorch.
 # Everything but the export lines goes to standard error, so `eval` sees only them.
 # The pinned version is scripts/requirements-tch.txt's (torch-sys 0.22 wants exactly 2.9.0).
@@ -16,19 +19,32 @@ here="$(cd "$(dirname "$0")" && pwd)"
 req="$here/requirements-tch.txt"
 version="$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' "$req")"
 [ -n "$version" ] || { echo "setup_torch.sh: no torch==X line in $req" >&2; exit 2; }
-venv="${QDARTS_TORCH_VENV:-$HOME/.cache/qdarts/torch-$version}"
+pinned="$version"
+venv="${QDARTS_TORCH_VENV:-}"
 check=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --venv)
       [ $# -ge 2 ] || { echo "setup_torch.sh: --venv needs a folder" >&2; exit 2; }
       venv="$2"; shift 2 ;;
+    --torch)
+      [ $# -ge 2 ] && [[ "$2" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+        { echo "setup_torch.sh: --torch needs a version such as 2.11.0" >&2; exit 2; }
+      version="$2"; shift 2 ;;
     --check) check=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0" >&2; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" >&2; exit 0 ;;
     *) echo "setup_torch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[ -n "$venv" ] || venv="$HOME/.cache/qdarts/torch-$version"
 case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
+if [ "$version" != "$pinned" ]; then
+  # The pinned file with only its torch line changed: the stamp below then tells the two apart.
+  other="$(mktemp)"
+  trap 'rm -f "$other"' EXIT
+  sed "s/^torch==.*/torch==$version/" "$req" > "$other"
+  req="$other"
+fi
 
 # Ready means: pip finished installing this requirements file there (its copy is the stamp),
 # and its Python imports torch at exactly the pinned version. A venv left half-installed by an
@@ -60,4 +76,9 @@ echo "setup_torch.sh: PyTorch $version in $venv" >&2
 printf 'export VIRTUAL_ENV=%q\n' "$venv"
 printf 'export PATH=%q:"$PATH"\n' "$venv/bin"
 printf 'export LIBTORCH_USE_PYTORCH=1\n'
+if [ "$version" != "$pinned" ]; then
+  printf 'export LIBTORCH_BYPASS_VERSION_CHECK=1\n'
+else
+  printf 'unset LIBTORCH_BYPASS_VERSION_CHECK\n'
+fi
 printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$lib"
