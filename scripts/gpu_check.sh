@@ -4,18 +4,22 @@
 # the machine with the NVIDIA GPU, and run this there from the repository root:
 #
 #   scripts/gpu_check.sh [--artefacts DIR] [--backends LIST] [--python PY] [--out DIR]
-#                        [--reps N] [--epochs N] [--limit N] [--batch B] [--layers L]
-#                        [--init-channels C] [--dry-run]
+#                        [--reps N] [--rounds R] [--epochs N] [--limit N] [--batch B] [--layers L]
+#                        [--init-channels C] [--step-timeout S] [--skip LIST] [--dry-run]
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
 #        one binary), optionally qdarts-tch (LibTorch) and the test executables golden-*/fused-*.
 #   LIST: comma-separated, of cuda, wgpu, tch (default: all three).
 #   PY:  a Python with torch (CUDA build on a GPU), numpy and safetensors (default: python3).
 #   --out DIR: logs, CSVs and the table (default: a new folder under results/).
 #   --reps N: timed steps per row (default 3, after one warm-up).
+#   --rounds R: timed rounds, PyTorch and each backend interleaved (default 3); each ratio is
+#        the median of the per-round ratios, with their min..max.
 #   --epochs N: epochs of the short default search per backend (default 1).
 #   --limit N: training images of that search (default: the default experiment's 1280).
 #   --batch/--layers/--init-channels: the search-step shape (default DARTS': 64, 8, 16; 4 nodes,
 #        3x32x32), the same on both sides.
+#   --step-timeout S: stop any one step after S seconds and count it failed (default 900).
+#   --skip LIST: comma-separated steps left out, of tests, parity, search, quant, step, torch.
 #   --dry-run: print the commands, run none.
 #
 # Per backend it runs: the golden-vector and fused-kernel tests (the carried test executables,
@@ -31,7 +35,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 artefacts=.gpu backends=cuda,wgpu,tch python=python3 out="" reps=3 epochs=1 limit=""
-batch=64 layers=8 channels=16 dry=0
+batch=64 layers=8 channels=16 dry=0 step_timeout=900 skip="" rounds=3
 
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
@@ -44,12 +48,15 @@ while [ $# -gt 0 ]; do
     --out) need "$@"; out="$2"; shift 2 ;;
     --reps) need "$@"; posint "$1" "$2"; reps="$2"; shift 2 ;;
     --epochs) need "$@"; posint "$1" "$2"; epochs="$2"; shift 2 ;;
+    --rounds) need "$@"; posint "$1" "$2"; rounds="$2"; shift 2 ;;
     --limit) need "$@"; posint "$1" "$2"; limit="$2"; shift 2 ;;
     --batch) need "$@"; posint "$1" "$2"; batch="$2"; shift 2 ;;
     --layers) need "$@"; posint "$1" "$2"; layers="$2"; shift 2 ;;
     --init-channels) need "$@"; posint "$1" "$2"; channels="$2"; shift 2 ;;
+    --step-timeout) need "$@"; posint "$1" "$2"; step_timeout="$2"; shift 2 ;;
+    --skip) need "$@"; skip="$2"; shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -60,6 +67,12 @@ IFS=, read -r -a list <<< "$backends"
 for b in "${list[@]}"; do
   case "$b" in cuda|wgpu|tch) ;; *) die "--backends: '$b' is none of cuda, wgpu, tch" ;; esac
 done
+IFS=, read -r -a skips <<< "$skip"
+for k in "${skips[@]}"; do
+  case "$k" in tests|parity|search|quant|step|torch) ;;
+    *) die "--skip: '$k' is none of tests, parity, search, quant, step, torch" ;; esac
+done
+wanted() { [[ ",$skip," != *",$1,"* ]]; }
 [ -d "$artefacts" ] || die "$artefacts: no such folder (make it with scripts/gpu_build.sh)"
 # gpu_build.sh carries the executables xz-compressed: unpack them beside the results (with
 # Python's lzma, which every Python has, where xz itself may be missing).
@@ -74,6 +87,9 @@ if compgen -G "$artefacts/*.xz" >/dev/null; then
 with lzma.open(sys.argv[1]) as a, open(sys.argv[2], "wb") as b:
     shutil.copyfileobj(a, b)' "$f" "$unpacked/$name" || die "cannot unpack $f"
       chmod +x "$unpacked/$name"
+    done
+    for f in "$artefacts"/*; do
+      [ -f "$f" ] && [[ "$f" != *.xz ]] && cp "$f" "$unpacked/"
     done
     [ -d "$artefacts/debs" ] && ln -sfn "$(cd "$artefacts/debs" && pwd)" "$unpacked/debs"
   fi
@@ -105,8 +121,9 @@ run() {  # run NAME CMD...: logs to $out/NAME.log, records the exit code and the
   fi
   local t0 t1 rc
   t0=$(date +%s.%N)
-  "$@" > "$out/$name.log" 2>&1
+  timeout --kill-after=10 "$step_timeout" "$@" > "$out/$name.log" 2>&1
   rc=$?
+  [ "$rc" = 124 ] && echo "gpu_check.sh: stopped after $step_timeout s (--step-timeout)" >> "$out/$name.log"
   t1=$(date +%s.%N)
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(awk "BEGIN { print $t1 - $t0 }")" >> "$out/steps.tsv"
   if [ "$rc" = 0 ]; then echo "  ok    $name" >&2; else echo "  FAIL  $name (exit $rc, $out/$name.log)" >&2; fi
@@ -139,11 +156,47 @@ if [ -n "$gpu" ] && [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/shar
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
 
+# The cuda backend compiles its kernels at run time with NVRTC, against the CUDA toolkit's
+# headers: CubeCL looks for them under $CUDA_PATH, else /usr/local/cuda. NVRTC (libnvrtc.so)
+# comes with the toolkit, not the driver: where the loader does not find it, the toolkit's
+# lib64 or the pip wheels of the chosen Python (nvidia-cuda-nvrtc) are added to its path.
+if [ "$dry" = 0 ] && [ -n "$gpu" ]; then
+  if [ -z "${CUDA_PATH:-}" ]; then
+    for c in /usr/local/cuda /opt/cuda; do
+      [ -f "$c/include/cuda.h" ] && { export CUDA_PATH="$c"; break; }
+    done
+  fi
+  echo "cuda toolkit: ${CUDA_PATH:-not found (the cuda backend needs its headers: set CUDA_PATH)}" >> "$out/machine.txt"
+  if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
+    nvrtc="$(ls -d "${CUDA_PATH:-/nonexistent}"/lib64/libnvrtc.so* \
+      "$("$python" -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)"/nvidia/*/lib/libnvrtc.so* \
+      2>/dev/null | head -1)"
+    if [ -n "$nvrtc" ]; then
+      export LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "nvrtc: $nvrtc" >> "$out/machine.txt"
+    else
+      echo "nvrtc: not found (the cuda backend cannot compile kernels)" >> "$out/machine.txt"
+    fi
+  fi
+fi
+# qdarts-tch links LibTorch dynamically: the chosen Python's PyTorch provides it, and must be
+# the version it was built against (gpu_build.sh records it in qdarts-tch.torch).
+torchlib="$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)"
+tchenv=(env "LD_LIBRARY_PATH=$torchlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+if [ "$dry" = 0 ] && [ -x "$tchbin" ] && [ -f "${tchbin%-tch}-tch.torch" ]; then
+  built="$(cat "${tchbin%-tch}-tch.torch")"
+  have="$("$python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)"
+  if [ "$built" != "$have" ]; then
+    echo "gpu_check.sh: $tchbin was built against PyTorch $built, but $python has $have: tch skipped (gpu_build.sh --tch-torch $have builds a matching one)" >&2
+    mv "$tchbin" "$tchbin.mismatch"
+  fi
+fi
+
 failed=0
 # The carried test executables: every device of their build (flex, wgpu, cuda; tch for the
 # -tch ones). The cuda build's tests need a GPU: without one they are not run.
 for t in "$artefacts"/golden* "$artefacts"/fused*; do
-  [ -x "$t" ] || continue
+  [ -x "$t" ] && wanted tests || continue
   name="test-$(basename "$t")"
   if [ -z "$gpu" ] && [[ "$name" != *tch* ]]; then
     [ "$dry" = 1 ] || printf '%s\t%s\t%s\n' "$name" "skip" "0" >> "$out/steps.tsv"
@@ -153,6 +206,8 @@ for t in "$artefacts"/golden* "$artefacts"/fused*; do
 done
 
 shape=(--batch "$batch" --layers "$layers" --init-channels "$channels")
+# The backends that start, each as one line of its command prefix, for the timed rounds below.
+timed=()
 for b in "${list[@]}"; do
   exe="$bin" dev=()
   case "$b" in
@@ -187,26 +242,47 @@ for b in "${list[@]}"; do
     fi
     continue
   fi
-  run "$b-parity" "$exe" "${dev[@]}" parity || failed=1
-  run "$b-search" "$exe" "${dev[@]}" search --set "search.epochs=$epochs" \
-    ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
-  run "$b-quant" "$exe" "${dev[@]}" bench quant --reps "$reps" --csv "$out/quant-$b.csv" || failed=1
-  run "$b-step" "$exe" "${dev[@]}" bench search --shape darts "${shape[@]}" --reps "$reps" \
-    --csv "$out/step-$b.csv" || failed=1
+  pre=()
+  [ "$b" = tch ] && pre=("${tchenv[@]}")
+  if wanted parity; then run "$b-parity" "${pre[@]}" "$exe" "${dev[@]}" parity || failed=1; fi
+  if wanted search; then
+    run "$b-search" "${pre[@]}" "$exe" "${dev[@]}" search --set "search.epochs=$epochs" \
+      ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
+  fi
+  if wanted quant; then
+    run "$b-quant" "${pre[@]}" "$exe" "${dev[@]}" bench quant --reps "$reps" \
+      --csv "$out/quant-$b.csv" || failed=1
+  fi
+  timed+=("$b $(printf '%q ' "${pre[@]}" "$exe" "${dev[@]}")")
 done
 
-echo "== PyTorch eager on $torch_device" >&2
-for order in first second; do
-  for quant in float tensorrt; do
-    if [ "$dry" = 1 ]; then
-      printf '%q ' "$python" scripts/torch_reference.py bench --device "$torch_device" \
-        --order "$order" --quant "$quant" "${shape[@]}" --reps "$reps"; printf '\n'
-      continue
-    fi
-    run "torch-$order-$quant" "$python" scripts/torch_reference.py bench --device "$torch_device" \
-      --order "$order" --quant "$quant" "${shape[@]}" --reps "$reps" || failed=1
-    [ -s "$out/torch-$order-$quant.log" ] && tail -1 "$out/torch-$order-$quant.log" >> "$out/torch.jsonl"
-  done
+# The timed rows, interleaved: each round runs PyTorch's four cases, then every backend's, so
+# that a drift of the machine (clocks, another tenant) falls on both sides of each ratio.
+for r in $(seq 1 "$rounds"); do
+  if wanted torch; then
+    echo "== round $r: PyTorch eager on $torch_device" >&2
+    for order in first second; do
+      for quant in float tensorrt; do
+        cmd=("$python" scripts/torch_reference.py bench --device "$torch_device" \
+          --order "$order" --quant "$quant" "${shape[@]}" --reps "$reps")
+        if [ "$dry" = 1 ]; then printf '%q ' "${cmd[@]}"; printf '\n'; continue; fi
+        name="torch-$order-$quant-r$r"
+        run "$name" "${cmd[@]}" || failed=1
+        [ -s "$out/$name.log" ] && tail -1 "$out/$name.log" |
+          "$python" -c 'import json, sys; r = json.load(sys.stdin); r["round"] = int(sys.argv[1]); print(json.dumps(r))' "$r" \
+          >> "$out/torch.jsonl"
+      done
+    done
+  fi
+  if wanted step; then
+    for line in "${timed[@]}"; do
+      b="${line%% *}"
+      eval "cmd=(${line#* })"
+      echo "== round $r: $b" >&2
+      run "$b-step-r$r" "${cmd[@]}" bench search --shape darts "${shape[@]}" --reps "$reps" \
+        --csv "$out/step-$b-r$r.csv" || failed=1
+    done
+  fi
 done
 [ "$dry" = 1 ] && exit 0
 
@@ -232,7 +308,8 @@ for name in sorted(steps):
         if name.endswith("-search") and steps[name][0] == "0":
             extra = f", {steps[name][1]:.1f} s wall"
         print(f"| {name} | {status(name)}{extra} |")
-torch = {}
+import re, statistics
+torch = {}  # (order, quant) -> {round: row}
 path = os.path.join(out, "torch.jsonl")
 if os.path.exists(path):
     for line in open(path):
@@ -240,26 +317,43 @@ if os.path.exists(path):
             r = json.loads(line)
         except ValueError:
             continue
-        torch[(r["order"], r["quant"])] = r
-rows = []
+        torch.setdefault((r["order"], r["quant"]), {})[r.get("round", 1)] = r
+steps_by = {}  # (backend, order, quant) -> {round: row}
 for f in sorted(glob.glob(os.path.join(out, "step-*.csv"))):
+    m = re.search(r"-r(\d+)\.csv$", f)
+    rnd = int(m.group(1)) if m else 1
     for r in csv.DictReader(open(f)):
-        rows.append(r)
+        steps_by.setdefault((r["backend"], r["order"], r["quant"]), {})[rnd] = r
+def spread(xs, fmt):
+    xs = sorted(xs)
+    return f"{fmt(statistics.median(xs))} ({fmt(xs[0])}..{fmt(xs[-1])})" if xs else "-"
+s4 = lambda v: f"{v:.4f}"
 print()
-print("| backend | order | quant | s/step (min..max) | vs PyTorch eager | peak MiB |")
-print("|---|---|---|---|---|---|")
+print("Each figure: the median over the rounds (min..max); a ratio is the median of the per-round")
+print("ratios to PyTorch eager in the same round. Peak: the largest over the rounds.")
+print()
+print("| backend | order | quant | rounds | s/step | vs PyTorch eager | peak GPU MiB |")
+print("|---|---|---|---|---|---|---|")
 for key in sorted(torch):
-    t = torch[key]
-    peak = t.get("peak_gpu_mib", t.get("peak_rss_mib"))
-    what = "GPU, allocated" if "peak_gpu_mib" in t else "RSS"
-    print(f"| PyTorch {t['torch']} ({t['device']}) | {key[0]} | {key[1]} | "
-          f"{t['median_s']:.4f} ({t['min_s']:.4f}..{t['max_s']:.4f}) | 1.00 | {peak:.0f} ({what}) |")
-for r in rows:
-    t = torch.get((r["order"], r["quant"]))
-    ratio = f"{float(r['median_s']) / t['median_s']:.2f}x" if t else "-"
-    peak = f"{int(r['peak_bytes']) / 2**20:.0f}" if r["peak_bytes"] else "-"
-    print(f"| {r['backend']} | {r['order']} | {r['quant']} | {float(r['median_s']):.4f} "
-          f"({float(r['min_s']):.4f}..{float(r['max_s']):.4f}) | {ratio} | {peak} |")
+    rows = torch[key]
+    t = next(iter(rows.values()))
+    if "peak_gpu_mib" in t:
+        # Allocated, and reserved by the caching allocator: a CubeCL pool's size compares
+        # with the second.
+        peak = (f"{max(r['peak_gpu_mib'] for r in rows.values()):.0f} allocated, "
+                f"{max(r['peak_gpu_reserved_mib'] for r in rows.values()):.0f} reserved")
+    else:
+        peak = f"{max(r['peak_rss_mib'] for r in rows.values()):.0f} (RSS)"
+    print(f"| PyTorch {t['torch']} ({t['device']}) | {key[0]} | {key[1]} | {len(rows)} | "
+          f"{spread([r['median_s'] for r in rows.values()], s4)} | 1 | {peak} |")
+for (backend, order, quant), rows in sorted(steps_by.items()):
+    t = torch.get((order, quant), {})
+    ratios = [float(r["median_s"]) / t[k]["median_s"] for k, r in rows.items() if k in t]
+    peaks = [int(r["peak_bytes"]) for r in rows.values() if r["peak_bytes"]]
+    peak = f"{max(peaks) / 2**20:.0f} (pool)" if peaks else "-"
+    print(f"| {backend} | {order} | {quant} | {len(rows)} | "
+          f"{spread([float(r['median_s']) for r in rows.values()], s4)} | "
+          f"{spread(ratios, lambda v: f'{v:.2f}x')} | {peak} |")
 qrows = []
 for f in sorted(glob.glob(os.path.join(out, "quant-*.csv"))):
     qrows += list(csv.DictReader(open(f)))
