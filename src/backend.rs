@@ -147,8 +147,10 @@ impl Backend {
                 f.get_or_insert(msg);
             }
         }));
+        // An elementwise kernel, not only an allocation: cuda compiles its kernels at run time
+        // (NVRTC, the CUDA toolkit's headers), wgpu its shaders, and either can be missing.
         let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            burn::tensor::Tensor::<1>::zeros([1], &device).into_data()
+            (burn::tensor::Tensor::<1>::zeros([1], &device) + 1.0).into_data()
         }));
         std::panic::set_hook(hook);
         match probe {
@@ -166,8 +168,9 @@ impl Backend {
                          `mesa-vulkan-drivers`, runs wgpu on the CPU)"
                     }
                     Backend::Cuda => {
-                        " (needs an NVIDIA GPU and its driver, libcuda.so, which this machine \
-                         lacks or could not load)"
+                        " (needs an NVIDIA GPU and its driver, libcuda.so, and the CUDA \
+                         toolkit's NVRTC, libnvrtc.so, and headers, found through CUDA_PATH or \
+                         /usr/local/cuda)"
                     }
                     Backend::Tch => " (LibTorch's CUDA device needs an NVIDIA GPU and its driver)",
                     Backend::Flex => "",
