@@ -6,7 +6,8 @@
 #   DIR (--out): the folder to write (default .gpu, ignored by git):
 #     qdarts          release binary with flex, wgpu and cuda (cuda through NVRTC: see
 #                     vendor/README.md), stripped;
-#     golden-*, fused-*  the golden-vector and fused-kernel test executables of the same build;
+#     golden-*, fused-*, reduce-*  the golden-vector, fused-kernel and row-reduction test
+#                     executables of the same build;
 #     qdarts-tch      with --tch: the LibTorch build (scripts/setup_torch.sh); it runs where the
 #                     same PyTorch's libraries are found (LD_LIBRARY_PATH), whose version
 #                     qdarts-tch.torch records; --tch-torch VERSION builds it against that
@@ -48,7 +49,8 @@ strip "$out/qdarts"
 if [ "$tests" = 1 ]; then
   echo "== the golden and fused test executables (flex, wgpu, cuda)" >&2
   # Same profile and features as the binary, so the build is shared.
-  cargo test --release -p qdarts-ops --features wgpu,cuda --test golden --test fused --no-run \
+  cargo test --release -p qdarts-ops --features wgpu,cuda --test golden --test fused \
+    --test reduce --no-run \
     --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys

@@ -195,7 +195,7 @@ fi
 failed=0
 # The carried test executables: every device of their build (flex, wgpu, cuda; tch for the
 # -tch ones). The cuda build's tests need a GPU: without one they are not run.
-for t in "$artefacts"/golden* "$artefacts"/fused*; do
+for t in "$artefacts"/golden* "$artefacts"/fused* "$artefacts"/reduce*; do
   [ -x "$t" ] && wanted tests || continue
   name="test-$(basename "$t")"
   if [ -z "$gpu" ] && [[ "$name" != *tch* ]]; then

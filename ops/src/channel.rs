@@ -22,6 +22,8 @@ use burn::backend::{AutodiffBackend, TensorMetadata};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::{DType, Device, Tensor};
 
+use crate::reduce::row_mean;
+
 /// The per-channel primitives (see the module docs).
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
 pub trait ChannelBackend: Backend {
@@ -71,8 +73,8 @@ pub fn moments(x: Tensor<4>) -> (Tensor<1>, Tensor<1>) {
     } else {
         let [n, c, h, w] = x.dims();
         let rows = x.swap_dims(0, 1).reshape([c, n * h * w]);
-        let mean = rows.clone().mean_dim(1);
-        let var = rows.sub(mean.clone()).square().mean_dim(1);
+        let mean = row_mean(rows.clone()).reshape([c, 1]);
+        let var = row_mean(rows.sub(mean.clone()).square());
         Tensor::cat(vec![mean.reshape([1, c]), var.reshape([1, c])], 0)
     };
     (m.clone().slice([0..1, 0..c]).reshape([c]), m.slice([1..2, 0..c]).reshape([c]))

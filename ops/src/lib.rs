@@ -16,6 +16,7 @@ pub mod pointwise;
 pub mod pool;
 pub mod qconfig;
 pub mod quant;
+pub mod reduce;
 
 use burn::tensor::Device;
 

@@ -27,6 +27,7 @@ use super::kernel::{LearnableGrid, MIN_SCALE};
 use super::observer::{channel_rows, qparams_from_min_max};
 use super::spec::QuantSpec;
 use crate::candidates::QuantSites;
+use crate::reduce::{row_max, row_mean, row_min};
 
 /// Where an LSQ quantizer's parameters are in their initialisation.
 #[derive(Debug, Clone, Default)]
@@ -77,20 +78,12 @@ impl LsqParams {
     /// or the min/max grid (affine).
     fn initial<const D: usize>(spec: &QuantSpec, x: &Tensor<D>) -> (Tensor<1>, Tensor<1>) {
         let rows = channel_rows(x.clone().detach(), spec.granularity().axis());
-        let c = rows.dims()[0];
         if spec.is_symmetric() {
             let qp = spec.quant_range().1 as f32;
-            let s = rows
-                .abs()
-                .mean_dim(1)
-                .reshape([c])
-                .mul_scalar(2.0 / qp.sqrt())
-                .clamp_min(MIN_SCALE);
+            let s = row_mean(rows.abs()).mul_scalar(2.0 / qp.sqrt()).clamp_min(MIN_SCALE);
             (s.clone(), s.zeros_like())
         } else {
-            let lo = rows.clone().min_dim(1).reshape([c]);
-            let hi = rows.max_dim(1).reshape([c]);
-            qparams_from_min_max(lo, hi, spec)
+            qparams_from_min_max(row_min(rows.clone()), row_max(rows), spec)
         }
     }
 

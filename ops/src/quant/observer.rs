@@ -17,6 +17,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::kernel::{Grid, MIN_SCALE};
 use super::spec::{ObserverKind, QuantSpec};
+use crate::reduce::{row_max, row_min};
 
 /// Flattens `x` to `[C, rest]` along `axis` (or `[1, numel]` per tensor).
 pub fn channel_rows<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<2> {
@@ -33,15 +34,12 @@ pub fn channel_rows<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor
 
 /// Per-channel (or per-tensor) max |x|, shape `[C]` (or `[1]`).
 pub fn abs_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<1> {
-    let rows = channel_rows(x.detach(), axis);
-    let c = rows.dims()[0];
-    rows.abs().max_dim(1).reshape([c])
+    row_max(channel_rows(x.detach(), axis).abs())
 }
 
 fn min_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> (Tensor<1>, Tensor<1>) {
     let rows = channel_rows(x.detach(), axis);
-    let c = rows.dims()[0];
-    (rows.clone().min_dim(1).reshape([c]), rows.max_dim(1).reshape([c]))
+    (row_min(rows.clone()), row_max(rows))
 }
 
 /// torch.ao `_calculate_qparams`: scale and zero point from a min and a max.
