@@ -1,6 +1,7 @@
 //! Element loops shared by the flex kernels (`depthwise`, `channel`), written so that LLVM
 //! vectorizes them (independent lanes, no reassociation needed), and the per-plane parallel
-//! loop they run under.
+//! loop they run under; and the two device tests that decide which of this crate's kernels
+//! run (flex's, or the CubeCL runtimes').
 
 use burn::tensor::{DType, Device};
 
@@ -14,6 +15,19 @@ pub(crate) fn on_flex_f32(device: &Device, dtype: DType) -> bool {
     #[cfg(not(feature = "flex"))]
     {
         let _ = (device, dtype);
+        false
+    }
+}
+
+/// Whether `device` is one of Burn's CubeCL runtimes (wgpu, cuda), with the `cube` feature.
+pub(crate) fn on_cube(device: &Device) -> bool {
+    #[cfg(feature = "cube")]
+    {
+        matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::Cube(_))
+    }
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = device;
         false
     }
 }

@@ -12,7 +12,9 @@
 //! which changes last bits only where the order was not PyTorch's to begin with. Flex and
 //! LibTorch keep the one-pass reduction.
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Tensor;
+
+use crate::lanes::on_cube;
 
 /// Rows shorter than this are reduced in one pass everywhere.
 const SPLIT_FROM: usize = 4096;
@@ -21,7 +23,7 @@ const SPLIT_FROM: usize = 4096;
 enum Op {
     Max,
     Min,
-    Sum,
+    Mean,
 }
 
 /// Per-row maximum of `[R, L]`: `[R]`.
@@ -36,35 +38,18 @@ pub fn row_min(rows: Tensor<2>) -> Tensor<1> {
 
 /// Per-row mean of `[R, L]`: `[R]`.
 pub fn row_mean(rows: Tensor<2>) -> Tensor<1> {
-    let [r, l] = rows.dims();
-    if !split(&rows) {
-        return rows.mean_dim(1).reshape([r]);
-    }
-    reduce(rows, Op::Sum).div_scalar(l as f32)
-}
-
-/// Whether `rows` is reduced in two stages (see the module docs).
-fn split(rows: &Tensor<2>) -> bool {
-    rows.dims()[1] >= SPLIT_FROM && one_thread_per_output(&rows.device())
-}
-
-/// Whether reductions on `device` run one thread per output (Burn's CubeCL backends).
-fn one_thread_per_output(device: &Device) -> bool {
-    #[cfg(feature = "cube")]
-    {
-        matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::Cube(_))
-    }
-    #[cfg(not(feature = "cube"))]
-    {
-        let _ = device;
-        false
-    }
+    reduce(rows, Op::Mean)
 }
 
 fn reduce(rows: Tensor<2>, op: Op) -> Tensor<1> {
     let [r, l] = rows.dims();
-    if !split(&rows) {
-        return along::<2>(rows, 1, op).reshape([r]);
+    if l < SPLIT_FROM || !on_cube(&rows.device()) {
+        let one = match op {
+            Op::Max => rows.max_dim(1),
+            Op::Min => rows.min_dim(1),
+            Op::Mean => rows.mean_dim(1),
+        };
+        return one.reshape([r]);
     }
     let k = (l as f64).sqrt() as usize;
     let m = l / k;
@@ -76,16 +61,20 @@ fn reduce(rows: Tensor<2>, op: Op) -> Tensor<1> {
         out = match op {
             Op::Max => out.max_pair(tail),
             Op::Min => out.min_pair(tail),
-            Op::Sum => out.add(tail),
+            Op::Mean => out.add(tail),
         };
     }
-    out
+    match op {
+        Op::Mean => out.div_scalar(l as f32),
+        _ => out,
+    }
 }
 
+/// One stage of the split reduction; a mean's stages sum, and [`reduce`] divides once.
 fn along<const D: usize>(x: Tensor<D>, dim: usize, op: Op) -> Tensor<D> {
     match op {
         Op::Max => x.max_dim(dim),
         Op::Min => x.min_dim(dim),
-        Op::Sum => x.sum_dim(dim),
+        Op::Mean => x.sum_dim(dim),
     }
 }

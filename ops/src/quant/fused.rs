@@ -93,12 +93,7 @@ pub fn fused_available(device: &Device, dtype: DType) -> bool {
     {
         native |= *device == Device::flex();
     }
-    #[cfg(feature = "cube")]
-    {
-        native |=
-            matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::Cube(_));
-    }
-    native
+    native || crate::lanes::on_cube(device)
 }
 
 /// Fused fake quantization of `x` on `grid` with the straight-through gradient. The grid
