@@ -49,7 +49,7 @@ strip "$out/qdarts"
 if [ "$tests" = 1 ]; then
   echo "== the golden and fused test executables (flex, wgpu, cuda)" >&2
   # Same profile and features as the binary, so the build is shared.
-  cargo test --release -p qdarts-ops --features wgpu,cuda --test golden --test fused \
+  cargo test --release -p qdarts-ops -p qdarts-kernels --features wgpu,cuda --test golden --test fused \
     --test reduce --no-run \
     --message-format=json 2>/dev/null |
     python3 -c '

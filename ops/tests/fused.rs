@@ -3,8 +3,8 @@
 //! and non-contiguous inputs. (The golden vectors run both against PyTorch and Paddle.)
 
 use burn::tensor::{DType, Device, Tensor};
-use qdarts_ops::quant::fused::{fake_quant_fused, fused_available};
 use qdarts_ops::quant::{Grid, RoundMode, fake_quant};
+use qdarts_ops::quant::{fake_quant_fused, fused_available};
 
 mod common;
 use common::{devices, fused_devices, has_fused};

@@ -317,7 +317,7 @@ fn run_case(name: &str, v: &Value, imp: FakeQuantImpl) -> Check {
 fn every_golden_vector_matches_its_reference() {
     for (name, dev) in devices() {
         assert_eq!(
-            qdarts_ops::quant::fused::fused_available(&dev, burn::tensor::DType::F32),
+            qdarts_ops::quant::fused_available(&dev, burn::tensor::DType::F32),
             has_fused(name),
             "the fused kernel must be compiled in for {name}, or half of this test proves nothing"
         );
@@ -343,7 +343,7 @@ fn every_golden_vector_matches_its_reference() {
     }
     for (dev_name, dev, imp, path) in runs {
         DEVICE.with(|d| *d.borrow_mut() = dev.clone());
-        qdarts_ops::quant::kernel::set_default_impl(imp);
+        qdarts_ops::quant::fake_quant::set_default_impl(imp);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         WORST.with(|c| c.set(0.0));
         let result = std::fs::read_to_string(path)

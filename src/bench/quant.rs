@@ -117,7 +117,7 @@ pub fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec
         };
         let (grid, grid_ad) = (grid_on(device), grid_on(&ad));
         // A backend without the fused kernel would time the composite twice: leave it out.
-        let imps = if qdarts_ops::quant::fused::fused_available(device, DType::F32) {
+        let imps = if qdarts_ops::quant::fused_available(device, DType::F32) {
             vec![FakeQuantImpl::Composite, FakeQuantImpl::Fused]
         } else {
             vec![FakeQuantImpl::Composite]

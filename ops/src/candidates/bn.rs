@@ -17,9 +17,9 @@ use burn::tensor::Tensor;
 
 use super::common::{Ctx, QuantSites};
 use super::conv::Bias;
-use crate::channel::{affine, moments};
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
+use qdarts_kernels::batch_norm::{affine, moments};
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;

@@ -6,9 +6,9 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, QuantSites};
-use crate::depthwise::conv2d;
 use crate::qconfig::Site;
 use crate::quant::{BitMix, FakeQuantizer, Grid, RoundMode, SpecError};
+use qdarts_kernels::depthwise_conv::conv2d;
 
 /// The geometry of a convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,9 +18,9 @@ use qdarts_genotypes::Primitive;
 
 use super::CandidateOp;
 use super::common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, sites};
-use crate::pool::max_pool2d;
 use crate::qconfig::{QuantConfig, Site};
 use crate::quant::{FakeQuantizer, SpecError};
+use qdarts_kernels::pool2d::max_pool2d;
 
 /// A weighted sum of candidate ops.
 #[derive(Module, Debug)]

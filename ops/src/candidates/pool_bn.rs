@@ -12,10 +12,10 @@ use burn::tensor::Tensor;
 use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::Bias;
-use crate::pool::{avg_pool2d, max_pool2d};
 use crate::qconfig::Site;
-use crate::quant::kernel::broadcast_param;
+use crate::quant::fake_quant::broadcast_param;
 use crate::quant::{FakeQuantizer, SpecError, round_with};
+use qdarts_kernels::pool2d::{avg_pool2d, max_pool2d};
 
 /// Which pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use burn::tensor::{Bool, Tensor};
 
-use super::kernel::{Grid, quantize};
+use super::fake_quant::{Grid, quantize};
 
 /// What a quantizer does with its rounding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

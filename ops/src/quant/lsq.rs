@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{Device, Tensor};
 
-use super::kernel::{LearnableGrid, MIN_SCALE};
+use super::fake_quant::{LearnableGrid, MIN_SCALE};
 use super::observer::{channel_rows, qparams_from_min_max};
 use super::spec::QuantSpec;
 use crate::candidates::QuantSites;
-use crate::reduce::{row_max, row_mean, row_min};
+use qdarts_kernels::reduce::{row_max, row_mean, row_min};
 
 /// Where an LSQ quantizer's parameters are in their initialisation.
 #[derive(Debug, Clone, Default)]

@@ -1,11 +1,10 @@
-//! The quantization core: specs, observers, fake-quant kernels with straight-through gradients,
-//! LSQ, and error statistics.
+//! The quantization core: specs, observers, fake quantization with straight-through gradients
+//! (composite, or the fused kernel), LSQ, and error statistics.
 
 pub mod bitmix;
 pub mod error;
-pub mod fused;
+pub mod fake_quant;
 pub mod hold;
-pub mod kernel;
 pub mod lsq;
 pub mod observer;
 mod observer_kind;
@@ -15,11 +14,11 @@ pub mod stats;
 
 pub use bitmix::BitMix;
 pub use error::SpecError;
-pub use hold::HoldMode;
-pub use kernel::{
-    FakeQuantImpl, Grid, LearnableGrid, Quantized, fake_quant, fake_quant_learnable,
-    fake_quant_ste, fake_quant_with, quantize, round_with,
+pub use fake_quant::{
+    FakeQuantImpl, Grid, LearnableGrid, Quantized, fake_quant, fake_quant_fused,
+    fake_quant_learnable, fake_quant_ste, fake_quant_with, fused_available, quantize, round_with,
 };
+pub use hold::HoldMode;
 pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
 pub use stats::{QuantStats, TensorRole};

@@ -15,9 +15,9 @@
 use burn::module::{Module, RunningState};
 use burn::tensor::{Device, Tensor};
 
-use super::kernel::{Grid, MIN_SCALE};
+use super::fake_quant::{Grid, MIN_SCALE};
 use super::spec::{ObserverKind, QuantSpec};
-use crate::reduce::{row_max, row_min};
+use qdarts_kernels::reduce::{row_max, row_min};
 
 /// Flattens `x` to `[C, rest]` along `axis` (or `[1, numel]` per tensor).
 pub fn channel_rows<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<2> {

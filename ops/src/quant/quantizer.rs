@@ -8,8 +8,8 @@ use burn::module::{Flag, Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::error::SpecError;
+use super::fake_quant::{self, Grid, Quantized};
 use super::hold::{Hold, HoldMode};
-use super::kernel::{self, Grid, Quantized};
 use super::lsq::LsqParams;
 use super::observer::ObserverState;
 use super::spec::{ObserverKind, QuantSpec};
@@ -143,12 +143,12 @@ impl FakeQuantizer {
         let (out, qz, grid) = match &self.lsq {
             Some(lsq) => {
                 let lg = lsq.grid(&self.spec, &x, self.channels);
-                let (out, qz) = kernel::fake_quant_learnable(x.clone(), &lg);
+                let (out, qz) = fake_quant::fake_quant_learnable(x.clone(), &lg);
                 (out, Some(qz), lg.forward_grid())
             }
             None => {
                 let grid = self.observe(&x, update);
-                (kernel::fake_quant_ste(x.clone(), &grid), None, grid)
+                (fake_quant::fake_quant_ste(x.clone(), &grid), None, grid)
             }
         };
         self.monitor.record(&x, &out, qz.as_ref(), &grid);
@@ -157,7 +157,7 @@ impl FakeQuantizer {
     }
 
     /// Fake-quantizes the sum of `xs` as an integer add does: each operand rescaled onto this
-    /// quantizer's grid on its own, then added (see [`kernel::fake_quant_sum`]). The observer
+    /// quantizer's grid on its own, then added (see [`fake_quant::fake_quant_sum`]). The observer
     /// sees the float sum. LSQ quantizers quantize the float sum, to keep their step gradient.
     ///
     /// # Panics
@@ -176,7 +176,7 @@ impl FakeQuantizer {
             return held;
         }
         let grid = self.observe(&sum, self.training.is_enabled());
-        let (out, qz) = kernel::fake_quant_sum(&xs, &grid);
+        let (out, qz) = fake_quant::fake_quant_sum(&xs, &grid);
         self.monitor.record(&sum, &out, Some(&qz), &grid);
         self.hold.record(&sum, &out, &grid);
         (out, grid)
@@ -248,7 +248,7 @@ impl FakeQuantizer {
             Some(lsq) => lsq.grid(&self.spec, &x, self.channels).forward_grid(),
             None => self.observe(&x, self.training.is_enabled()),
         };
-        let Quantized { q, .. } = kernel::quantize(x, &grid);
+        let Quantized { q, .. } = fake_quant::quantize(x, &grid);
         Ok(IntTensor {
             values: q.int(),
             scale: grid.step,

@@ -10,7 +10,7 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 use super::error::SpecError;
-use super::kernel::{Grid, Quantized, quantize};
+use super::fake_quant::{Grid, Quantized, quantize};
 use super::spec::QuantSpec;
 
 /// SQNR reported when the quantization is exact (zero noise), and its negative when there is

@@ -8,7 +8,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Device, Distribution, Tensor, module};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use qdarts_ops::pointwise::{conv2d, is_pointwise};
+use qdarts_kernels::pointwise_conv::{conv2d, is_pointwise};
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -23,7 +23,7 @@ fn run(
     conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
 ) -> [Vec<f32>; 3] {
     let d = Device::flex().autodiff();
-    let (x, wt) = qdarts_ops::seeded(&d, seed, || {
+    let (x, wt) = qdarts_kernels::devices::seeded(&d, seed, || {
         let normal = Distribution::Normal(0.0, 1.0);
         (
             Tensor::<4>::random([n, ci, h, w], normal, &d),
@@ -99,10 +99,10 @@ fn only_ungrouped_unpadded_1x1_convolutions_are_matrix_products() {
     assert!(!is_pointwise(&w3, &ConvOptions::new([1, 1], [0, 0], [1, 1], 1)));
     assert!(!is_pointwise(&wg, &ConvOptions::new([1, 1], [0, 0], [1, 1], 2)));
     // Those go to Burn: bit for bit its values.
-    let x = qdarts_ops::seeded(&d, 2, || {
+    let x = qdarts_kernels::devices::seeded(&d, 2, || {
         Tensor::<4>::random([2, 4, 6, 5], Distribution::Normal(0.0, 1.0), &d)
     });
-    let w = qdarts_ops::seeded(&d, 3, || {
+    let w = qdarts_kernels::devices::seeded(&d, 3, || {
         Tensor::<4>::random([4, 4, 1, 1], Distribution::Normal(0.0, 1.0), &d)
     });
     let o = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);

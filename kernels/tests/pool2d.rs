@@ -10,7 +10,7 @@ use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, module};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use qdarts_ops::pool::{avg_pool2d, max_pool2d, pool_available};
+use qdarts_kernels::pool2d::{avg_pool2d, max_pool2d, pool_available};
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -81,7 +81,7 @@ fn burns(x: Tensor<4>, c: &Case) -> Tensor<4> {
 /// from output to output (so where each one goes shows).
 fn run(case: Case, pool: Pool) -> [Vec<f32>; 2] {
     let d = Device::flex().autodiff();
-    let x = qdarts_ops::seeded(&d, case.seed, || {
+    let x = qdarts_kernels::devices::seeded(&d, case.seed, || {
         let dist = Distribution::Normal(0.0, 1.0);
         Tensor::<4>::random([case.n, case.c, case.h, case.w], dist, &d)
     });
@@ -187,7 +187,7 @@ fn a_nan_in_a_max_window_wins() {
 fn other_options_fall_back_to_burns_pools() {
     // Dilation, ceil mode and asymmetric padding go to Burn: same values bit for bit.
     let d = Device::flex();
-    let x = qdarts_ops::seeded(&d, 5, || {
+    let x = qdarts_kernels::devices::seeded(&d, 5, || {
         Tensor::<4>::random([2, 3, 9, 8], Distribution::Normal(0.0, 1.0), &d)
     });
     let options = [

@@ -1,7 +1,7 @@
 //! Per-channel batch statistics and the per-channel affine map: the two halves of a training
 //! BatchNorm, each one pass forward and one backward on flex.
 //!
-//! [`QBatchNorm`](crate::candidates::QBatchNorm) fake-quantizes its folded weight between
+//! `qdarts_ops::candidates::QBatchNorm` fake-quantizes its folded weight between
 //! them, so they stay two primitives:
 //!
 //! - [`moments`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`.
@@ -12,7 +12,7 @@
 //! (transposed copy, mean, centring, square, broadcasts, and their gradients). Sums run per
 //! (image, channel) plane in eight f32 lanes and are combined over the batch in f64 in a fixed
 //! order, so the result does not depend on thread timing. Other backends and dtypes use the
-//! tensor expressions ([`channel_available`] decides); `tests/channel.rs` holds the two together.
+//! tensor expressions ([`channel_available`] decides); `tests/batch_norm.rs` holds the two together.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};

@@ -1,4 +1,4 @@
-//! Element loops shared by the flex kernels (`depthwise`, `channel`), written so that LLVM
+//! Element loops shared by the flex kernels (`depthwise_conv`, `batch_norm`, `pool2d`), written so that LLVM
 //! vectorizes them (independent lanes, no reassociation needed), and the per-plane parallel
 //! loop they run under; and the two device tests that decide which of this crate's kernels
 //! run (flex's, or the CubeCL runtimes').

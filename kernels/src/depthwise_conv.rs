@@ -13,8 +13,8 @@
 //! - weight gradient: `∂w[t] = Σ_{n, o} ∂y[n, o] · x[n, o·s + t·d − p]`, one partial per plane,
 //!   summed over the batch in a fixed order, so the result does not depend on thread timing.
 //!
-//! Only the summation order differs from Burn's convolution (`tests/depthwise.rs` holds the two
-//! together). Other convolutions go to [`crate::pointwise::conv2d`] (a 1×1 convolution is a
+//! Only the summation order differs from Burn's convolution (`tests/depthwise_conv.rs` holds the two
+//! together). Other convolutions go to [`crate::pointwise_conv::conv2d`] (a 1×1 convolution is a
 //! matrix product there, anything else Burn's `conv2d`), as do other backends and dtypes
 //! ([`conv2d`] decides).
 
@@ -63,13 +63,13 @@ pub fn depthwise_available(device: &Device, dtype: DType) -> bool {
 
 /// Burn's `conv2d` without bias, except that a depthwise convolution (`groups` = input channels
 /// = output channels) runs this module's kernels where [`depthwise_available`], and a 1×1 one
-/// is a matrix product ([`crate::pointwise::conv2d`]).
+/// is a matrix product ([`crate::pointwise_conv::conv2d`]).
 pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
     let [_, c, h, w] = x.dims();
     let [co, ci_g, kh, kw] = weight.dims();
     let depthwise = options.groups == c && co == c && ci_g == 1 && c > 1;
     if !depthwise || !depthwise_available(&x.device(), x.dtype()) {
-        return crate::pointwise::conv2d(x, weight, options);
+        return crate::pointwise_conv::conv2d(x, weight, options);
     }
     let geom = PlaneGeom {
         input: [h, w],

@@ -10,7 +10,7 @@
 //!   Burn's autodiff of the broadcast product.
 //!
 //! A stride `s` takes every `s`-th row and column first (a 1×1 window sees nothing else). Only
-//! the summation order differs from Burn's convolution (`tests/pointwise.rs` holds the two
+//! the summation order differs from Burn's convolution (`tests/pointwise_conv.rs` holds the two
 //! together). Other backends and dtypes use Burn's `conv2d` ([`conv2d`] decides).
 
 use burn::tensor::ops::ConvOptions;

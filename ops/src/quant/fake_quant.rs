@@ -1,4 +1,6 @@
-//! Fake-quantization kernels: quantize → dequantize with a straight-through gradient.
+//! Fake quantization as composite tensor math: quantize → dequantize with a straight-through
+//! gradient, on every backend; and the switch to the fused kernel of
+//! [`qdarts_kernels::fake_quant`] where a backend has it, which gives the same bits.
 //!
 //! The value path is plain f32 tensor math in the same evaluation order as the references, so
 //! that integers agree exactly at rounding ties:
@@ -19,6 +21,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::{Bool, Tensor};
+pub use qdarts_kernels::fake_quant::fused_available;
+use qdarts_kernels::fake_quant::{self as kernels, FusedLayout};
 
 use super::spec::RoundMode;
 
@@ -192,7 +196,7 @@ pub enum FakeQuantImpl {
     /// Composite tensor operations (every backend).
     Composite,
     /// One fused pass forward and one backward where the backend has it
-    /// ([`fused_available`](super::fused::fused_available)), else composite.
+    /// ([`fused_available`]), else composite.
     Fused,
 }
 
@@ -213,11 +217,24 @@ pub fn default_impl() -> FakeQuantImpl {
 /// Fake-quantizes with the straight-through estimator, as [`fake_quant`], returning only the
 /// dequantized tensor, computed by `imp`.
 pub fn fake_quant_with<const D: usize>(x: Tensor<D>, grid: &Grid, imp: FakeQuantImpl) -> Tensor<D> {
-    if imp == FakeQuantImpl::Fused && super::fused::fused_available(&x.device(), x.dtype()) {
-        super::fused::fake_quant_fused(x, grid)
+    if imp == FakeQuantImpl::Fused && fused_available(&x.device(), x.dtype()) {
+        fake_quant_fused(x, grid)
     } else {
         fake_quant(x, grid).0
     }
+}
+
+/// Fused fake quantization of `x` on `grid` with the straight-through gradient
+/// ([`qdarts_kernels::fake_quant`]): the same values and gradients as [`fake_quant`] in one
+/// pass each way. The grid parameters are treated as constants (detached), as in the composite
+/// version.
+///
+/// # Panics
+/// If [`fused_available`] is false for `x`.
+pub fn fake_quant_fused<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> {
+    let ties_away = grid.round == RoundMode::TiesAwayFromZero;
+    let layout = FusedLayout::new(&x.dims(), grid.axis, grid.qmin, grid.qmax, ties_away);
+    kernels::fake_quant_fused(x, &grid.mult, &grid.step, &grid.zero_point, layout)
 }
 
 /// [`fake_quant_with`] the process-wide implementation ([`set_default_impl`]).

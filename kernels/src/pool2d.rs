@@ -17,7 +17,7 @@
 //!   (`count_include_pad = false`, as DARTS' pools) or by the window size. The division is
 //!   exact IEEE division, so averages of integers round as in the integer runtime.
 //!
-//! Only the summation order differs from Burn's pools (`tests/pool.rs` holds the two together).
+//! Only the summation order differs from Burn's pools (`tests/pool2d.rs` holds the two together).
 //! Other backends, dtypes and options (dilation, ceil mode, asymmetric padding) use Burn's
 //! pools ([`max_pool2d`] and [`avg_pool2d`] decide).
 

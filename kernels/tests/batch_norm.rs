@@ -7,7 +7,7 @@
 use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use qdarts_ops::channel::{affine, moments};
+use qdarts_kernels::batch_norm::{affine, moments};
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -39,7 +39,7 @@ fn affine_expr(x: Tensor<4>, w: Tensor<1>, b: Tensor<1>) -> Tensor<4> {
 /// gradient.
 fn batch_norm(dims: [usize; 4], seed: u64, ours: bool) -> [Vec<f32>; 6] {
     let d = Device::flex().autodiff();
-    let (x, gamma, beta) = qdarts_ops::seeded(&d, seed, || {
+    let (x, gamma, beta) = qdarts_kernels::devices::seeded(&d, seed, || {
         (
             // An offset mean, so that centring matters.
             Tensor::<4>::random(dims, Distribution::Normal(1.5, 2.0), &d),
@@ -113,7 +113,7 @@ fn the_kernels_match_the_tensor_expressions_on_odd_shapes() {
 fn the_moments_match_an_f64_computation() {
     // A large common offset: a one-pass E[x²] − E[x]² in f32 would lose the variance.
     let d = Device::flex();
-    let x = qdarts_ops::seeded(&d, 5, || {
+    let x = qdarts_kernels::devices::seeded(&d, 5, || {
         Tensor::<4>::random([16, 3, 20, 20], Distribution::Normal(0.0, 0.01), &d).add_scalar(100.0)
     });
     let xs = vals(x.clone());

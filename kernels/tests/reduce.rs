@@ -3,10 +3,9 @@
 //! length where the GPU backends split a row in two stages, with and without a tail.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use qdarts_ops::reduce::{row_max, row_mean, row_min};
+use qdarts_kernels::reduce::{row_max, row_mean, row_min};
 
-mod common;
-use common::devices;
+use qdarts_kernels::devices::compiled as devices;
 
 /// Deterministic values of both signs with a wide spread, one planted extreme per row.
 fn values(rows: usize, len: usize) -> Vec<f32> {

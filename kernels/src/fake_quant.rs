@@ -3,8 +3,8 @@
 //!
 //! It is a Burn backend extension ([`FakeQuantBackend`]) with a hand-written autodiff step, so
 //! a fake-quantized activation costs one read and one write instead of the dozen temporaries of
-//! the composite version ([`super::kernel::fake_quant`]). Both compute the same f32 operations in
-//! the same order, so their outputs and gradients are bit-identical; the golden tests run both.
+//! the composite version (`qdarts_ops::quant::fake_quant`). Both compute the same f32 operations
+//! in the same order, so their outputs and gradients are bit-identical; the golden tests run both.
 //!
 //! Per element, with the grid's per-channel `mult`, `step`, `zero_point` (`z`):
 //!
@@ -12,7 +12,7 @@
 //! - backward: `∂x = ∂out` where `qmin ≤ r ≤ qmax`, else 0 (recomputed from `x`).
 //!
 //! Backends: `flex` runs a tight loop split across the rayon pool; the CubeCL backends (`wgpu`,
-//! `cuda`) run one kernel thread per element (`fused_cube.rs`). Other backends use the composite
+//! `cuda`) run one kernel thread per element ([`cube`](self) submodule). Other backends use the composite
 //! version ([`fused_available`] says which applies to a tensor).
 
 use burn::backend::AutodiffBackend;
@@ -22,9 +22,6 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::{DType, Device, Tensor};
-
-use super::kernel::Grid;
-use super::spec::RoundMode;
 
 /// The host-side part of a fused call: integer range, rounding and how the `[C]` grid
 /// parameters broadcast over the contiguous tensor (element `i` uses channel
@@ -44,19 +41,14 @@ pub struct FusedLayout {
 }
 
 impl FusedLayout {
-    /// The layout of `grid` over a tensor of shape `dims`.
-    pub fn new(grid: &Grid, dims: &[usize]) -> Self {
-        let (channels, inner) = match grid.axis {
+    /// The layout over a tensor of shape `dims` of a grid on the integers `qmin..=qmax`, per
+    /// channel along `axis` (`None`: per tensor), rounding ties away from zero or to even.
+    pub fn new(dims: &[usize], axis: Option<usize>, qmin: i32, qmax: i32, ties_away: bool) -> Self {
+        let (channels, inner) = match axis {
             Some(a) => (dims[a], dims[a + 1..].iter().product()),
             None => (1, dims.iter().product::<usize>().max(1)),
         };
-        FusedLayout {
-            qmin: grid.qmin,
-            qmax: grid.qmax,
-            ties_away: grid.round == RoundMode::TiesAwayFromZero,
-            channels,
-            inner: inner.max(1),
-        }
+        FusedLayout { qmin, qmax, ties_away, channels, inner: inner.max(1) }
     }
 }
 
@@ -96,19 +88,25 @@ pub fn fused_available(device: &Device, dtype: DType) -> bool {
     native || crate::lanes::on_cube(device)
 }
 
-/// Fused fake quantization of `x` on `grid` with the straight-through gradient. The grid
-/// parameters are treated as constants (detached), as in the composite version.
+/// Fused fake quantization of `x` on the grid (`mult`, `step`, `zero_point`, each `[1]` or
+/// `[layout.channels]`) with the straight-through gradient. The grid parameters are treated as
+/// constants (detached), as in the composite version.
 ///
 /// # Panics
 /// If [`fused_available`] is false for `x`.
-pub fn fake_quant_fused<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> {
+pub fn fake_quant_fused<const D: usize>(
+    x: Tensor<D>,
+    mult: &Tensor<1>,
+    step: &Tensor<1>,
+    zero_point: &Tensor<1>,
+    layout: FusedLayout,
+) -> Tensor<D> {
     assert!(
         fused_available(&x.device(), x.dtype()),
         "fused fake quant is not available on {:?} for {:?}",
         x.device(),
         x.dtype()
     );
-    let layout = FusedLayout::new(grid, &x.dims());
     // One value per channel (a `[1]` parameter of a per-channel grid is broadcast).
     let param = |p: &Tensor<1>| {
         let p = p.clone().detach();
@@ -117,9 +115,9 @@ pub fn fake_quant_fused<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> 
     };
     let out = <burn::backend::Dispatch as FakeQuantBackend>::fake_quant_fused(
         x.into_dispatch(),
-        param(&grid.mult),
-        param(&grid.step),
-        param(&grid.zero_point),
+        param(mult),
+        param(step),
+        param(zero_point),
         layout,
     );
     Tensor::from_dispatch(out)
@@ -277,8 +275,7 @@ fn backward<const AWAY: bool>(c: &Chan, xs: &[f32], g: &mut [f32], qmin: f32, qm
 }
 
 #[cfg(feature = "cube")]
-#[path = "fused_cube.rs"]
-mod cube_impl;
+mod cube;
 
 #[cfg(feature = "flex")]
 mod flex_impl {

@@ -8,7 +8,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Distribution, Tensor, module};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use qdarts_ops::depthwise::{conv2d, depthwise_available};
+use qdarts_kernels::depthwise_conv::{conv2d, depthwise_available};
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -41,7 +41,7 @@ fn run(
     conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
 ) -> [Vec<f32>; 3] {
     let d = Device::flex().autodiff();
-    let (x, w) = qdarts_ops::seeded(&d, case.seed, || {
+    let (x, w) = qdarts_kernels::devices::seeded(&d, case.seed, || {
         let normal = Distribution::Normal(0.0, 1.0);
         (
             Tensor::<4>::random([case.n, case.c, case.h, case.w], normal, &d),
@@ -128,7 +128,7 @@ fn other_geometries_match_burns_convolution() {
 fn a_non_depthwise_convolution_is_burns() {
     // groups = 1 and a channel multiplier of 2 go to Burn's conv2d: same values bit for bit.
     let d = Device::flex();
-    let (x, w1, w2) = qdarts_ops::seeded(&d, 3, || {
+    let (x, w1, w2) = qdarts_kernels::devices::seeded(&d, 3, || {
         let normal = Distribution::Normal(0.0, 1.0);
         (
             Tensor::<4>::random([2, 4, 9, 9], normal, &d),

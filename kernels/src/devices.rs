@@ -1,0 +1,65 @@
+//! The devices of the backends compiled into this build, for the test suites that run on each;
+//! and seeded draws from a backend's process-wide generator.
+
+use burn::tensor::Device;
+
+/// Flex, and the other backends compiled in (`--features wgpu`, `--features cuda`,
+/// `--features tch`; wgpu runs on Mesa's software Vulkan driver where there is no GPU, tch on
+/// LibTorch's CPU device), each with its name. cuda is left out, with a note on stderr, on a
+/// machine where it cannot start (no NVIDIA GPU or driver), unless `QDARTS_REQUIRE_CUDA` is
+/// set, as on a GPU machine's check (`scripts/gpu_check.sh`).
+///
+/// # Panics
+/// If `QDARTS_REQUIRE_CUDA` is set and cuda does not start.
+pub fn compiled() -> Vec<(&'static str, Device)> {
+    #[allow(unused_mut)]
+    let mut all = vec![("flex", Device::flex())];
+    #[cfg(feature = "wgpu")]
+    all.push(("wgpu", Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)));
+    #[cfg(feature = "cuda")]
+    if let Some(d) = cuda() {
+        all.push(("cuda", d));
+    }
+    #[cfg(feature = "tch")]
+    #[allow(deprecated)]
+    all.push(("tch", Device::libtorch()));
+    all
+}
+
+/// CUDA device 0 when it starts (one element goes there and back), else `None` with a note.
+#[cfg(feature = "cuda")]
+fn cuda() -> Option<Device> {
+    use std::sync::OnceLock;
+    static STARTS: OnceLock<bool> = OnceLock::new();
+    let starts = *STARTS.get_or_init(|| {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let ok = std::panic::catch_unwind(|| {
+            burn::tensor::Tensor::<1>::zeros([1], &Device::cuda(0)).into_data()
+        })
+        .is_ok();
+        std::panic::set_hook(hook);
+        if !ok {
+            assert!(
+                std::env::var_os("QDARTS_REQUIRE_CUDA").is_none(),
+                "QDARTS_REQUIRE_CUDA is set but the cuda backend does not start"
+            );
+            eprintln!("note: cuda does not start here (no NVIDIA GPU or driver): not tested");
+        }
+        ok
+    });
+    starts.then(|| Device::cuda(0))
+}
+
+/// Serializes seeding and use of the backend's process-wide generator.
+static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Seeds `device`'s generator and runs `draw` (which draws initial weights or random inputs)
+/// while no other seeded block of this process can interleave its draws: the backend's
+/// generator is one per process, and two searches (or two tests) in one process would
+/// otherwise take numbers from each other. Blocks must not nest.
+pub fn seeded<T>(device: &Device, seed: u64, draw: impl FnOnce() -> T) -> T {
+    let _guard = SEED_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    device.seed(seed);
+    draw()
+}

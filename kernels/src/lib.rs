@@ -1,0 +1,27 @@
+//! qdarts-kernels: the float training kernels qdarts adds to Burn, as backend extensions with
+//! hand-written autodiff steps.
+//!
+//! Each module replaces one Burn operation on the backends where that operation is slow for a
+//! DARTS supernet, and falls back to Burn's own operation everywhere else, so callers never
+//! branch on the backend:
+//!
+//! - [`depthwise_conv`], [`pointwise_conv`]: the convolutions of the separable and dilated
+//!   candidate ops (flex).
+//! - [`pool2d`]: max and average pooling (flex).
+//! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex).
+//! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
+//! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
+//!   (flex and the CubeCL runtimes).
+//!
+//! [`devices`] lists the backends compiled into a build. Each kernel's test file holds it
+//! against the Burn operation it replaces.
+
+pub mod batch_norm;
+pub mod depthwise_conv;
+pub mod devices;
+pub mod fake_quant;
+mod lanes;
+pub mod plane;
+pub mod pointwise_conv;
+pub mod pool2d;
+pub mod reduce;
