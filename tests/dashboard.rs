@@ -108,7 +108,7 @@ fn the_reader_holds_what_the_files_hold() {
         .iter()
         .min_by(|a, b| a[8].parse::<f64>().unwrap().total_cmp(&b[8].parse::<f64>().unwrap()))
         .unwrap();
-    assert_eq!(s.worst_quant().unwrap().layer, worst[2]);
+    assert_eq!(s.worst_quant().unwrap().error.layer, worst[2]);
 
     // α: one row per (epoch, cell, edge, op).
     let alphas = csv_rows("alphas.csv");
@@ -127,7 +127,7 @@ fn the_overview_shows_loss_nan_count_quant_layers_and_genotype() {
     let text = screen(&app, 160, 48, &reader);
     assert!(text.contains("loss") && text.contains("train loss"), "{text}");
     assert!(text.contains("NaN events  1 "), "{text}");
-    let worst = reader.state().worst_quant().unwrap().layer.clone();
+    let worst = reader.state().worst_quant().unwrap().error.layer.clone();
     assert!(text.contains(&worst), "worst layer {worst} not on screen:\n{text}");
     // The genotype's first normal node, as pt.darts' text has it.
     let g = qdarts_genotypes::Genotype::from_darts_text(

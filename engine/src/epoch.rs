@@ -12,10 +12,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use qdarts_data::Rng;
-use qdarts_ops::quant::QuantStats;
 use qdarts_record::{
     AlphaRow, BitRow, CostRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase,
-    QuantErrorRow, RunDir, TableWriter,
+    QuantError, QuantErrorRow, RunDir, TableWriter,
 };
 
 use crate::RunError;
@@ -109,7 +108,7 @@ pub struct StepOutcome {
     /// Non-finite values found (loss, gradients, α).
     pub events: Vec<Event>,
     /// Quantizer statistics, when the step recorded them.
-    pub quant: Vec<QuantStats>,
+    pub quant: Vec<QuantError>,
 }
 
 /// Loss and top-1 of an end-of-epoch validation.
@@ -181,22 +180,6 @@ impl Tables {
     }
 }
 
-/// A `quant_error.csv` row of one quantizer's statistics.
-pub fn quant_row(epoch: usize, step: usize, q: &QuantStats) -> QuantErrorRow {
-    QuantErrorRow {
-        epoch,
-        step,
-        layer: q.path.clone(),
-        kind: q.role.to_string(),
-        bits: q.bits,
-        scale: q.scale,
-        zero_point: q.zero_point,
-        mse: q.mse,
-        sqnr_db: q.sqnr_db,
-        clip_frac: q.clip_frac,
-    }
-}
-
 /// Appends a task's per-epoch rows to their tables (each table opened only when it has rows).
 fn write_epoch_rows(run: &RunDir, rows: &EpochRows) -> Result<(), RunError> {
     fn append<R: qdarts_record::Table>(run: &RunDir, rows: &[R]) -> Result<(), RunError> {
@@ -261,7 +244,7 @@ pub fn run_epochs<T: EpochTask>(
             let out = task.step(input)?;
             let mut events = out.events;
             if let Some(q) = out.quant.iter().find(|q| !(q.scale.is_finite() && q.scale > 0.0)) {
-                events.push(Event::new(NanSite::Scale, q.path.clone(), q.scale));
+                events.push(Event::new(NanSite::Scale, q.layer.clone(), q.scale));
             }
             if events.is_empty() {
                 task = task.commit(lr);
@@ -292,8 +275,8 @@ pub fn run_epochs<T: EpochTask>(
                 arch_lr: task.arch_lr(),
                 seconds: start.elapsed().as_secs_f64(),
             })?;
-            for q in &out.quant {
-                tables.quant.push(&quant_row(epoch, step, q))?;
+            for error in out.quant {
+                tables.quant.push(&QuantErrorRow { epoch, step, error })?;
             }
             let p =
                 Progress { epoch, epochs: plan.epochs, step: i + 1, steps, loss: out.loss, top1 };

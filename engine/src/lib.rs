@@ -21,7 +21,7 @@ pub use checkpoint::{LoopState, note_epochs_change, start};
 pub use config::{ConfigError, InjectSite, NanGuardConfig, NanPolicy, RecordConfig, RunKind};
 pub use epoch::{
     EpochRows, EpochTask, Evaluation, LoopEnd, LoopPlan, Progress, StepInput, StepOutcome,
-    cosine_lr, quant_row, run_epochs,
+    cosine_lr, run_epochs,
 };
 pub use qdarts_ops::seeded;
 pub use sgd::Sgd;

@@ -3,7 +3,7 @@
 
 use burn::tensor::Device;
 
-/// Flex, and the other backends compiled in (`--features wgpu`, `--features cuda`,
+/// Flex (the default), and the other backends compiled in (`--features wgpu`, `--features cuda`,
 /// `--features tch`; wgpu runs on Mesa's software Vulkan driver where there is no GPU, tch on
 /// LibTorch's CPU device), each with its name. cuda is left out, with a note on stderr, on a
 /// machine where it cannot start (no NVIDIA GPU or driver), unless `QDARTS_REQUIRE_CUDA` is
@@ -11,9 +11,12 @@ use burn::tensor::Device;
 ///
 /// # Panics
 /// If `QDARTS_REQUIRE_CUDA` is set and cuda does not start.
+#[allow(clippy::vec_init_then_push)] // Each push has its own feature gate.
 pub fn compiled() -> Vec<(&'static str, Device)> {
     #[allow(unused_mut)]
-    let mut all = vec![("flex", Device::flex())];
+    let mut all = Vec::new();
+    #[cfg(feature = "flex")]
+    all.push(("flex", Device::flex()));
     #[cfg(feature = "wgpu")]
     all.push(("wgpu", Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)));
     #[cfg(feature = "cuda")]

@@ -247,7 +247,7 @@ fn every_quantizer_reports_under_a_unique_stable_path() {
         m.set_recording(true);
         m.forward(QTensor::float(input([2, 4, 8, 8], &dev())), Tensor::full([8], 0.125, &dev()));
         let rows = m.quant_stats().unwrap();
-        let paths: BTreeSet<&str> = rows.iter().map(|r| r.path.as_str()).collect();
+        let paths: BTreeSet<&str> = rows.iter().map(|r| r.layer.as_str()).collect();
         assert_eq!(paths.len(), rows.len(), "duplicate paths");
         assert_eq!(rows.len(), m.quantizers().len(), "a quantizer did not report");
         for want in [
@@ -261,7 +261,7 @@ fn every_quantizer_reports_under_a_unique_stable_path() {
         ] {
             assert!(paths.contains(want), "missing {want}; have {paths:?}");
         }
-        let none = rows.iter().find(|r| r.path.ends_with("none.act")).unwrap();
+        let none = rows.iter().find(|r| r.layer.ends_with("none.act")).unwrap();
         assert!(none.scale.is_finite() && none.scale > 0.0, "zero op scale {}", none.scale);
         // BatchNorm's multiplier is quantized on its own only when asked for.
         assert!(!paths.iter().any(|p| p.ends_with("bn.weight")), "{paths:?}");

@@ -211,7 +211,7 @@ fn error_statistics_match_a_hand_computation() {
     assert!((st.mse - noise / 4.0).abs() < 1e-9, "{st:?}");
     assert!((st.sqnr_db - 10.0 * (signal / noise).log10()).abs() < 1e-3, "{st:?}");
     assert_eq!(st.clip_frac, 0.0);
-    assert_eq!(st.path, "layer.act");
+    assert_eq!(st.layer, "layer.act");
     assert_eq!(st.bits, 8);
     assert!((st.scale - 1.0 / 127.0).abs() < 1e-9);
 

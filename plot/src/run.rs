@@ -8,7 +8,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use qdarts_genotypes::Genotype;
 use qdarts_record::{
-    AlphaRow, CellType, MetricsRow, Phase, QuantErrorRow, RunLayout, Table, read_table,
+    AlphaRow, CellType, MetricsRow, Phase, QuantErrorRow, RunLayout, Table, TensorRole, read_table,
 };
 
 use crate::cell::{Cell, Renderer, draw_cell};
@@ -65,7 +65,7 @@ pub fn plot_run(dir: &Path, out: &Path, renderer: Renderer) -> Result<Vec<PathBu
     }
     let quant: Vec<QuantErrorRow> = read(&layout)?;
     if !quant.is_empty() {
-        files.extend(save(&QuantError::new(&quant), &out.join("quant-error"), (1100, 720))?);
+        files.extend(save(&QuantErrorFigure::new(&quant), &out.join("quant-error"), (1100, 720))?);
     }
     if files.is_empty() {
         return Err(PlotError::Empty(format!("{}: nothing recorded yet to draw", dir.display())));
@@ -255,11 +255,11 @@ impl Figure for Alphas {
 
 /// Per-layer quantization error: the last recorded step's SQNR of every quantizer, and the
 /// median SQNR of each kind over steps.
-struct QuantError {
+struct QuantErrorFigure {
     step: usize,
     /// (index, sqnr dB, kind index) at the last step.
     last: Vec<(f64, f64, usize)>,
-    kinds: Vec<String>,
+    kinds: Vec<TensorRole>,
     /// Per kind: (step, median sqnr).
     medians: Vec<Vec<(f64, f64)>>,
 }
@@ -279,35 +279,35 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-impl QuantError {
+impl QuantErrorFigure {
     fn new(rows: &[QuantErrorRow]) -> Self {
-        let mut kinds: Vec<String> = Vec::new();
+        let mut kinds: Vec<TensorRole> = Vec::new();
         for r in rows {
-            if !kinds.contains(&r.kind) {
-                kinds.push(r.kind.clone());
+            if !kinds.contains(&r.error.kind) {
+                kinds.push(r.error.kind);
             }
         }
-        let kind_of = |k: &str| kinds.iter().position(|x| x == k).unwrap_or(0);
+        let kind_of = |k: TensorRole| kinds.iter().position(|&x| x == k).unwrap_or(0);
         let step = rows.iter().map(|r| r.step).max().unwrap_or(0);
         let last: Vec<(f64, f64, usize)> = rows
             .iter()
-            .filter(|r| r.step == step && r.sqnr_db.is_finite())
+            .filter(|r| r.step == step && r.error.sqnr_db.is_finite())
             .enumerate()
-            .map(|(i, r)| (i as f64, r.sqnr_db, kind_of(&r.kind)))
+            .map(|(i, r)| (i as f64, r.error.sqnr_db, kind_of(r.error.kind)))
             .collect();
         let mut by: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
-        for r in rows.iter().filter(|r| r.sqnr_db.is_finite() && r.sqnr_db < EXACT_DB) {
-            by.entry((kind_of(&r.kind), r.step)).or_default().push(r.sqnr_db);
+        for r in rows.iter().filter(|r| r.error.sqnr_db.is_finite() && r.error.sqnr_db < EXACT_DB) {
+            by.entry((kind_of(r.error.kind), r.step)).or_default().push(r.error.sqnr_db);
         }
         let mut medians = vec![Vec::new(); kinds.len()];
         for ((k, s), mut v) in by {
             medians[k].push((s as f64, median(&mut v)));
         }
-        QuantError { step, last, kinds, medians }
+        QuantErrorFigure { step, last, kinds, medians }
     }
 }
 
-impl Figure for QuantError {
+impl Figure for QuantErrorFigure {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
         let root = root.titled("quantization error (SQNR, dB)", ("sans-serif", 18)).map_err(de)?;
         let (top, bottom) = root.split_vertically(360);
@@ -343,7 +343,7 @@ impl Figure for QuantError {
                         .map(|p| TriangleMarker::new((p.0, ys.1), 5, c.filled())),
                 )
                 .map_err(de)?
-                .label(kind.as_str())
+                .label(kind.name())
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, c.filled()));
         }
         series_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
@@ -361,7 +361,7 @@ impl Figure for QuantError {
             chart
                 .draw_series(LineSeries::new(self.medians[k].iter().copied(), c.stroke_width(2)))
                 .map_err(de)?
-                .label(kind.as_str())
+                .label(kind.name())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
                 });

@@ -7,7 +7,9 @@ use qdarts_genotypes::{Genotype, known};
 use qdarts_plot::across::plot_comparison;
 use qdarts_plot::cell::{Cell, Renderer, dot_available, draw_cell, to_dot};
 use qdarts_plot::run::{edge_ends, plot_run};
-use qdarts_record::{AlphaRow, CellType, MetricsRow, Phase, QuantErrorRow, TableWriter};
+use qdarts_record::{
+    AlphaRow, CellType, MetricsRow, Phase, QuantError, QuantErrorRow, TableWriter, TensorRole,
+};
 use qdarts_sweep::compare::{Comparison, read_run};
 
 fn scratch(name: &str) -> PathBuf {
@@ -45,18 +47,22 @@ fn fake_run(dir: &Path, seed: u64, shift: f64) -> Genotype {
                 seconds: step as f64,
             };
             m.push(&row).expect("row");
-            for (l, kind) in ["weight", "act", "act"].iter().enumerate() {
+            for (l, kind) in
+                [TensorRole::Weight, TensorRole::Act, TensorRole::Act].iter().enumerate()
+            {
                 q.push(&QuantErrorRow {
                     epoch,
                     step,
-                    layer: format!("cells.0.edges.{l}.x"),
-                    kind: (*kind).into(),
-                    bits: 8,
-                    scale: 0.01,
-                    zero_point: 0.0,
-                    mse: 1e-5,
-                    sqnr_db: if l == 2 { 200.0 } else { 30.0 + step as f64 + l as f64 },
-                    clip_frac: 0.0,
+                    error: QuantError {
+                        layer: format!("cells.0.edges.{l}.x"),
+                        kind: *kind,
+                        bits: 8,
+                        scale: 0.01,
+                        zero_point: 0.0,
+                        mse: 1e-5,
+                        sqnr_db: if l == 2 { 200.0 } else { 30.0 + step as f64 + l as f64 },
+                        clip_frac: 0.0,
+                    },
                 })
                 .expect("quant row");
             }

@@ -9,6 +9,7 @@
 
 mod checksum;
 mod layout;
+mod quant_error;
 pub mod rows;
 mod run_dir;
 mod table;
@@ -23,9 +24,10 @@ pub use checksum::{
     write_checksums,
 };
 pub use layout::{CheckpointPart, RunLayout};
+pub use quant_error::{QuantError, QuantErrorRow, TensorRole};
 pub use rows::{
     AlphaRow, BitRow, BitSite, CellType, ChangeRow, CostRow, Decision, GenotypeRow, MetricsRow,
-    NanAction, NanEventRow, NanSite, Phase, Plan, QuantErrorRow, SelectionRow, Table, Verdict,
+    NanAction, NanEventRow, NanSite, Phase, Plan, SelectionRow, Table, Verdict,
 };
 pub use run_dir::{RunDir, lock_owner, utc_stamp, write_atomic};
 pub use table::{

@@ -2,6 +2,7 @@
 //! header, in order) and whether its second column is the global step; its fields are written
 //! with a fixed number format so that a run's files are byte-for-byte reproducible.
 
+pub use crate::quant_error::{QuantError, QuantErrorRow, TensorRole};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -118,53 +119,6 @@ pub struct NanEventRow {
 impl Table for NanEventRow {
     const FILE: &'static str = "nan_events.csv";
     const COLUMNS: &'static [&'static str] = &["epoch", "step", "site", "layer", "value", "action"];
-    const STEPPED: bool = true;
-}
-
-/// `quant_error.csv`: one quantizer's statistics at one step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QuantErrorRow {
-    /// Epoch.
-    pub epoch: usize,
-    /// Global step.
-    pub step: usize,
-    /// Stable layer path, e.g. `cells.3.edges.5.sep_conv_3x3.op2.conv_pw.weight`.
-    pub layer: String,
-    /// `weight`, `act` or `mix`.
-    pub kind: String,
-    /// Bit width.
-    pub bits: u32,
-    /// Step size (mean over channels when per-channel).
-    #[serde(serialize_with = "scientific")]
-    pub scale: f64,
-    /// Zero point (mean over channels when per-channel).
-    #[serde(serialize_with = "display")]
-    pub zero_point: f64,
-    /// Mean squared quantization error.
-    #[serde(serialize_with = "scientific")]
-    pub mse: f64,
-    /// Signal-to-quantization-noise ratio, dB.
-    #[serde(serialize_with = "fixed3")]
-    pub sqnr_db: f64,
-    /// Fraction of values clipped.
-    #[serde(serialize_with = "fixed6")]
-    pub clip_frac: f64,
-}
-
-impl Table for QuantErrorRow {
-    const FILE: &'static str = "quant_error.csv";
-    const COLUMNS: &'static [&'static str] = &[
-        "epoch",
-        "step",
-        "layer",
-        "kind",
-        "bits",
-        "scale",
-        "zero_point",
-        "mse",
-        "sqnr_db",
-        "clip_frac",
-    ];
     const STEPPED: bool = true;
 }
 
@@ -387,11 +341,11 @@ pub struct Plan {
     pub val_images: usize,
 }
 
-fn fixed6<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn fixed6<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&format_args!("{v:.6}"))
 }
 
-fn fixed3<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn fixed3<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&format_args!("{v:.3}"))
 }
 
@@ -399,11 +353,11 @@ fn fixed6_or_zero<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     if *v == 0.0 { s.serialize_str("0") } else { fixed6(v, s) }
 }
 
-fn scientific<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn scientific<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&format_args!("{v:e}"))
 }
 
-fn display<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn display<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 

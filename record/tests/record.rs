@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use qdarts_record::{
     AlphaRow, CellType, GenotypeRow, MetricsRow, NanAction, NanEventRow, NanSite, Phase, Plan,
-    QuantErrorRow, RecordError, RunDir, RunLayout, Table, encode_row, header_line, parse_line,
-    read_plan, read_table, split_line, truncate_to, write_plan,
+    QuantError, QuantErrorRow, RecordError, RunDir, RunLayout, Table, TensorRole, encode_row,
+    header_line, parse_line, read_plan, read_table, split_line, truncate_to, write_plan,
 };
 
 fn scratch(name: &str) -> PathBuf {
@@ -60,14 +60,16 @@ fn every_table_has_its_documented_header_and_it_matches_the_row_fields() {
     let quant = QuantErrorRow {
         epoch: 0,
         step: 20,
-        layer: "stem.conv.weight".into(),
-        kind: "weight".into(),
-        bits: 8,
-        scale: 0.001_953_125,
-        zero_point: 0.0,
-        mse: 1.5e-7,
-        sqnr_db: 41.23456,
-        clip_frac: 0.0,
+        error: QuantError {
+            layer: "stem.conv.weight".into(),
+            kind: TensorRole::Weight,
+            bits: 8,
+            scale: 0.001_953_125,
+            zero_point: 0.0,
+            mse: 1.5e-7,
+            sqnr_db: 41.23456,
+            clip_frac: 0.0,
+        },
     };
     let alpha = AlphaRow {
         epoch: 2,
@@ -117,14 +119,16 @@ fn rows_are_written_in_their_fixed_number_formats() {
     let q = QuantErrorRow {
         epoch: 0,
         step: 20,
-        layer: "stem.conv.weight".into(),
-        kind: "weight".into(),
-        bits: 8,
-        scale: 0.001_953_125,
-        zero_point: -3.5,
-        mse: 1.5e-7,
-        sqnr_db: 41.23456,
-        clip_frac: 0.25,
+        error: QuantError {
+            layer: "stem.conv.weight".into(),
+            kind: TensorRole::Weight,
+            bits: 8,
+            scale: 0.001_953_125,
+            zero_point: -3.5,
+            mse: 1.5e-7,
+            sqnr_db: 41.23456,
+            clip_frac: 0.25,
+        },
     };
     assert_eq!(
         line(&q),

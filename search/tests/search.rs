@@ -12,7 +12,7 @@ use qdarts_engine::config::Experiment;
 use qdarts_genotypes::{Genotype, Primitive};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_record::QuantErrorRow;
+use qdarts_record::{QuantErrorRow, TensorRole};
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::run_search;
 use qdarts_search::supernet::{NetShape, SearchNetwork};
@@ -398,19 +398,22 @@ fn an_lsq_search_starts_from_data_initialised_weight_steps() {
         .map(|m| f64::from(2.0 * m / 127f32.sqrt()))
         .sum::<f64>()
         / co as f64;
-    let stem = rows.iter().find(|r| r.step == 1 && r.layer == "stem.conv.weight").unwrap();
+    let stem = rows.iter().find(|r| r.step == 1 && r.error.layer == "stem.conv.weight").unwrap();
     assert!(
-        (stem.scale - want).abs() <= 1e-5 * want,
+        (stem.error.scale - want).abs() <= 1e-5 * want,
         "step {} vs 2·mean|w|/√Qp {want}",
-        stem.scale
+        stem.error.scale
     );
     // Every weight quantizer of the last step has a real step and a useful SQNR.
     let last = rows.iter().map(|r| r.step).max().unwrap();
     let weights: Vec<&QuantErrorRow> =
-        rows.iter().filter(|r| r.step == last && r.kind == "weight").collect();
+        rows.iter().filter(|r| r.step == last && r.error.kind == TensorRole::Weight).collect();
     assert!(!weights.is_empty());
-    assert!(weights.iter().all(|r| r.scale.is_finite() && r.scale > 1e-6), "a step at 0 or NaN");
-    let mut sqnr: Vec<f64> = weights.iter().map(|r| r.sqnr_db).collect();
+    assert!(
+        weights.iter().all(|r| r.error.scale.is_finite() && r.error.scale > 1e-6),
+        "a step at 0 or NaN"
+    );
+    let mut sqnr: Vec<f64> = weights.iter().map(|r| r.error.sqnr_db).collect();
     sqnr.sort_by(f64::total_cmp);
     assert!(sqnr[sqnr.len() / 2] > 20.0, "median weight SQNR {} dB", sqnr[sqnr.len() / 2]);
 }

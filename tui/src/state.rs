@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use qdarts_record::{
     AlphaRow, BitRow, BitSite, CostRow, GenotypeRow, MetricsRow, NanAction, NanEventRow, Phase,
-    QuantErrorRow, RunLayout, SelectionRow, parse_line,
+    QuantError, QuantErrorRow, RunLayout, SelectionRow, parse_line,
 };
 pub use qdarts_record::{CellType, Verdict};
 
@@ -100,22 +100,8 @@ pub struct ValPoint {
 /// One quantizer: its latest statistics and its SQNR over the recorded steps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantLayer {
-    /// Layer path.
-    pub layer: String,
-    /// weight or act.
-    pub kind: String,
-    /// Bit width.
-    pub bits: u32,
-    /// Step size (mean over channels for per-channel specs).
-    pub scale: f64,
-    /// Zero point.
-    pub zero_point: f64,
-    /// Mean squared error.
-    pub mse: f64,
-    /// Signal-to-quantization-noise ratio, dB.
-    pub sqnr_db: f64,
-    /// Fraction of values clipped.
-    pub clip_frac: f64,
+    /// Its latest statistics.
+    pub error: QuantError,
     /// Global step of these statistics.
     pub step: usize,
     /// (step, SQNR dB) of every recorded step.
@@ -289,28 +275,17 @@ impl DashboardState {
     }
 
     fn apply_quant(&mut self, r: QuantErrorRow) {
-        let point = (u32::try_from(r.step).unwrap_or(u32::MAX), r.sqnr_db as f32);
+        let point = (u32::try_from(r.step).unwrap_or(u32::MAX), r.error.sqnr_db as f32);
         let step = r.step;
-        let row = QuantLayer {
-            layer: r.layer,
-            kind: r.kind,
-            bits: r.bits,
-            scale: r.scale,
-            zero_point: r.zero_point,
-            mse: r.mse,
-            sqnr_db: r.sqnr_db,
-            clip_frac: r.clip_frac,
-            step,
-            history: Vec::new(),
-        };
-        match self.quant_index.get(&row.layer) {
+        let row = QuantLayer { error: r.error, step, history: Vec::new() };
+        match self.quant_index.get(&row.error.layer) {
             Some(&i) => {
                 let old = std::mem::take(&mut self.quant[i].history);
                 self.quant[i] = QuantLayer { history: old, ..row };
                 self.quant[i].history.push(point);
             }
             None => {
-                self.quant_index.insert(row.layer.clone(), self.quant.len());
+                self.quant_index.insert(row.error.layer.clone(), self.quant.len());
                 self.quant.push(QuantLayer { history: vec![point], ..row });
             }
         }
@@ -414,7 +389,7 @@ impl DashboardState {
 
     /// The quantizer with the lowest SQNR at the latest recorded step.
     pub fn worst_quant(&self) -> Option<&QuantLayer> {
-        self.current_quant().min_by(|a, b| a.sqnr_db.total_cmp(&b.sqnr_db))
+        self.current_quant().min_by(|a, b| a.error.sqnr_db.total_cmp(&b.error.sqnr_db))
     }
 
     /// The collapse alert of the genotype shown (more than half of the normal cell's kept

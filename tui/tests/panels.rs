@@ -115,7 +115,7 @@ fn the_state_holds_the_rows_it_was_fed() {
     let s = state();
     assert_eq!((s.train.len(), s.val.len(), s.nan.len(), s.skipped_rows), (4, 1, 1, 0));
     assert_eq!(s.quant.len(), 2);
-    assert_eq!(s.worst_quant().unwrap().layer, "cells.0.edges.1.sep_conv_3x3.op1.act");
+    assert_eq!(s.worst_quant().unwrap().error.layer, "cells.0.edges.1.sep_conv_3x3.op1.act");
     assert_eq!(s.alphas[0].normal.len(), 5);
     assert_eq!(s.current_genotype(), Some(GENOTYPE));
     assert_eq!(s.total_steps(), Some(6));
@@ -158,7 +158,7 @@ fn the_quant_table_lists_the_worst_layer_first_and_flags_it() {
         threshold: 20.0,
         compact: false,
     };
-    assert_eq!(table.rows()[0].sqnr_db, 12.5);
+    assert_eq!(table.rows()[0].error.sqnr_db, 12.5);
     let screen = screens(|| {
         let s = s.clone();
         Box::new(move |a, b| {

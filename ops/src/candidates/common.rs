@@ -5,7 +5,7 @@ use burn::module::{Flag, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, Tensor};
 
 use crate::qconfig::{QuantConfig, Site};
-use crate::quant::{BitMix, FakeQuantizer, Grid, QuantStats, SpecError, TensorRole};
+use crate::quant::{BitMix, FakeQuantizer, Grid, QuantError, SpecError, TensorRole};
 
 /// An activation and the grid its values lie on (`None`: float).
 #[derive(Debug, Clone)]
@@ -201,7 +201,7 @@ pub trait QuantSites {
     }
 
     /// The error rows of every quantizer that recorded a tensor.
-    fn quant_stats(&self) -> Result<Vec<QuantStats>, SpecError> {
+    fn quant_stats(&self) -> Result<Vec<QuantError>, SpecError> {
         let mut rows = Vec::new();
         for q in self.quantizers() {
             rows.extend(q.last_stats()?);

@@ -21,4 +21,4 @@ pub use fake_quant::{
 pub use hold::HoldMode;
 pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
-pub use stats::{QuantStats, TensorRole};
+pub use stats::{QuantError, TensorRole};

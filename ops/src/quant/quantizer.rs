@@ -13,7 +13,7 @@ use super::hold::{Hold, HoldMode};
 use super::lsq::LsqParams;
 use super::observer::ObserverState;
 use super::spec::{ObserverKind, QuantSpec};
-use super::stats::{Monitor, QuantStats, TensorRole};
+use super::stats::{Monitor, QuantError, TensorRole};
 
 /// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
 #[derive(Module, Debug)]
@@ -105,7 +105,7 @@ impl FakeQuantizer {
     }
 
     /// Error statistics of the last tensor quantized while recording was on.
-    pub fn last_stats(&self) -> Result<Option<QuantStats>, SpecError> {
+    pub fn last_stats(&self) -> Result<Option<QuantError>, SpecError> {
         self.monitor.read(&self.path, self.role, &self.spec)
     }
 

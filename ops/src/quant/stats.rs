@@ -3,11 +3,10 @@
 //! Recording is off by default. When on, the quantizer keeps a handful of scalar tensors on the
 //! device (no host sync in the training step); [`Monitor::read`] brings them back on request.
 
-use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::Tensor;
-use serde::{Deserialize, Serialize};
+pub use qdarts_record::{QuantError, TensorRole};
 
 use super::error::SpecError;
 use super::fake_quant::{Grid, Quantized, quantize};
@@ -16,52 +15,6 @@ use super::spec::QuantSpec;
 /// SQNR reported when the quantization is exact (zero noise), and its negative when there is
 /// noise but no signal: the value stays finite so plots and CSV readers never see inf or NaN.
 pub const SQNR_CAP_DB: f64 = 200.0;
-
-/// What a quantizer quantizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TensorRole {
-    /// A weight (or folded BN weight).
-    Weight,
-    /// An activation.
-    Act,
-    /// DARTS mixing weights (softmax of the architecture parameters).
-    Mix,
-}
-
-impl fmt::Display for TensorRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TensorRole::Weight => "weight",
-            TensorRole::Act => "act",
-            TensorRole::Mix => "mix",
-        })
-    }
-}
-
-/// One quantizer's error on the last tensor it saw.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QuantStats {
-    /// Stable layer path.
-    pub path: String,
-    /// Weight, activation or mixing weight.
-    pub role: TensorRole,
-    /// Bit width.
-    pub bits: u32,
-    /// Step size (mean over channels when per-channel).
-    pub scale: f64,
-    /// Zero point (mean over channels when per-channel).
-    pub zero_point: f64,
-    /// Mean squared error between the tensor and its fake-quantized value.
-    pub mse: f64,
-    /// Signal-to-quantization-noise ratio in dB, `10·log10(Σx² / Σ(x − x̂)²)`, within
-    /// ±[`SQNR_CAP_DB`].
-    pub sqnr_db: f64,
-    /// Fraction of elements outside the integer range before clamping.
-    pub clip_frac: f64,
-    /// Number of elements.
-    pub numel: usize,
-}
 
 /// SQNR in dB from the signal and noise energies, finite in every case.
 pub fn sqnr_db(signal: f64, noise: f64) -> f64 {
@@ -143,7 +96,7 @@ impl Monitor {
         path: &str,
         role: TensorRole,
         spec: &QuantSpec,
-    ) -> Result<Option<QuantStats>, SpecError> {
+    ) -> Result<Option<QuantError>, SpecError> {
         let Some(last) = self.state.lock().ok().and_then(|s| s.last.clone()) else {
             return Ok(None);
         };
@@ -161,16 +114,15 @@ impl Monitor {
         let signal = scalar(last.signal, "signal energy")?;
         let noise = scalar(last.noise, "noise energy")?;
         let n = last.numel.max(1) as f64;
-        Ok(Some(QuantStats {
-            path: path.to_string(),
-            role,
+        Ok(Some(QuantError {
+            layer: path.to_string(),
+            kind: role,
             bits: spec.bits(),
             scale: scalar(last.step, "step")?,
             zero_point: scalar(last.zero_point, "zero point")?,
             mse: noise / n,
             sqnr_db: sqnr_db(signal, noise),
             clip_frac: scalar(last.clipped, "clipped count")? / n,
-            numel: last.numel,
         }))
     }
 }

@@ -68,10 +68,10 @@ impl QuantTable<'_> {
         let mut rows: Vec<&QuantLayer> = self.state.current_quant().collect();
         // Worst first: low SQNR, high MSE, high clip fraction.
         match self.sort {
-            QuantSort::Sqnr => rows.sort_by(|a, b| a.sqnr_db.total_cmp(&b.sqnr_db)),
-            QuantSort::Mse => rows.sort_by(|a, b| b.mse.total_cmp(&a.mse)),
-            QuantSort::Clip => rows.sort_by(|a, b| b.clip_frac.total_cmp(&a.clip_frac)),
-            QuantSort::Layer => rows.sort_by(|a, b| a.layer.cmp(&b.layer)),
+            QuantSort::Sqnr => rows.sort_by(|a, b| a.error.sqnr_db.total_cmp(&b.error.sqnr_db)),
+            QuantSort::Mse => rows.sort_by(|a, b| b.error.mse.total_cmp(&a.error.mse)),
+            QuantSort::Clip => rows.sort_by(|a, b| b.error.clip_frac.total_cmp(&a.error.clip_frac)),
+            QuantSort::Layer => rows.sort_by(|a, b| a.error.layer.cmp(&b.error.layer)),
         }
         if self.reversed {
             rows.reverse();
@@ -83,7 +83,7 @@ impl QuantTable<'_> {
 impl Widget for &QuantTable<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
         let rows = self.rows();
-        let low = rows.iter().filter(|q| q.sqnr_db < self.threshold).count();
+        let low = rows.iter().filter(|q| q.error.sqnr_db < self.threshold).count();
         let order = if self.reversed { "best first" } else { "worst first" };
         let title = format!(
             "quantizers at step {}: {} · by {} ({order}) · {low} under {} dB",
@@ -110,20 +110,20 @@ impl Widget for &QuantTable<'_> {
         let shown = window(rows.len(), body_h, self.offset);
         let layer_w = usize::from(table.width.saturating_sub(if self.compact { 20 } else { 64 }));
         let lines = rows[shown].iter().map(|q| {
-            let style = if q.sqnr_db < self.threshold { THEME.warn } else { Style::new() };
-            let mut cells = vec![Cell::from(tail_chars(&q.layer, layer_w.max(8)))];
+            let style = if q.error.sqnr_db < self.threshold { THEME.warn } else { Style::new() };
+            let mut cells = vec![Cell::from(tail_chars(&q.error.layer, layer_w.max(8)))];
             if self.compact {
-                cells.push(Cell::from(q.kind.clone()));
-                cells.push(Cell::from(format!("{:.1}", q.sqnr_db)));
+                cells.push(Cell::from(q.error.kind.to_string()));
+                cells.push(Cell::from(format!("{:.1}", q.error.sqnr_db)));
             } else {
                 cells.extend([
-                    Cell::from(q.kind.clone()),
-                    Cell::from(q.bits.to_string()),
-                    Cell::from(num(q.scale)),
-                    Cell::from(format!("{}", q.zero_point)),
-                    Cell::from(num(q.mse)),
-                    Cell::from(format!("{:.2}", q.sqnr_db)),
-                    Cell::from(format!("{:.2}%", 100.0 * q.clip_frac)),
+                    Cell::from(q.error.kind.to_string()),
+                    Cell::from(q.error.bits.to_string()),
+                    Cell::from(num(q.error.scale)),
+                    Cell::from(format!("{}", q.error.zero_point)),
+                    Cell::from(num(q.error.mse)),
+                    Cell::from(format!("{:.2}", q.error.sqnr_db)),
+                    Cell::from(format!("{:.2}%", 100.0 * q.error.clip_frac)),
                 ]);
             }
             Row::new(cells).style(style)
@@ -164,11 +164,11 @@ fn render_sparkline(worst: &QuantLayer, area: Rect, buf: &mut Buffer) {
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
     Paragraph::new(Line::from(vec![
         Span::styled("worst SQNR: ", THEME.label),
-        Span::styled(worst.layer.clone(), THEME.value),
+        Span::styled(worst.error.layer.clone(), THEME.value),
         Span::styled(
             format!(
                 "  {:.2} dB now, {lo:.1}..{hi:.1} dB over {} steps",
-                worst.sqnr_db,
+                worst.error.sqnr_db,
                 worst.history.len()
             ),
             THEME.label,
