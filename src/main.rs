@@ -279,6 +279,9 @@ fn toml_string(s: &str) -> String {
 
 fn main() -> ExitCode {
     alloc::keep_freed_memory();
+    if let Err(e) = alloc::inject_from_env() {
+        return finish(Err(e));
+    }
     let cli = Cli::parse();
     if let Err(e) = cli.backend.choose_device(cli.device.as_deref()) {
         return finish(Err(e));

@@ -142,6 +142,7 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
     }
     let bar = progress_bar();
     let mut on_progress = |p: &Progress| {
+        crate::alloc::note_step(p.epoch, p.step, p.steps);
         show(&bar, p);
         ControlFlow::Continue(())
     };
@@ -283,6 +284,7 @@ fn with_dashboard(
             .name("search".into())
             .spawn_scoped(scope, || {
                 let mut on_progress = |p: &Progress| {
+                    crate::alloc::note_step(p.epoch, p.step, p.steps);
                     shared.set("running".into(), SearchPhase::Running);
                     if p.step == p.steps {
                         log.line(&format!(

@@ -353,6 +353,7 @@ pub fn run_trial(
     let bar = progress_bar();
     let parent = std::env::var(SWEEP_PARENT).ok().and_then(|v| v.parse::<u32>().ok());
     let mut on_progress = |p: &Progress| {
+        crate::alloc::note_step(p.epoch, p.step, p.steps);
         show(&bar, p);
         if orphaned(parent) {
             eprintln!(

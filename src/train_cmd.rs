@@ -64,6 +64,7 @@ pub fn train(args: &TrainArgs<'_>) -> Result<()> {
     eprintln!("training {} into {}", genotype.to_darts_text(), dir.display());
     let bar = progress_bar();
     let mut on_progress = |p: &Progress| {
+        crate::alloc::note_step(p.epoch, p.step, p.steps);
         show(&bar, p);
         ControlFlow::Continue(())
     };

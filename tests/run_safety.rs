@@ -1,6 +1,7 @@
 //! Run safety as a user meets it: bad data, bad hyperparameters and misused `--resume` are
 //! clear errors (exit 1, no run folder left behind); `--extend-epochs` is the one allowed
-//! change to a run and is recorded; simultaneous `--resume` of one run lets exactly one in.
+//! change to a run and is recorded; simultaneous `--resume` of one run lets exactly one in; a
+//! full disk or a refused allocation mid-run is an error from which `--resume` finishes the run.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -462,6 +463,11 @@ fn a_full_disk_stops_the_run_cleanly_and_a_resume_finishes_it() {
     disk.resize("16m");
     let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    same_record(&run, &whole);
+}
+
+/// The run record of `run` is that of `whole` (minus `metrics.csv`'s wall-clock column).
+fn same_record(run: &Path, whole: &Path) {
     let strip = |p: &Path| -> Vec<String> {
         let t = std::fs::read_to_string(p).unwrap();
         t.lines().map(|l| l.rsplit_once(',').map_or(l, |(a, _)| a).to_string()).collect()
@@ -472,4 +478,47 @@ fn a_full_disk_stops_the_run_cleanly_and_a_resume_finishes_it() {
         let b = std::fs::read_to_string(whole.join(f)).unwrap();
         assert!(a == b, "{f} differs from the uninterrupted run's");
     }
+}
+
+/// An allocation refused in the middle of a run (the operating system's refusal, injected
+/// after epoch 2's first step by `QDARTS_INJECT_ALLOC_FAILURE`, as an address-space or cgroup
+/// limit would refuse it) ends the process with exit 1 and one line giving the size and the
+/// step, not Rust's abort; the last checkpoint verifies, and `--resume` finishes with the record
+/// of an uninterrupted run. A malformed injection value is an error naming the variable.
+#[test]
+fn a_failed_allocation_mid_run_names_the_step_and_a_resume_finishes_the_run() {
+    let d = scratch("oom");
+    let config = tiny_search("oom", 3, 2);
+    let (whole_dir, failed) = (d.join("whole"), d.join("failed"));
+    std::fs::create_dir_all(&whole_dir).unwrap();
+    std::fs::create_dir_all(&failed).unwrap();
+    let whole_cfg = write_config(&whole_dir, "s.toml", &config);
+    let out = qdarts().args(["search", "--config"]).arg(&whole_cfg).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let whole = runs(&whole_dir).pop().unwrap();
+
+    let cfg = write_config(&failed, "s.toml", &config);
+    let out = qdarts()
+        .env("QDARTS_INJECT_ALLOC_FAILURE", "1:1")
+        .args(["search", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = text(&out);
+    refused(&out, &["out of memory: an allocation of", "in epoch 2 after step 1 of 2", "--resume"]);
+    assert!(!err.contains("memory allocation of"), "Rust's abort message: {err}");
+    let run = runs(&failed).pop().unwrap();
+    let choice = qdarts_record::choose_checkpoint(&qdarts_record::RunLayout::new(&run));
+    assert!(choice.dir.is_some(), "no checkpoint verifies after the failure: {choice:?}");
+    let out = qdarts().args(["search", "--resume"]).arg(&run).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    same_record(&run, &whole);
+
+    let out = qdarts()
+        .env("QDARTS_INJECT_ALLOC_FAILURE", "1")
+        .args(["search", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    refused(&out, &["QDARTS_INJECT_ALLOC_FAILURE=1: expected EPOCH:STEP"]);
 }
