@@ -99,7 +99,7 @@ impl fmt::Display for Primitive {
 /// A name that is not a DARTS primitive.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
-    "unknown primitive `{0}`: expected one of none, max_pool_3x3, avg_pool_3x3, skip_connect, sep_conv_3x3, sep_conv_5x5, dil_conv_3x3, dil_conv_5x5"
+    "unknown primitive `{0}`: expected one of none, max_pool_3x3, avg_pool_3x3, skip_connect, sep_conv_3x3, sep_conv_5x5, dil_conv_3x3, dil_conv_5x5, sep_conv_7x7, conv_7x1_1x7"
 )]
 pub struct ParsePrimitiveError(pub String);
 
@@ -157,6 +157,11 @@ mod tests {
     #[test]
     fn unknown_names_are_errors_that_list_the_choices() {
         assert_eq!("conv_7x1_1x7".parse::<Primitive>().unwrap(), Primitive::Conv7x1_1x7);
+        // The error lists exactly the names that parse.
+        let err = "foo".parse::<Primitive>().unwrap_err().to_string();
+        let listed = err.rsplit_once("expected one of ").unwrap().1;
+        let all: Vec<&str> = Primitive::ALL.iter().map(Primitive::name).collect();
+        assert_eq!(listed, all.join(", "));
         let err = "conv_3x3".parse::<Primitive>().unwrap_err();
         assert!(err.to_string().contains("conv_3x3"));
         assert!(err.to_string().contains("sep_conv_3x3"));
