@@ -146,7 +146,8 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
         show(&bar, p);
         ControlFlow::Continue(())
     };
-    let out = run_search(&cfg, &device, args.resume, &mut on_progress)
+    let resume = args.resume;
+    let out = crate::on_rayon_worker(|| run_search(&cfg, &device, resume, &mut on_progress))
         .with_context(|| format!("search `{}` ({}) failed", cfg.name, source.display()))?;
     bar.finish_and_clear();
     report(&out);
@@ -305,7 +306,9 @@ fn with_dashboard(
                         ControlFlow::Continue(())
                     }
                 };
-                let out = run_prepared(prepared, run, resume, &mut on_progress);
+                let out = crate::on_rayon_worker(|| {
+                    run_prepared(prepared, run, resume, &mut on_progress)
+                });
                 match &out {
                     Ok(o) if o.finished => {
                         log.line(&format!("finished: {}", o.genotype.to_darts_text()));

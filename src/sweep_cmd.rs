@@ -376,7 +376,8 @@ pub fn run_trial(
             let prepared = prepare_search(&cfg, &device).with_context(context)?;
             let run = open_trial_dir(&run_dir)?;
             let out =
-                run_prepared(prepared, run, existed, &mut on_progress).with_context(context)?;
+                crate::on_rayon_worker(|| run_prepared(prepared, run, existed, &mut on_progress))
+                    .with_context(context)?;
             bar.finish_and_clear();
             if out.finished {
                 println!("{}", out.genotype.to_darts_text());
@@ -388,7 +389,10 @@ pub fn run_trial(
             let genotype = resolve_genotype(&cfg.genotype).with_context(context)?;
             let prepared = prepare_train(&cfg, &genotype, &device).with_context(context)?;
             let run = open_trial_dir(&run_dir)?;
-            run_train_prepared(prepared, &run, existed, &mut on_progress).with_context(context)?;
+            crate::on_rayon_worker(|| {
+                run_train_prepared(prepared, &run, existed, &mut on_progress)
+            })
+            .with_context(context)?;
             bar.finish_and_clear();
         }
     }

@@ -68,7 +68,9 @@ pub fn train(args: &TrainArgs<'_>) -> Result<()> {
         show(&bar, p);
         ControlFlow::Continue(())
     };
-    let result = run_train_prepared(prepared, &run, args.resume.is_some(), &mut on_progress);
+    let resume = args.resume.is_some();
+    let result =
+        crate::on_rayon_worker(|| run_train_prepared(prepared, &run, resume, &mut on_progress));
     bar.finish_and_clear();
     if result.is_err() && args.resume.is_none() && !run.checkpoint().exists() {
         drop(run);
