@@ -192,3 +192,58 @@ fn keys_switch_tabs_sort_and_ask_before_quitting_a_running_search() {
     app.key(key(KeyCode::Char('q')), true);
     assert_eq!(app.key(key(KeyCode::Char('s')), true), Action::StopSearch);
 }
+
+/// The run's tables cut in the middle of a line and followed by junk (binary bytes, rows of the
+/// wrong width, NaN and huge values, an unknown quantizer kind, a header alone), and a second
+/// copy whose tables are junk throughout: every tab draws at 80×24 and 40×10, the malformed
+/// rows are counted as skipped, and the rows before the cut still show.
+#[test]
+fn truncated_and_garbage_tables_draw_at_small_sizes() {
+    let copy = |name: &str| {
+        let dir = std::env::temp_dir().join(format!("qdarts-dash-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for e in std::fs::read_dir(run()).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_file() {
+                std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        dir
+    };
+    let tables =
+        ["metrics.csv", "alphas.csv", "genotypes.csv", "quant_error.csv", "nan_events.csv"];
+    let junk: &[u8] = b"\xff\xfe\x00garbage\n1,2\n0,1,train,NaN,1e308,-1,inf,x\n\
+        0,3,cells.0.x,bogus_kind,8,1e-3,0,1e-5,30.000,0.000000\n,,,,,,,,,,,,,,,,\n\"unclosed,1\n";
+    let cut = copy("cut");
+    for t in tables {
+        let p = cut.join(t);
+        let bytes = std::fs::read(&p).unwrap();
+        let mut half = bytes[..bytes.len() / 2].to_vec();
+        half.push(b'\n');
+        half.extend_from_slice(junk);
+        std::fs::write(&p, half).unwrap();
+    }
+    let trash = copy("trash");
+    for t in tables {
+        std::fs::write(trash.join(t), junk).unwrap();
+    }
+    std::fs::write(trash.join("alphas.csv"), "epoch,cell_type,edge,op,weight\n").unwrap();
+
+    for (dir, keeps_rows) in [(&cut, true), (&trash, false)] {
+        let mut reader = RunReader::open(dir).unwrap();
+        reader.poll().unwrap();
+        let s = reader.state();
+        assert!(s.skipped_rows > 0, "{}: no malformed row counted", dir.display());
+        assert_eq!(!s.train.is_empty(), keeps_rows, "{}", dir.display());
+        let mut app = App::new(20.0);
+        for tab in Tab::ALL {
+            app.tab = tab;
+            for (w, h) in [(80, 24), (40, 10)] {
+                let text = screen(&app, w, h, &reader);
+                assert_eq!(text.lines().count(), usize::from(h), "{tab:?} at {w}x{h}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
