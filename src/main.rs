@@ -17,12 +17,14 @@ mod search_cmd;
 mod sweep_cmd;
 mod train_cmd;
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use backend::Backend;
+use qdarts_engine::Progress;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -281,6 +283,22 @@ pub(crate) fn cpu_only(backend: Backend, command: &str) -> anyhow::Result<()> {
 /// on it too. The records are the same bit for bit (`search/tests/threads.rs`).
 pub(crate) fn on_rayon_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())
+}
+
+/// A search or training loop: `run` on a rayon worker ([`on_rayon_worker`]) with `progress`,
+/// each finished step noted first for the message of a failed allocation
+/// ([`alloc::note_step`]).
+pub(crate) fn run_loop<R: Send>(
+    progress: &mut (impl FnMut(&Progress) -> ControlFlow<()> + Send),
+    run: impl FnOnce(&mut dyn FnMut(&Progress) -> ControlFlow<()>) -> R + Send,
+) -> R {
+    on_rayon_worker(|| {
+        let mut noted = |p: &Progress| {
+            alloc::note_step(p.epoch, p.step, p.steps);
+            progress(p)
+        };
+        run(&mut noted)
+    })
 }
 
 /// `s` as a TOML string value (quotes, backslashes, newlines and control characters escaped),

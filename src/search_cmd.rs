@@ -142,12 +142,11 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
     }
     let bar = progress_bar();
     let mut on_progress = |p: &Progress| {
-        crate::alloc::note_step(p.epoch, p.step, p.steps);
         show(&bar, p);
         ControlFlow::Continue(())
     };
     let resume = args.resume;
-    let out = crate::on_rayon_worker(|| run_search(&cfg, &device, resume, &mut on_progress))
+    let out = crate::run_loop(&mut on_progress, |p| run_search(&cfg, &device, resume, p))
         .with_context(|| format!("search `{}` ({}) failed", cfg.name, source.display()))?;
     bar.finish_and_clear();
     report(&out);
@@ -285,7 +284,6 @@ fn with_dashboard(
             .name("search".into())
             .spawn_scoped(scope, || {
                 let mut on_progress = |p: &Progress| {
-                    crate::alloc::note_step(p.epoch, p.step, p.steps);
                     shared.set("running".into(), SearchPhase::Running);
                     if p.step == p.steps {
                         log.line(&format!(
@@ -306,9 +304,8 @@ fn with_dashboard(
                         ControlFlow::Continue(())
                     }
                 };
-                let out = crate::on_rayon_worker(|| {
-                    run_prepared(prepared, run, resume, &mut on_progress)
-                });
+                let out =
+                    crate::run_loop(&mut on_progress, |p| run_prepared(prepared, run, resume, p));
                 match &out {
                     Ok(o) if o.finished => {
                         log.line(&format!("finished: {}", o.genotype.to_darts_text()));

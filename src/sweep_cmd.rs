@@ -353,7 +353,6 @@ pub fn run_trial(
     let bar = progress_bar();
     let parent = std::env::var(SWEEP_PARENT).ok().and_then(|v| v.parse::<u32>().ok());
     let mut on_progress = |p: &Progress| {
-        crate::alloc::note_step(p.epoch, p.step, p.steps);
         show(&bar, p);
         if orphaned(parent) {
             eprintln!(
@@ -376,7 +375,7 @@ pub fn run_trial(
             let prepared = prepare_search(&cfg, &device).with_context(context)?;
             let run = open_trial_dir(&run_dir)?;
             let out =
-                crate::on_rayon_worker(|| run_prepared(prepared, run, existed, &mut on_progress))
+                crate::run_loop(&mut on_progress, |p| run_prepared(prepared, run, existed, p))
                     .with_context(context)?;
             bar.finish_and_clear();
             if out.finished {
@@ -389,10 +388,8 @@ pub fn run_trial(
             let genotype = resolve_genotype(&cfg.genotype).with_context(context)?;
             let prepared = prepare_train(&cfg, &genotype, &device).with_context(context)?;
             let run = open_trial_dir(&run_dir)?;
-            crate::on_rayon_worker(|| {
-                run_train_prepared(prepared, &run, existed, &mut on_progress)
-            })
-            .with_context(context)?;
+            crate::run_loop(&mut on_progress, |p| run_train_prepared(prepared, &run, existed, p))
+                .with_context(context)?;
             bar.finish_and_clear();
         }
     }

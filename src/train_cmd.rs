@@ -64,13 +64,12 @@ pub fn train(args: &TrainArgs<'_>) -> Result<()> {
     eprintln!("training {} into {}", genotype.to_darts_text(), dir.display());
     let bar = progress_bar();
     let mut on_progress = |p: &Progress| {
-        crate::alloc::note_step(p.epoch, p.step, p.steps);
         show(&bar, p);
         ControlFlow::Continue(())
     };
     let resume = args.resume.is_some();
     let result =
-        crate::on_rayon_worker(|| run_train_prepared(prepared, &run, resume, &mut on_progress));
+        crate::run_loop(&mut on_progress, |p| run_train_prepared(prepared, &run, resume, p));
     bar.finish_and_clear();
     if result.is_err() && args.resume.is_none() && !run.checkpoint().exists() {
         drop(run);

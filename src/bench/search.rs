@@ -113,7 +113,8 @@ pub struct StepTimes {
 
 /// Times `reps` search steps after `warmup` untimed ones. With a `deadline`, it stops early
 /// when the next step would end after it (judged by the last step's time): the remaining
-/// warm-up is dropped first, then timed steps, keeping at least one timed step.
+/// warm-up is dropped first, then timed steps, keeping at least one timed step. The steps run
+/// on a rayon worker, as a search runs them ([`crate::on_rayon_worker`]).
 pub fn time_search_step(
     case: &SearchCase,
     reps: usize,
@@ -121,79 +122,75 @@ pub fn time_search_step(
     deadline: Option<Instant>,
     device: &Device,
 ) -> Result<StepTimes> {
-    // As a search runs its steps ([`crate::on_rayon_worker`]).
-    crate::on_rayon_worker(|| {
-        let sh = case.shape;
-        let mut s = SearchConfig::with_defaults(1, sh.batch);
-        s.order = case.order;
-        let quant = QuantConfig::preset(case.preset);
-        let ad = device.clone().autodiff();
-        ad.seed(1);
-        let shape = NetShape {
-            c_in: sh.c_in,
-            classes: 10,
-            channels: sh.c,
-            layers: sh.layers,
-            nodes: sh.nodes,
-            stem_multiplier: 3,
-            primitives: Primitive::DARTS.to_vec(),
-            partial_channels: sh.partial,
-            bits: None,
+    crate::on_rayon_worker(|| time_steps_here(case, reps, warmup, deadline, device))
+}
+
+/// [`time_search_step`] on the calling thread.
+fn time_steps_here(
+    case: &SearchCase,
+    reps: usize,
+    warmup: usize,
+    deadline: Option<Instant>,
+    device: &Device,
+) -> Result<StepTimes> {
+    let sh = case.shape;
+    let mut s = SearchConfig::with_defaults(1, sh.batch);
+    s.order = case.order;
+    let quant = QuantConfig::preset(case.preset);
+    let ad = device.clone().autodiff();
+    ad.seed(1);
+    let shape = NetShape {
+        c_in: sh.c_in,
+        classes: 10,
+        channels: sh.c,
+        layers: sh.layers,
+        nodes: sh.nodes,
+        stem_multiplier: 3,
+        primitives: Primitive::DARTS.to_vec(),
+        partial_channels: sh.partial,
+        bits: None,
+    };
+    let mut net = SearchNetwork::new(&shape, &quant, &ad)?;
+    let mut alphas = Alphas::new(sh.nodes, Primitive::DARTS.len(), &ad);
+    let (mut w_optim, mut a_optim) = build_optimizers(&s);
+    let batch = || -> Batch {
+        (
+            Tensor::random([sh.batch, sh.c_in, sh.hw, sh.hw], Distribution::Normal(0.0, 1.0), &ad),
+            Tensor::<1>::random([sh.batch], Distribution::Uniform(0.0, 9.99), &ad).int(),
+        )
+    };
+    let (tb, vb) = (batch(), batch());
+    let mut times = Vec::with_capacity(reps);
+    let mut peak: Option<u64> = None;
+    let (mut warmed, mut last) = (0, None::<f64>);
+    for i in 0..warmup + reps {
+        let over = match (deadline, last) {
+            (Some(d), Some(l)) => Instant::now() + Duration::from_secs_f64(l) > d,
+            _ => false,
         };
-        let mut net = SearchNetwork::new(&shape, &quant, &ad)?;
-        let mut alphas = Alphas::new(sh.nodes, Primitive::DARTS.len(), &ad);
-        let (mut w_optim, mut a_optim) = build_optimizers(&s);
-        let batch = || -> Batch {
-            (
-                Tensor::random(
-                    [sh.batch, sh.c_in, sh.hw, sh.hw],
-                    Distribution::Normal(0.0, 1.0),
-                    &ad,
-                ),
-                Tensor::<1>::random([sh.batch], Distribution::Uniform(0.0, 9.99), &ad).int(),
-            )
-        };
-        let (tb, vb) = (batch(), batch());
-        let mut times = Vec::with_capacity(reps);
-        let mut peak: Option<u64> = None;
-        let (mut warmed, mut last) = (0, None::<f64>);
-        for i in 0..warmup + reps {
-            let over = match (deadline, last) {
-                (Some(d), Some(l)) => Instant::now() + Duration::from_secs_f64(l) > d,
-                _ => false,
-            };
-            if over && !times.is_empty() {
-                break;
-            }
-            // Out of time during warm-up: time this step, so the row keeps one measurement.
-            let timed = i >= warmup || over;
-            let probe = MemProbe::start(device);
-            let start = Instant::now();
-            alphas = arch_step(
-                &net,
-                alphas,
-                (&mut a_optim, &w_optim),
-                (&tb, &vb),
-                s.w_lr,
-                &s,
-                None,
-                0.0,
-            );
-            let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, s.w_lr, &s);
-            net = n;
-            settle_alphas(&alphas);
-            let took = start.elapsed().as_secs_f64();
-            last = Some(took);
-            if timed {
-                times.push(took);
-                peak = peak.max(probe.finish(device));
-            } else {
-                warmed += 1;
-            }
+        if over && !times.is_empty() {
+            break;
         }
-        let runs = (warmed, times.len());
-        Ok(StepTimes { time: Timing::of(times), peak, runs })
-    })
+        // Out of time during warm-up: time this step, so the row keeps one measurement.
+        let timed = i >= warmup || over;
+        let probe = MemProbe::start(device);
+        let start = Instant::now();
+        alphas =
+            arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None, 0.0);
+        let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, s.w_lr, &s);
+        net = n;
+        settle_alphas(&alphas);
+        let took = start.elapsed().as_secs_f64();
+        last = Some(took);
+        if timed {
+            times.push(took);
+            peak = peak.max(probe.finish(device));
+        } else {
+            warmed += 1;
+        }
+    }
+    let runs = (warmed, times.len());
+    Ok(StepTimes { time: Timing::of(times), peak, runs })
 }
 
 /// Waits for the step's lazy work (GPU backends) by reading one α value back.

@@ -1,11 +1,8 @@
 //! Shared by the integration tests that run on every backend compiled in.
 
 use burn::tensor::Device;
-
-/// Flex, and the other backends compiled into this build ([`qdarts_kernels::devices::compiled`]).
-pub fn devices() -> Vec<(&'static str, Device)> {
-    qdarts_kernels::devices::compiled()
-}
+/// Flex, and the other backends compiled into this build.
+pub use qdarts_kernels::devices::compiled as devices;
 
 /// Whether the fused fake-quant kernel is written for the backend of `devices()`'s entry
 /// `name`: flex and the CubeCL runtimes; LibTorch runs the composite form.
