@@ -3,11 +3,13 @@
 timed, so that the two figures compare like for like (same model, same images, same threads).
 
 usage: ort_bench.py MODEL_ONNX --images RAW_F32 --shape N,C,H,W [--threads 1,2] [--reps 5]
-                    [--batch 200]
-RAW_F32 holds the normalized images as little-endian float32, N·C·H·W of them.
+                    [--batch 200] [--limit N]
+RAW_F32 holds the normalized images as little-endian float32, N·C·H·W of them (--limit: time
+only the first N).
 Prints one CSV row per optimization level and thread count:
-    level,threads,images_per_s,min,max
-(median, slowest and fastest of REPS passes after one warm-up pass).
+    level,threads,images_per_s,min,max,passes
+(median, slowest and fastest of REPS passes after one warm-up pass; passes: each pass's
+images/s, separated by ';').
 Exit status 0 on success, 2 on bad input, 3 when onnxruntime is not installed.
 Needs: onnxruntime, numpy (pip install onnxruntime numpy).
 """
@@ -32,6 +34,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--limit", type=int, default=0)
     args = ap.parse_args()
     try:
         shape = tuple(int(v) for v in args.shape.split(","))
@@ -39,8 +42,8 @@ def main():
     except ValueError:
         print(f"--shape {args.shape!r} / --threads {args.threads!r}: integers separated by commas", file=sys.stderr)
         return 2
-    if len(shape) != 4 or min(shape) < 1 or min(threads) < 1 or args.reps < 1 or args.batch < 1:
-        print("--shape needs four positive sizes; --threads, --reps and --batch must be positive", file=sys.stderr)
+    if len(shape) != 4 or min(shape) < 1 or min(threads) < 1 or args.reps < 1 or args.batch < 1 or args.limit < 0:
+        print("--shape needs four positive sizes; --threads, --reps and --batch must be positive, --limit not negative", file=sys.stderr)
         return 2
     for p in (args.model, args.images):
         if not os.path.exists(p):
@@ -51,8 +54,11 @@ def main():
         print(f"{args.images}: {x.size} floats for shape {shape}", file=sys.stderr)
         return 2
     x = x.reshape(shape)
+    if args.limit:
+        x = x[:args.limit]
+        shape = x.shape
     batches = [x[i:i + args.batch] for i in range(0, shape[0], args.batch)]
-    print("level,threads,images_per_s,min,max")
+    print("level,threads,images_per_s,min,max,passes")
     for name, level in (("all", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
                         ("none", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):
         for t in threads:
@@ -69,8 +75,9 @@ def main():
                 t0 = time.perf_counter()
                 run()
                 rates.append(shape[0] / (time.perf_counter() - t0))
+            passes = ";".join(f"{r:.3f}" for r in rates)
             rates.sort()
-            print(f"{name},{t},{rates[len(rates) // 2]:.3f},{rates[0]:.3f},{rates[-1]:.3f}", flush=True)
+            print(f"{name},{t},{rates[len(rates) // 2]:.3f},{rates[0]:.3f},{rates[-1]:.3f},{passes}", flush=True)
     return 0
 
 

@@ -241,9 +241,38 @@ pub fn peak_bytes() -> usize {
     PEAK.load(Ordering::Relaxed)
 }
 
+/// The process's peak resident set size so far (`VmHWM` in `/proc/self/status`), where the
+/// system reports one: the measure a Python process gives of itself with `ru_maxrss`, so the
+/// two compare like for like. It counts what the heap counters leave out (the binary, its
+/// libraries, freed pages the allocator keeps mapped).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    kib.trim().strip_suffix("kB")?.trim().parse::<u64>().ok().map(|k| k * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peak_rss_counts_memory_that_was_touched() {
+        let Some(before) = peak_rss_bytes() else {
+            eprintln!("skipped: no /proc/self/status VmHWM here");
+            return;
+        };
+        let mb = 256usize << 20;
+        let mut v = vec![0u8; mb];
+        for i in (0..mb).step_by(4096) {
+            v[i] = (i % 251) as u8 + 1;
+        }
+        std::hint::black_box(&v);
+        let after = peak_rss_bytes().expect("VmHWM read once, so again");
+        assert!(
+            after >= before && after >= mb as u64,
+            "peak RSS {after} after touching {mb} bytes"
+        );
+    }
 
     #[test]
     fn the_option_set_is_mimallocs_purge_delay_and_it_is_turned_off() {

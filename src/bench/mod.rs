@@ -99,6 +99,10 @@ pub enum BenchCommand {
         /// Timed passes over the test set per row (after one warm-up).
         #[arg(long, default_value_t = 3)]
         reps: usize,
+        /// Rounds of qdarts then onnxruntime, alternating; the ratios are the median of the
+        /// per-round ratios with their min..max.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Also time the direct (reference) convolution kernel.
         #[arg(long)]
         direct: bool,
@@ -232,10 +236,10 @@ impl SearchRequest {
 /// Runs a benchmark command.
 pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
     match cmd {
-        BenchCommand::Runtime { run, reps, direct, python, csv } => {
+        BenchCommand::Runtime { run, reps, rounds, direct, python, csv } => {
             crate::cpu_only(backend, "bench runtime")?;
             let python = (python != "none").then_some(python.as_str());
-            runtime::runtime_bench(&run, reps, direct, python, csv.as_deref())
+            runtime::runtime_bench(&run, reps, rounds, direct, python, csv.as_deref())
         }
         BenchCommand::Quant { shape, reps, csv } => {
             if reps == 0 {
@@ -279,26 +283,31 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 backend.label()
             );
             println!(
-                "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10}",
-                "shape", "network", "order", "quant", "s/step", "min..max", "peak MiB"
+                "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10} {:>10}",
+                "shape", "network", "order", "quant", "s/step", "min..max", "peak MiB", "RSS MiB"
             );
             let mut rows = Vec::new();
             for case in &cases {
                 let t = search::time_search_step(case, reps, warmup, None, &device)?;
                 let (sh, tm) = (case.shape, t.time);
-                let peak = t.peak.map_or(String::new(), |p| format!("{:.1}", p as f64 / 1048576.0));
+                let mib = |b: Option<u64>| {
+                    b.map_or(String::new(), |p| format!("{:.1}", p as f64 / 1048576.0))
+                };
+                // The process's peak so far: with one case per process, that case's.
+                let rss = crate::alloc::peak_rss_bytes();
                 println!(
-                    "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10}",
+                    "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10} {:>10}",
                     sh.name,
                     sh.describe(),
                     order_name(case.order),
                     preset_name(case.preset),
                     tm.median,
                     format!("{:.2}..{:.2}", tm.min, tm.max),
-                    peak
+                    mib(t.peak),
+                    mib(rss)
                 );
                 rows.push(format!(
-                    "{},{},{},{},{},{:.4},{:.4},{:.4},{}",
+                    "{},{},{},{},{},{:.4},{:.4},{:.4},{},{}",
                     backend.label(),
                     sh.name,
                     sh.describe(),
@@ -307,13 +316,14 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     tm.median,
                     tm.min,
                     tm.max,
-                    t.peak.map_or(String::new(), |p| p.to_string())
+                    t.peak.map_or(String::new(), |p| p.to_string()),
+                    rss.map_or(String::new(), |p| p.to_string())
                 ));
             }
             if let Some(path) = csv {
                 timing::write_csv(
                     &path,
-                    "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes",
+                    "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes,peak_rss_bytes",
                     rows,
                 )
                 .with_context(|| format!("writing {}", path.display()))?;

@@ -16,26 +16,31 @@ use qdarts_train::{TrainConfig, test_set};
 
 use super::timing::write_csv;
 
-/// One row of the table: a runtime on a number of threads.
+/// One row of the table: a runtime on a number of threads, over every round.
 struct Rate {
     name: String,
     threads: usize,
+    /// Median over the rounds of each round's median images/s.
     median: f64,
     min: f64,
     max: f64,
+    /// Each round's median images/s.
+    rounds: Vec<f64>,
 }
 
 /// `bench runtime`: images/s of the integer runtime over the run's test set, and of
-/// onnxruntime when `python` has it.
+/// onnxruntime when `python` has it. With `rounds` > 1 the two alternate (qdarts, onnxruntime,
+/// qdarts, …), and each ratio is the median of the per-round ratios with their min..max.
 pub fn runtime_bench(
     run: &Path,
     reps: usize,
+    rounds: usize,
     direct: bool,
     python: Option<&str>,
     csv: Option<&Path>,
 ) -> Result<()> {
-    if reps == 0 {
-        bail!("--reps must be at least 1");
+    if reps == 0 || rounds == 0 {
+        bail!("--reps and --rounds must be at least 1");
     }
     let layout = RunLayout::new(run);
     let qdf = layout.frozen_model();
@@ -51,56 +56,89 @@ pub fn runtime_bench(
         threads.push(cores);
     }
     println!(
-        "integer runtime on {} ({} test images, {:.1} M MACs/image), median of {reps} passes after 1 warm-up",
+        "integer runtime on {} ({} test images, {:.1} M MACs/image), median of {reps} passes after 1 warm-up, {rounds} round(s)",
         qdf.display(),
         n,
         model.macs()?.iter().map(|m| m.0).sum::<u64>() as f64 / 1e6
     );
-    // Where one thread's time goes, per node kind (over at most 200 images).
-    let profiled = n.min(200);
-    let profile = Runtime::new(&model)?.profile(&images[..profiled * model_len(&model)]);
-    let total: f64 = profile.iter().map(|p| p.seconds).sum();
-    println!("one thread, fast kernels, by node kind ({profiled} images):");
-    println!("{:<16} {:>8} {:>10} {:>12}", "node kind", "share", "ms/image", "GMAC/s");
-    let imgs = profiled.max(1) as f64;
-    for p in &profile {
-        println!(
-            "{:<16} {:>7.1}% {:>10.4} {:>12}",
-            p.kind,
-            100.0 * p.seconds / total.max(1e-12),
-            1000.0 * p.seconds / imgs,
-            if p.macs > 0 {
-                format!("{:.2}", p.macs as f64 / p.seconds.max(1e-12) / 1e9)
+    print_profile(&model, &images, n)?;
+    let ort = match python {
+        Some(py) => {
+            let onnx = layout.onnx_model();
+            if onnx.exists() {
+                let shape = [
+                    n,
+                    model.graph.input_shape[0],
+                    model.graph.input_shape[1],
+                    model.graph.input_shape[2],
+                ];
+                OrtBench::new(py, &onnx, &images, shape)?
             } else {
-                String::new()
+                println!(
+                    "note: {} is missing (run qdarts export): onnxruntime left out",
+                    onnx.display()
+                );
+                None
             }
-        );
-    }
+        }
+        None => None,
+    };
     let mut kernels = vec![Kernels::Fast];
     if direct {
         kernels.push(Kernels::Direct);
     }
-    let mut rows = Vec::new();
-    let mut logits = Vec::new();
-    for k in kernels {
-        let rt = Runtime::with_kernels(&model, k)?;
-        for &t in &threads {
-            let warm = rt.run(&images, t);
-            if logits.len() == usize::from(k == Kernels::Direct) {
-                logits.push(warm);
+    let runtimes = kernels
+        .iter()
+        .map(|&k| Runtime::with_kernels(&model, k).map(|rt| (k, rt)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rows: Vec<Rate> = Vec::new();
+    let mut add = |name: &str, threads: usize, rates: Vec<f64>| {
+        let row = match rows.iter_mut().find(|r| r.name == name && r.threads == threads) {
+            Some(r) => r,
+            None => {
+                rows.push(Rate {
+                    name: name.into(),
+                    threads,
+                    median: 0.0,
+                    min: f64::INFINITY,
+                    max: 0.0,
+                    rounds: Vec::new(),
+                });
+                rows.last_mut().expect("just pushed")
             }
-            let rates: Vec<f64> = (0..reps)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    std::hint::black_box(rt.run(&images, t));
-                    n as f64 / t0.elapsed().as_secs_f64()
-                })
-                .collect();
-            let name = match k {
-                Kernels::Fast => "qdarts",
-                Kernels::Direct => "qdarts (direct kernel)",
-            };
-            rows.push(summarise(name, t, rates));
+        };
+        let (m, lo, hi) = median_min_max(rates);
+        row.rounds.push(m);
+        row.min = row.min.min(lo);
+        row.max = row.max.max(hi);
+        row.median = median_min_max(row.rounds.clone()).0;
+    };
+    let mut logits = Vec::new();
+    for round in 0..rounds {
+        for (k, rt) in &runtimes {
+            for &t in &threads {
+                let warm = rt.run(&images, t);
+                if round == 0 && logits.len() == usize::from(*k == Kernels::Direct) {
+                    logits.push(warm);
+                }
+                let rates: Vec<f64> = (0..reps)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        std::hint::black_box(rt.run(&images, t));
+                        n as f64 / t0.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                let name = match k {
+                    Kernels::Fast => "qdarts",
+                    Kernels::Direct => "qdarts (direct kernel)",
+                };
+                add(name, t, rates);
+            }
+        }
+        if let Some(ort) = &ort {
+            for (name, t, rates) in ort.rates(&threads, reps)? {
+                add(&name, t, rates);
+            }
         }
     }
     if let [fast, direct] = &logits[..] {
@@ -119,48 +157,79 @@ pub fn runtime_bench(
             );
         }
     }
-    if let Some(py) = python {
-        let onnx = layout.onnx_model();
-        if !onnx.exists() {
-            println!(
-                "note: {} is missing (run qdarts export): onnxruntime left out",
-                onnx.display()
-            );
-        } else {
-            let shape = [
-                n,
-                model.graph.input_shape[0],
-                model.graph.input_shape[1],
-                model.graph.input_shape[2],
-            ];
-            rows.extend(onnxruntime_rates(py, &onnx, &images, shape, &threads, reps)?);
-        }
+    print_rates(&rows, rounds, csv)
+}
+
+/// Where one thread's time goes, per node kind (over at most 200 images).
+fn print_profile(model: &qdarts_frozen::FrozenModel, images: &[f32], n: usize) -> Result<()> {
+    let profiled = n.min(200);
+    let profile = Runtime::new(model)?.profile(&images[..profiled * model_len(model)]);
+    let total: f64 = profile.iter().map(|p| p.seconds).sum();
+    println!("one thread, fast kernels, by node kind ({profiled} images):");
+    println!("{:<16} {:>8} {:>10} {:>12}", "node kind", "share", "ms/image", "GMAC/s");
+    let imgs = profiled.max(1) as f64;
+    for p in &profile {
+        println!(
+            "{:<16} {:>7.1}% {:>10.4} {:>12}",
+            p.kind,
+            100.0 * p.seconds / total.max(1e-12),
+            1000.0 * p.seconds / imgs,
+            if p.macs > 0 {
+                format!("{:.2}", p.macs as f64 / p.seconds.max(1e-12) / 1e9)
+            } else {
+                String::new()
+            }
+        );
     }
+    Ok(())
+}
+
+/// The table (and CSV): each row's images/s, and qdarts' images/s over the row's, as the
+/// median of the per-round ratios with their min..max.
+fn print_rates(rows: &[Rate], rounds: usize, csv: Option<&Path>) -> Result<()> {
+    let ratio_of = |r: &Rate| {
+        let ours = rows.iter().find(|o| o.name == "qdarts" && o.threads == r.threads)?;
+        let per_round = ours.rounds.iter().zip(&r.rounds).map(|(q, o)| q / o).collect();
+        Some(median_min_max(per_round))
+    };
     println!(
-        "{:<34} {:>8} {:>12} {:>10} {:>20} {:>9}",
+        "{:<34} {:>8} {:>12} {:>10} {:>20} {:>22}",
         "runtime", "threads", "images/s", "ms/image", "min..max images/s", "vs qdarts"
     );
-    for r in &rows {
-        let ours = rows.iter().find(|o| o.name == "qdarts" && o.threads == r.threads);
-        let ratio = ours.map_or(String::new(), |o| format!("{:.2}×", o.median / r.median));
+    let mut lines = Vec::new();
+    for r in rows {
+        let ratio = ratio_of(r);
+        let shown = ratio.map_or(String::new(), |(m, lo, hi)| {
+            if rounds > 1 { format!("{m:.2}× ({lo:.2}..{hi:.2})") } else { format!("{m:.2}×") }
+        });
         println!(
-            "{:<34} {:>8} {:>12.1} {:>10.3} {:>20} {:>9}",
+            "{:<34} {:>8} {:>12.1} {:>10.3} {:>20} {:>22}",
             r.name,
             r.threads,
             r.median,
             1000.0 / r.median,
             format!("{:.1}..{:.1}", r.min, r.max),
-            ratio
+            shown
         );
+        let (m, lo, hi) = ratio
+            .map_or((String::new(), String::new(), String::new()), |(m, lo, hi)| {
+                (format!("{m:.4}"), format!("{lo:.4}"), format!("{hi:.4}"))
+            });
+        lines.push(format!(
+            "{},{},{:.3},{:.3},{:.3},{rounds},{m},{lo},{hi}",
+            r.name, r.threads, r.median, r.min, r.max
+        ));
     }
     println!(
-        "(vs qdarts: qdarts' images/s over the row's, same threads; above 1 means qdarts is faster)"
+        "(vs qdarts: qdarts' images/s over the row's, same threads; above 1 means qdarts is faster{})",
+        if rounds > 1 { "; median of the per-round ratios (min..max)" } else { "" }
     );
     if let Some(p) = csv {
-        let lines = rows
-            .iter()
-            .map(|r| format!("{},{},{:.3},{:.3},{:.3}", r.name, r.threads, r.median, r.min, r.max));
-        write_csv(p, "runtime,threads,images_per_s,min,max", lines)?;
+        write_csv(
+            p,
+            "runtime,threads,images_per_s,min,max,rounds,vs_qdarts,vs_qdarts_min,vs_qdarts_max",
+            lines,
+        )?;
     }
     Ok(())
 }
@@ -169,15 +238,10 @@ fn model_len(model: &qdarts_frozen::FrozenModel) -> usize {
     model.graph.input_shape.iter().product()
 }
 
-fn summarise(name: &str, threads: usize, mut rates: Vec<f64>) -> Rate {
-    rates.sort_by(f64::total_cmp);
-    Rate {
-        name: name.into(),
-        threads,
-        median: rates[rates.len() / 2],
-        min: rates[0],
-        max: rates[rates.len() - 1],
-    }
+/// The median, smallest and largest of `v` (not empty).
+fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 /// `scripts/ort_bench.py`, looked for under the working directory, then in the source tree
@@ -187,84 +251,111 @@ fn ort_script() -> Option<PathBuf> {
     [rel.clone(), Path::new(env!("CARGO_MANIFEST_DIR")).join(&rel)].into_iter().find(|p| p.exists())
 }
 
-/// onnxruntime's images/s on `onnx` over `images` (the normalized floats the integer runtime
-/// ran), at both graph optimization levels. Empty, with a note, when Python, onnxruntime or
-/// the script is missing.
-fn onnxruntime_rates(
-    python: &str,
-    onnx: &Path,
-    images: &[f32],
+/// onnxruntime timed by `scripts/ort_bench.py` on a run's ONNX model over the very images
+/// the integer runtime ran (written once to a temporary file, removed on drop).
+struct OrtBench {
+    python: String,
+    script: PathBuf,
+    onnx: PathBuf,
+    dir: PathBuf,
     shape: [usize; 4],
-    threads: &[usize],
-    reps: usize,
-) -> Result<Vec<Rate>> {
-    let Some(script) = ort_script() else {
-        println!("note: scripts/ort_bench.py not found: onnxruntime left out");
-        return Ok(Vec::new());
-    };
-    let dir = std::env::temp_dir().join(format!("qdarts-ort-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let raw = dir.join("images.f32");
-    let bytes: Vec<u8> = images.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let written = std::fs::write(&raw, bytes).with_context(|| format!("writing {}", raw.display()));
-    let out = written.and_then(|()| {
-        Command::new(python)
-            .arg(&script)
-            .arg(onnx)
+}
+
+impl Drop for OrtBench {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl OrtBench {
+    /// `None`, with a note, when the script, Python or its onnxruntime is missing.
+    fn new(python: &str, onnx: &Path, images: &[f32], shape: [usize; 4]) -> Result<Option<Self>> {
+        let Some(script) = ort_script() else {
+            println!("note: scripts/ort_bench.py not found: onnxruntime left out");
+            return Ok(None);
+        };
+        let dir = std::env::temp_dir().join(format!("qdarts-ort-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let bench = OrtBench { python: python.into(), script, onnx: onnx.into(), dir, shape };
+        let raw = bench.images();
+        let bytes: Vec<u8> = images.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&raw, bytes).with_context(|| format!("writing {}", raw.display()))?;
+        // One pass on one image tells whether Python and onnxruntime are there at all.
+        match bench.call(&[1], 1, 1) {
+            Ok(Some(_)) => Ok(Some(bench)),
+            Ok(None) => {
+                println!(
+                    "note: {python} has no onnxruntime (pip install onnxruntime numpy): onnxruntime left out"
+                );
+                Ok(None)
+            }
+            Err(e) => {
+                println!("note: {e:#}: onnxruntime left out (--python names the interpreter)");
+                Ok(None)
+            }
+        }
+    }
+
+    fn images(&self) -> PathBuf {
+        self.dir.join("images.f32")
+    }
+
+    /// Each optimization level's rates per thread count: (row name, threads, images/s of each
+    /// timed pass).
+    fn rates(&self, threads: &[usize], reps: usize) -> Result<Vec<(String, usize, Vec<f64>)>> {
+        let text = self.call(threads, reps, 0)?.context("onnxruntime went missing")?;
+        let mut rows = Vec::new();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split(',').collect();
+            let unreadable =
+                || anyhow::anyhow!("{}: unreadable row {line:?}", self.script.display());
+            let level = match f.first() {
+                Some(&"all") => "graph optimizations on",
+                Some(&"none") => "graph optimizations off",
+                _ => return Err(unreadable()),
+            };
+            let t = f.get(1).and_then(|v| v.parse().ok()).ok_or_else(unreadable)?;
+            let passes = f
+                .get(5)
+                .ok_or_else(unreadable)?
+                .split(';')
+                .map(|v| v.parse::<f64>().map_err(|_| unreadable()))
+                .collect::<Result<Vec<_>>>()?;
+            rows.push((format!("onnxruntime ({level})"), t, passes));
+        }
+        if rows.is_empty() {
+            bail!("{} printed no rows:\n{text}", self.script.display());
+        }
+        Ok(rows)
+    }
+
+    /// Runs the script: its stdout, `None` when Python lacks onnxruntime. `limit` > 0 times
+    /// only that many images.
+    fn call(&self, threads: &[usize], reps: usize, limit: usize) -> Result<Option<String>> {
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(&self.script)
+            .arg(&self.onnx)
             .arg("--images")
-            .arg(&raw)
+            .arg(self.images())
             .arg("--shape")
-            .arg(shape.map(|v| v.to_string()).join(","))
+            .arg(self.shape.map(|v| v.to_string()).join(","))
             .arg("--threads")
             .arg(threads.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
             .arg("--reps")
-            .arg(reps.to_string())
-            .output()
-            .with_context(|| format!("running {python}"))
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = match out {
-        Ok(o) => o,
-        Err(e) => {
-            println!("note: {e:#}: onnxruntime left out (--python names the interpreter)");
-            return Ok(Vec::new());
+            .arg(reps.to_string());
+        if limit > 0 {
+            cmd.arg("--limit").arg(limit.to_string());
         }
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    match out.status.code() {
-        Some(0) => {}
-        Some(3) => {
-            println!(
-                "note: {python} has no onnxruntime (pip install onnxruntime numpy): onnxruntime left out"
-            );
-            return Ok(Vec::new());
+        let out = cmd.output().with_context(|| format!("running {}", self.python))?;
+        match out.status.code() {
+            Some(0) => Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned())),
+            Some(3) => Ok(None),
+            _ => bail!(
+                "{} failed ({}):\n{}",
+                self.script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ),
         }
-        _ => bail!("{} failed ({}):\n{stderr}", script.display(), out.status),
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut rows = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        let parse = |i: usize| -> Result<f64> {
-            f.get(i)
-                .and_then(|v| v.parse().ok())
-                .with_context(|| format!("{}: unreadable row {line:?}", script.display()))
-        };
-        let level = match f.first() {
-            Some(&"all") => "graph optimizations on",
-            Some(&"none") => "graph optimizations off",
-            _ => bail!("{}: unreadable row {line:?}", script.display()),
-        };
-        rows.push(Rate {
-            name: format!("onnxruntime ({level})"),
-            threads: parse(1)? as usize,
-            median: parse(2)?,
-            min: parse(3)?,
-            max: parse(4)?,
-        });
-    }
-    if rows.is_empty() {
-        bail!("{} printed no rows:\n{text}{stderr}", script.display());
-    }
-    Ok(rows)
 }
