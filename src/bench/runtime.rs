@@ -14,18 +14,23 @@ use qdarts_record::RunLayout;
 use qdarts_train::eval::{check_input, normalized};
 use qdarts_train::{TrainConfig, test_set};
 
-use super::timing::write_csv;
+use super::timing::{Timing, write_csv};
 
 /// One row of the table: a runtime on a number of threads, over every round.
 struct Rate {
     name: String,
     threads: usize,
-    /// Median over the rounds of each round's median images/s.
-    median: f64,
     min: f64,
     max: f64,
     /// Each round's median images/s.
     rounds: Vec<f64>,
+}
+
+impl Rate {
+    /// The median over the rounds of each round's median images/s.
+    fn median(&self) -> f64 {
+        Timing::of(self.rounds.clone()).median
+    }
 }
 
 /// `bench runtime`: images/s of the integer runtime over the run's test set, and of
@@ -99,7 +104,6 @@ pub fn runtime_bench(
                 rows.push(Rate {
                     name: name.into(),
                     threads,
-                    median: 0.0,
                     min: f64::INFINITY,
                     max: 0.0,
                     rounds: Vec::new(),
@@ -107,11 +111,10 @@ pub fn runtime_bench(
                 rows.last_mut().expect("just pushed")
             }
         };
-        let (m, lo, hi) = median_min_max(rates);
-        row.rounds.push(m);
-        row.min = row.min.min(lo);
-        row.max = row.max.max(hi);
-        row.median = median_min_max(row.rounds.clone()).0;
+        let t = Timing::of(rates);
+        row.rounds.push(t.median);
+        row.min = row.min.min(t.min);
+        row.max = row.max.max(t.max);
     };
     let mut logits = Vec::new();
     for round in 0..rounds {
@@ -189,8 +192,7 @@ fn print_profile(model: &qdarts_frozen::FrozenModel, images: &[f32], n: usize) -
 fn print_rates(rows: &[Rate], rounds: usize, csv: Option<&Path>) -> Result<()> {
     let ratio_of = |r: &Rate| {
         let ours = rows.iter().find(|o| o.name == "qdarts" && o.threads == r.threads)?;
-        let per_round = ours.rounds.iter().zip(&r.rounds).map(|(q, o)| q / o).collect();
-        Some(median_min_max(per_round))
+        Some(Timing::of(ours.rounds.iter().zip(&r.rounds).map(|(q, o)| q / o).collect()))
     };
     println!(
         "{:<34} {:>8} {:>12} {:>10} {:>20} {:>22}",
@@ -199,25 +201,32 @@ fn print_rates(rows: &[Rate], rounds: usize, csv: Option<&Path>) -> Result<()> {
     let mut lines = Vec::new();
     for r in rows {
         let ratio = ratio_of(r);
-        let shown = ratio.map_or(String::new(), |(m, lo, hi)| {
-            if rounds > 1 { format!("{m:.2}× ({lo:.2}..{hi:.2})") } else { format!("{m:.2}×") }
+        let shown = ratio.map_or(String::new(), |t| {
+            if rounds > 1 {
+                format!("{:.2}× ({:.2}..{:.2})", t.median, t.min, t.max)
+            } else {
+                format!("{:.2}×", t.median)
+            }
         });
         println!(
             "{:<34} {:>8} {:>12.1} {:>10.3} {:>20} {:>22}",
             r.name,
             r.threads,
-            r.median,
-            1000.0 / r.median,
+            r.median(),
+            1000.0 / r.median(),
             format!("{:.1}..{:.1}", r.min, r.max),
             shown
         );
-        let (m, lo, hi) = ratio
-            .map_or((String::new(), String::new(), String::new()), |(m, lo, hi)| {
-                (format!("{m:.4}"), format!("{lo:.4}"), format!("{hi:.4}"))
-            });
+        let (m, lo, hi) = ratio.map_or((String::new(), String::new(), String::new()), |t| {
+            (format!("{:.4}", t.median), format!("{:.4}", t.min), format!("{:.4}", t.max))
+        });
         lines.push(format!(
             "{},{},{:.3},{:.3},{:.3},{rounds},{m},{lo},{hi}",
-            r.name, r.threads, r.median, r.min, r.max
+            r.name,
+            r.threads,
+            r.median(),
+            r.min,
+            r.max
         ));
     }
     println!(
@@ -236,12 +245,6 @@ fn print_rates(rows: &[Rate], rounds: usize, csv: Option<&Path>) -> Result<()> {
 
 fn model_len(model: &qdarts_frozen::FrozenModel) -> usize {
     model.graph.input_shape.iter().product()
-}
-
-/// The median, smallest and largest of `v` (not empty).
-fn median_min_max(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 /// `scripts/ort_bench.py`, looked for under the working directory, then in the source tree
