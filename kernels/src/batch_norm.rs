@@ -240,7 +240,13 @@ mod flex_impl {
     /// `f(p, plane)` for every plane `p` of `xs` (`plane` long), in parallel: one value each.
     fn per_plane(xs: &[f32], plane: usize, f: impl Fn(usize, &[f32]) -> f32 + Sync) -> Vec<f32> {
         let mut parts = vec![0.0f32; xs.len() / plane.max(1)];
-        planes(&mut parts, 1, [], |p, out, _| out[0] = f(p, &xs[p * plane..][..plane]));
+        planes(
+            &mut parts,
+            1,
+            [],
+            #[inline(always)]
+            |p, out, _| out[0] = f(p, &xs[p * plane..][..plane]),
+        );
         parts
     }
 
@@ -248,22 +254,28 @@ mod flex_impl {
     fn scale_shift(xs: &[f32], dims: Vec<usize>, ws: &[f32], bs: Option<&[f32]>) -> FlexTensor {
         let (c, plane, _) = geometry(&dims);
         let mut out = vec![0.0f32; xs.len()];
-        planes(&mut out, plane, [], |p, y, _| {
-            let (wv, src) = (ws[p % c], &xs[p * plane..][..plane]);
-            match bs {
-                Some(bs) => {
-                    let bv = bs[p % c];
-                    for (o, &v) in y.iter_mut().zip(src) {
-                        *o = v * wv + bv;
+        planes(
+            &mut out,
+            plane,
+            [],
+            #[inline(always)]
+            |p, y, _| {
+                let (wv, src) = (ws[p % c], &xs[p * plane..][..plane]);
+                match bs {
+                    Some(bs) => {
+                        let bv = bs[p % c];
+                        for (o, &v) in y.iter_mut().zip(src) {
+                            *o = v * wv + bv;
+                        }
+                    }
+                    None => {
+                        for (o, &v) in y.iter_mut().zip(src) {
+                            *o = v * wv;
+                        }
                     }
                 }
-                None => {
-                    for (o, &v) in y.iter_mut().zip(src) {
-                        *o = v * wv;
-                    }
-                }
-            }
-        });
+            },
+        );
         tensor(out, dims)
     }
 
@@ -273,12 +285,25 @@ mod flex_impl {
             let xs = slice(&x);
             let (c, plane, count) = geometry(&xd);
             let count = count as f64;
-            let means: Vec<f64> = per_channel(&per_plane(xs, plane, |_, v| sum(v)), c)
-                .into_iter()
-                .map(|s| s / count)
-                .collect();
+            let means: Vec<f64> = per_channel(
+                &per_plane(
+                    xs,
+                    plane,
+                    #[inline(always)]
+                    |_, v| sum(v),
+                ),
+                c,
+            )
+            .into_iter()
+            .map(|s| s / count)
+            .collect();
             let mean32: Vec<f32> = means.iter().map(|&m| m as f32).collect();
-            let squares = per_plane(xs, plane, |p, v| centered_squares(v, mean32[p % c]));
+            let squares = per_plane(
+                xs,
+                plane,
+                #[inline(always)]
+                |p, v| centered_squares(v, mean32[p % c]),
+            );
             let vars = per_channel(&squares, c).into_iter().map(|s| s / count);
             let out = mean32.iter().copied().chain(vars.map(|v| v as f32)).collect();
             tensor(out, vec![2, c])
@@ -298,12 +323,18 @@ mod flex_impl {
             let ab: Vec<(f32, f32, f32)> =
                 (0..c).map(|ch| (gs[ch] / count, 2.0 * gs[c + ch] / count, ms[ch])).collect();
             let mut out = vec![0.0f32; xs.len()];
-            planes(&mut out, plane, [], |p, dx, _| {
-                let (a, b, mean) = ab[p % c];
-                for (d, &v) in dx.iter_mut().zip(&xs[p * plane..][..plane]) {
-                    *d = a + b * (v - mean);
-                }
-            });
+            planes(
+                &mut out,
+                plane,
+                [],
+                #[inline(always)]
+                |p, dx, _| {
+                    let (a, b, mean) = ab[p % c];
+                    for (d, &v) in dx.iter_mut().zip(&xs[p * plane..][..plane]) {
+                        *d = a + b * (v - mean);
+                    }
+                },
+            );
             tensor(out, xd)
         }
 
@@ -321,8 +352,18 @@ mod flex_impl {
             let ((xd, x), (_, g)) = (f32s(&x, KERNEL), f32s(&grad, KERNEL));
             let (xs, gs) = (slice(&x), slice(&g));
             let (c, plane, _) = geometry(&xd);
-            let dw = per_plane(gs, plane, |p, gv| dot(gv, &xs[p * plane..][..plane]));
-            let db = per_plane(gs, plane, |_, gv| sum(gv));
+            let dw = per_plane(
+                gs,
+                plane,
+                #[inline(always)]
+                |p, gv| dot(gv, &xs[p * plane..][..plane]),
+            );
+            let db = per_plane(
+                gs,
+                plane,
+                #[inline(always)]
+                |_, gv| sum(gv),
+            );
             let out = per_channel(&dw, c).into_iter().chain(per_channel(&db, c));
             tensor(out.map(|v| v as f32).collect(), vec![2, c])
         }

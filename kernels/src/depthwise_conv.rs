@@ -27,7 +27,7 @@ use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor};
 
-use crate::lanes::{axpy, dot};
+use crate::lanes::{correlate, dots};
 use crate::plane::Flat;
 pub use crate::plane::PlaneGeom;
 
@@ -153,25 +153,71 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
 }
 
 impl Flat {
-    /// One output plane `y` `[H', W']` from the input plane and the channel's taps `w`.
+    /// The largest tap offset: the zero margin the input gradient's scratch needs on each side.
+    fn reach(&self) -> usize {
+        self.offsets.last().copied().unwrap_or(0)
+    }
+
+    /// `(offset, weight)` of every tap of every channel, channel after channel, from the
+    /// weights `[C·kh·kw]`: the forward's [`correlate`] taps.
+    fn forward_taps(&self, w: &[f32]) -> Vec<(usize, f32)> {
+        let offsets = self.offsets.iter().cycle();
+        offsets.zip(w).map(|(&off, &wv)| (off, wv)).collect()
+    }
+
+    /// The input gradient's taps: `∂x_p[j] = Σ_t w_t · ∂y1[j − off_t]` read as a correlation
+    /// over the interior `j ≥ j0` of the padded plane and the flat output gradient behind a
+    /// zero margin of [`Flat::reach`] entries.
+    fn backward_taps(&self, w: &[f32]) -> Vec<(usize, f32)> {
+        let base = self.interior().start + self.reach();
+        let offsets = self.offsets.iter().cycle();
+        offsets.zip(w).map(|(&off, &wv)| (base - off, wv)).collect()
+    }
+
+    /// The span of the padded plane that holds the input, first row to last.
+    fn interior(&self) -> std::ops::Range<usize> {
+        let ([h, w], [ph, pw]) = (self.g.input, self.g.padding);
+        let start = ph * self.wp + pw;
+        start..if h == 0 { start } else { (ph + h - 1) * self.wp + pw + w }
+    }
+
+    /// One output plane `y` `[H', W']` from the input plane and the channel's `taps`
+    /// ([`Flat::forward_taps`]).
     #[inline(always)]
-    fn forward(&self, x: &[f32], w: &[f32], y: &mut [f32], xp: &mut [f32], acc: &mut [f32]) {
+    fn forward(
+        &self,
+        x: &[f32],
+        taps: &[(usize, f32)],
+        y: &mut [f32],
+        xp: &mut [f32],
+        acc: &mut [f32],
+    ) {
         self.pad(x, xp);
-        acc.fill(0.0);
-        for (&off, &wv) in self.offsets.iter().zip(w) {
-            axpy(acc, wv, &xp[off..off + self.len]);
-        }
+        correlate(&mut acc[..self.len], xp, taps);
         self.gather_with(acc, y, |_, _, v| v);
     }
 
-    /// One input-gradient plane `dx` `[H, W]` from the output gradient's plane and the taps.
+    /// One input-gradient plane `dx` `[H, W]` from the output gradient's plane and the
+    /// channel's `taps` ([`Flat::backward_taps`]); `dy1` holds the flat output gradient behind
+    /// and before a zero margin ([`Flat::reach`] entries each).
     #[inline(always)]
-    fn x_backward(&self, dy: &[f32], w: &[f32], dx: &mut [f32], dy1: &mut [f32], dxp: &mut [f32]) {
-        self.spread(dy, dy1);
-        dxp.fill(0.0);
-        for (&off, &wv) in self.offsets.iter().zip(w) {
-            axpy(&mut dxp[off..off + self.len], wv, dy1);
+    fn x_backward(
+        &self,
+        dy: &[f32],
+        taps: &[(usize, f32)],
+        dx: &mut [f32],
+        dy1: &mut [f32],
+        dxp: &mut [f32],
+    ) {
+        if self.len == 0 {
+            dx.fill(0.0);
+            return;
         }
+        let m = self.reach();
+        dy1[..m].fill(0.0);
+        dy1[m + self.len..].fill(0.0);
+        self.spread(dy, &mut dy1[m..m + self.len]);
+        correlate(&mut dxp[self.interior()], dy1, taps);
         self.unpad(dxp, dx);
     }
 
@@ -187,9 +233,7 @@ impl Flat {
     ) {
         self.pad(x, xp);
         self.spread(dy, dy1);
-        for (&off, d) in self.offsets.iter().zip(dw) {
-            *d = dot(dy1, &xp[off..off + self.len]);
-        }
+        dots(dy1, xp, &self.offsets, dw);
     }
 }
 
@@ -209,12 +253,18 @@ mod flex_impl {
             let (xs, ws) = (slice(&x), slice(&w));
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (xd[1], g.input, f.output());
-            let taps = f.offsets.len();
+            let (taps, all) = (f.offsets.len(), f.forward_taps(ws));
             let mut out = vec![0.0f32; xd[0] * c * oh * ow];
-            planes(&mut out, oh * ow, [f.padded(), f.len], |p, y, [xp, acc]| {
-                let ch = p % c;
-                f.forward(&xs[p * h * wd..][..h * wd], &ws[ch * taps..][..taps], y, xp, acc);
-            });
+            planes(
+                &mut out,
+                oh * ow,
+                [f.padded(), f.len],
+                #[inline(always)]
+                |p, y, [xp, acc]| {
+                    let ch = p % c;
+                    f.forward(&xs[p * h * wd..][..h * wd], &all[ch * taps..][..taps], y, xp, acc);
+                },
+            );
             tensor(out, vec![xd[0], c, oh, ow])
         }
 
@@ -227,12 +277,25 @@ mod flex_impl {
             let (gs, ws) = (slice(&gy), slice(&w));
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (gd[1], g.input, f.output());
-            let taps = f.offsets.len();
+            let (taps, all) = (f.offsets.len(), f.backward_taps(ws));
             let mut out = vec![0.0f32; gd[0] * c * h * wd];
-            planes(&mut out, h * wd, [f.len, f.padded()], |p, dx, [dy1, dxp]| {
-                let ch = p % c;
-                f.x_backward(&gs[p * oh * ow..][..oh * ow], &ws[ch * taps..][..taps], dx, dy1, dxp);
-            });
+            let dy1 = f.len + 2 * f.reach();
+            planes(
+                &mut out,
+                h * wd,
+                [dy1, f.padded()],
+                #[inline(always)]
+                |p, dx, [dy1, dxp]| {
+                    let ch = p % c;
+                    f.x_backward(
+                        &gs[p * oh * ow..][..oh * ow],
+                        &all[ch * taps..][..taps],
+                        dx,
+                        dy1,
+                        dxp,
+                    );
+                },
+            );
             tensor(out, vec![gd[0], c, h, wd])
         }
 
@@ -248,10 +311,16 @@ mod flex_impl {
             let taps = f.offsets.len();
             // One partial per plane, then a sum over the batch in a fixed order.
             let mut parts = vec![0.0f32; n * c * taps];
-            planes(&mut parts, taps, [f.padded(), f.len], |p, dw, [xp, dy1]| {
-                let (xs, gs) = (&xs[p * h * wd..][..h * wd], &gs[p * oh * ow..][..oh * ow]);
-                f.weight_backward(xs, gs, dw, xp, dy1);
-            });
+            planes(
+                &mut parts,
+                taps,
+                [f.padded(), f.len],
+                #[inline(always)]
+                |p, dw, [xp, dy1]| {
+                    let (xs, gs) = (&xs[p * h * wd..][..h * wd], &gs[p * oh * ow..][..oh * ow]);
+                    f.weight_backward(xs, gs, dw, xp, dy1);
+                },
+            );
             let mut out = vec![0.0f32; c * taps];
             for part in parts.chunks_exact(c * taps) {
                 for (o, &v) in out.iter_mut().zip(part) {

@@ -32,11 +32,47 @@ pub(crate) fn on_cube(device: &Device) -> bool {
     }
 }
 
-/// `dst[i] += a · src[i]`.
+/// `out[k] = Σ_t w_t · src[k + off_t]` over the `taps` `(off_t, w_t)` for every `k`, each entry
+/// summed from 0 in the taps' order: bitwise what one `dst[k] += w_t · src[k + off_t]` pass per
+/// tap over a zeroed `out` gives, with each block of `out` kept in registers across the taps
+/// instead of being loaded and stored once per tap.
+///
+/// # Panics
+/// If `src` is shorter than `out.len() + off_t` for a tap.
 #[inline(always)]
-pub(crate) fn axpy(dst: &mut [f32], a: f32, src: &[f32]) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += a * s;
+pub(crate) fn correlate(out: &mut [f32], src: &[f32], taps: &[(usize, f32)]) {
+    let n = out.len();
+    if n >= 64 {
+        blocks::<64>(out, src, taps);
+    } else if n >= 16 {
+        blocks::<16>(out, src, taps);
+    } else {
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = taps.iter().fold(0.0, |acc, &(off, w)| acc + w * src[k + off]);
+        }
+    }
+}
+
+/// [`correlate`] in blocks of `B ≤ out.len()` entries; the last block ends at `out.len()` and
+/// may overlap the one before it (the overlap is computed twice, to the same values).
+#[inline(always)]
+fn blocks<const B: usize>(out: &mut [f32], src: &[f32], taps: &[(usize, f32)]) {
+    let n = out.len();
+    let mut start = 0;
+    loop {
+        let base = start.min(n - B);
+        let mut acc = [0.0f32; B];
+        for &(off, w) in taps {
+            let s = &src[base + off..][..B];
+            for k in 0..B {
+                acc[k] += w * s[k];
+            }
+        }
+        out[base..base + B].copy_from_slice(&acc);
+        if base + B == n {
+            break;
+        }
+        start += B;
     }
 }
 
@@ -58,6 +94,56 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ar.iter().zip(br) {
         tail += x * y;
     }
+    fold8(acc, tail)
+}
+
+/// [`dot`]`(a, &b[off..off + a.len()])` for every offset, into `out`, bitwise, with up to eight
+/// offsets in one pass over `a` (each of `a`'s chunks loaded once for all of them).
+///
+/// # Panics
+/// If `b` is shorter than `a.len() + off` for an offset, or `out` shorter than `offs`.
+#[inline(always)]
+pub(crate) fn dots(a: &[f32], b: &[f32], offs: &[usize], out: &mut [f32]) {
+    let mut groups = offs.chunks_exact(8);
+    let mut outs = out.chunks_exact_mut(8);
+    for (g, o) in groups.by_ref().zip(outs.by_ref()) {
+        o.copy_from_slice(&dots_of::<8>(a, b, g.try_into().expect("a chunk of eight")));
+    }
+    for (&off, o) in groups.remainder().iter().zip(outs.into_remainder()) {
+        *o = dot(a, &b[off..off + a.len()]);
+    }
+}
+
+/// [`dots`] for `G` offsets at once.
+#[inline(always)]
+fn dots_of<const G: usize>(a: &[f32], b: &[f32], offs: &[usize; G]) -> [f32; G] {
+    let n = a.len();
+    let bs: [&[f32]; G] = offs.map(|off| &b[off..off + n]);
+    let mut acc = [[0.0f32; 8]; G];
+    let whole = n - n % 8;
+    for i in (0..whole).step_by(8) {
+        let x = &a[i..i + 8];
+        for (accg, bg) in acc.iter_mut().zip(&bs) {
+            let y = &bg[i..i + 8];
+            for k in 0..8 {
+                accg[k] += x[k] * y[k];
+            }
+        }
+    }
+    let mut res = [0.0f32; G];
+    for ((r, accg), bg) in res.iter_mut().zip(acc).zip(&bs) {
+        let mut tail = 0.0;
+        for (x, y) in a[whole..].iter().zip(&bg[whole..]) {
+            tail += x * y;
+        }
+        *r = fold8(accg, tail);
+    }
+    res
+}
+
+/// Eight partial sums and a tail combined in the fixed order of [`dot`] and [`sum`].
+#[inline(always)]
+fn fold8(acc: [f32; 8], tail: f32) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
@@ -73,7 +159,7 @@ pub(crate) fn sum(a: &[f32]) -> f32 {
         }
     }
     let tail: f32 = rest.iter().sum();
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    fold8(acc, tail)
 }
 
 /// `Σ (a[i] − m)²` in eight interleaved partial sums, combined in a fixed order.
@@ -89,7 +175,7 @@ pub(crate) fn centered_squares(a: &[f32], m: f32) -> f32 {
         }
     }
     let tail: f32 = rest.iter().map(|&v| (v - m) * (v - m)).sum();
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    fold8(acc, tail)
 }
 
 /// Runs `plane(p, dst, scratch)` for every plane `p`, each writing its `dst` chunk of `out`, in
@@ -107,8 +193,36 @@ pub(crate) fn planes<const K: usize>(
     use rayon::prelude::*;
     out.par_chunks_mut(chunk).enumerate().for_each_init(
         || sizes.map(|n| vec![0.0f32; n]),
-        |scratch, (p, dst)| plane(p, dst, scratch),
+        |scratch, (p, dst)| {
+            wide(
+                #[inline(always)]
+                || plane(p, dst, scratch),
+            )
+        },
     );
+}
+
+/// Runs `f` compiled for AVX2 where the CPU has it (x86-64; elsewhere, and on older x86-64
+/// CPUs, as built).
+///
+/// The kernels' loops are written for LLVM's vectorizer, and a build for the baseline x86-64
+/// target vectorizes them four lanes wide (SSE2); Burn's own element-wise ops and the GEMM
+/// pick their instruction set at run time the same way. Only the lane count changes: each lane
+/// does the same multiplications and additions in the same order (Rust never fuses `a * b + c`
+/// into an FMA on its own), so the results are bitwise those of the baseline build.
+#[inline(always)]
+pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[target_feature(enable = "avx2")]
+        fn avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: the CPU has AVX2, checked just above.
+        #[allow(unsafe_code)]
+        return unsafe { avx2(f) };
+    }
+    f()
 }
 
 /// Reading and making the f32 tensors of the flex kernels.
@@ -135,5 +249,83 @@ pub(crate) mod flex {
     /// A tensor of `values` with `dims`.
     pub(crate) fn tensor(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
         FlexTensor::from_data(TensorData::new(values, Shape::from(dims)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{correlate, dot, dots, wide};
+
+    /// Deterministic values in [-1, 1) (xorshift), some of them exactly zero.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if i % 11 == 5 { 0.0 } else { (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0 }
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Lengths around every block size and the plane sizes of the supernets.
+    const LENS: [usize; 12] = [0, 1, 7, 15, 16, 17, 63, 64, 65, 129, 300, 1156];
+
+    #[test]
+    fn correlate_is_one_axpy_pass_per_tap_bitwise() {
+        for (i, &n) in LENS.iter().enumerate() {
+            for ntaps in [1, 3, 9, 25] {
+                let seed = (i * 31 + ntaps) as u64;
+                let w = values(ntaps, seed);
+                let taps: Vec<(usize, f32)> =
+                    w.iter().enumerate().map(|(t, &wv)| ((t * 7 + t * t) % 41, wv)).collect();
+                let src = values(n + 41, seed + 1);
+                let mut want = vec![0.0f32; n];
+                for &(off, wv) in &taps {
+                    for (k, o) in want.iter_mut().enumerate() {
+                        *o += wv * src[k + off];
+                    }
+                }
+                let mut got = vec![f32::NAN; n];
+                correlate(&mut got, &src, &taps);
+                assert_eq!(bits(&got), bits(&want), "n {n}, {ntaps} taps");
+                let mut wide_got = vec![f32::NAN; n];
+                wide(|| correlate(&mut wide_got, &src, &taps));
+                assert_eq!(bits(&wide_got), bits(&want), "n {n}, {ntaps} taps, wide");
+            }
+        }
+    }
+
+    #[test]
+    fn dots_are_dot_per_offset_bitwise() {
+        for (i, &n) in LENS.iter().enumerate() {
+            for noffs in [1, 8, 9, 25] {
+                let seed = (i * 17 + noffs) as u64;
+                let a = values(n, seed);
+                let b = values(n + 60, seed + 2);
+                let offs: Vec<usize> = (0..noffs).map(|t| (t * 13) % 61).collect();
+                let want: Vec<f32> = offs.iter().map(|&o| dot(&a, &b[o..o + n])).collect();
+                let mut got = vec![f32::NAN; noffs];
+                dots(&a, &b, &offs, &mut got);
+                assert_eq!(bits(&got), bits(&want), "n {n}, {noffs} offsets");
+                let mut wide_got = vec![f32::NAN; noffs];
+                wide(|| dots(&a, &b, &offs, &mut wide_got));
+                assert_eq!(bits(&wide_got), bits(&want), "n {n}, {noffs} offsets, wide");
+            }
+        }
+    }
+
+    /// `dot`'s eight partial sums against a sum in f64: the blocking changes the order of
+    /// nothing, so this pins the order itself to a plain sum up to rounding.
+    #[test]
+    fn dot_is_the_inner_product() {
+        let (a, b) = (values(1000, 3), values(1000, 4));
+        let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+        assert!((f64::from(dot(&a, &b)) - exact).abs() < 1e-4, "{} vs {exact}", dot(&a, &b));
     }
 }

@@ -342,9 +342,15 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let mut out = vec![0.0f32; xd[0] * xd[1] * oh * ow];
-            planes(&mut out, oh * ow, [f.padded(), f.padded(), f.len], |p, y, s| {
-                f.max_forward(&xs[p * h * w..][..h * w], y, s);
-            });
+            planes(
+                &mut out,
+                oh * ow,
+                [f.padded(), f.padded(), f.len],
+                #[inline(always)]
+                |p, y, s| {
+                    f.max_forward(&xs[p * h * w..][..h * w], y, s);
+                },
+            );
             tensor(out, vec![xd[0], xd[1], oh, ow])
         }
 
@@ -355,9 +361,15 @@ mod flex_impl {
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let (pad, len) = (f.padded(), f.len);
             let mut out = vec![0.0f32; xs.len()];
-            planes(&mut out, h * w, [pad, pad, len, len, pad], |p, dx, s| {
-                f.max_backward(&xs[p * h * w..][..h * w], &gs[p * oh * ow..][..oh * ow], dx, s);
-            });
+            planes(
+                &mut out,
+                h * w,
+                [pad, pad, len, len, pad],
+                #[inline(always)]
+                |p, dx, s| {
+                    f.max_backward(&xs[p * h * w..][..h * w], &gs[p * oh * ow..][..oh * ow], dx, s);
+                },
+            );
             tensor(out, xd)
         }
 
@@ -368,9 +380,15 @@ mod flex_impl {
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let counts = f.counts(include_pad);
             let mut out = vec![0.0f32; xd[0] * xd[1] * oh * ow];
-            planes(&mut out, oh * ow, [f.padded(), f.padded(), f.len], |p, y, s| {
-                f.avg_forward(&xs[p * h * w..][..h * w], y, &counts, s);
-            });
+            planes(
+                &mut out,
+                oh * ow,
+                [f.padded(), f.padded(), f.len],
+                #[inline(always)]
+                |p, y, s| {
+                    f.avg_forward(&xs[p * h * w..][..h * w], y, &counts, s);
+                },
+            );
             tensor(out, vec![xd[0], xd[1], oh, ow])
         }
 
@@ -381,9 +399,15 @@ mod flex_impl {
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let counts = f.counts(include_pad);
             let mut out = vec![0.0f32; gd[0] * gd[1] * h * w];
-            planes(&mut out, h * w, [f.len, f.padded(), f.padded()], |p, dx, s| {
-                f.avg_backward(&gs[p * oh * ow..][..oh * ow], dx, &counts, s);
-            });
+            planes(
+                &mut out,
+                h * w,
+                [f.len, f.padded(), f.padded()],
+                #[inline(always)]
+                |p, dx, s| {
+                    f.avg_backward(&gs[p * oh * ow..][..oh * ow], dx, &counts, s);
+                },
+            );
             tensor(out, vec![gd[0], gd[1], h, w])
         }
     }
