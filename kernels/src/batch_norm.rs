@@ -217,7 +217,7 @@ mod flex_impl {
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "channel op";
-    use crate::lanes::{centered_squares, dot, planes, sum};
+    use crate::lanes::{centered_squares, dot, new_planes, planes, sum};
 
     /// `[N, C, H, W]` as (channels, plane size, elements per channel).
     fn geometry(dims: &[usize]) -> (usize, usize, usize) {
@@ -253,9 +253,8 @@ mod flex_impl {
     /// `xs·w_c (+ b_c)` over `[N, C, H, W]` `dims`.
     fn scale_shift(xs: &[f32], dims: Vec<usize>, ws: &[f32], bs: Option<&[f32]>) -> FlexTensor {
         let (c, plane, _) = geometry(&dims);
-        let mut out = vec![0.0f32; xs.len()];
-        planes(
-            &mut out,
+        let out = new_planes(
+            xs.len() / plane.max(1),
             plane,
             [],
             #[inline(always)]
@@ -322,9 +321,8 @@ mod flex_impl {
             // ∂x = a + b·(x − μ), a = ∂μ/M, b = 2∂σ²/M.
             let ab: Vec<(f32, f32, f32)> =
                 (0..c).map(|ch| (gs[ch] / count, 2.0 * gs[c + ch] / count, ms[ch])).collect();
-            let mut out = vec![0.0f32; xs.len()];
-            planes(
-                &mut out,
+            let out = new_planes(
+                xs.len() / plane.max(1),
                 plane,
                 [],
                 #[inline(always)]

@@ -244,7 +244,7 @@ mod flex_impl {
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "depthwise conv";
-    use crate::lanes::planes;
+    use crate::lanes::{new_planes, planes};
     use burn::backend::flex::{Flex, FlexTensor};
 
     impl DepthwiseBackend for Flex {
@@ -254,9 +254,8 @@ mod flex_impl {
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (xd[1], g.input, f.output());
             let (taps, all) = (f.offsets.len(), f.forward_taps(ws));
-            let mut out = vec![0.0f32; xd[0] * c * oh * ow];
-            planes(
-                &mut out,
+            let out = new_planes(
+                xd[0] * c,
                 oh * ow,
                 [f.padded(), f.len],
                 #[inline(always)]
@@ -278,10 +277,9 @@ mod flex_impl {
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (gd[1], g.input, f.output());
             let (taps, all) = (f.offsets.len(), f.backward_taps(ws));
-            let mut out = vec![0.0f32; gd[0] * c * h * wd];
             let dy1 = f.len + 2 * f.reach();
-            planes(
-                &mut out,
+            let out = new_planes(
+                gd[0] * c,
                 h * wd,
                 [dy1, f.padded()],
                 #[inline(always)]

@@ -246,16 +246,22 @@ fn for_each_run(
         let start = k * CHUNK;
         let end = (start + block.len()).min(n);
         let mut i = start;
-        while i < end {
-            let run = i / layout.inner;
-            let stop = ((run + 1) * layout.inner).min(end);
-            f(&chans[run % layout.channels], i, &mut block[i - start..stop - start]);
-            i = stop;
-        }
+        crate::lanes::wide(
+            #[inline(always)]
+            || {
+                while i < end {
+                    let run = i / layout.inner;
+                    let stop = ((run + 1) * layout.inner).min(end);
+                    f(&chans[run % layout.channels], i, &mut block[i - start..stop - start]);
+                    i = stop;
+                }
+            },
+        );
     });
 }
 
 /// The forward element loop over one channel run.
+#[inline(always)]
 fn forward<const AWAY: bool>(c: &Chan, src: &[f32], dst: &mut [f32], qmin: f32, qmax: f32) {
     for (o, &v) in dst.iter_mut().zip(src) {
         let r = c.rounded::<AWAY>(v);
@@ -267,6 +273,7 @@ fn forward<const AWAY: bool>(c: &Chan, src: &[f32], dst: &mut [f32], qmin: f32, 
 
 /// The backward element loop over one channel run: zeroes the gradient `g` where `x` quantizes
 /// outside the range (in place, so an owned gradient buffer is reused).
+#[inline(always)]
 fn backward<const AWAY: bool>(c: &Chan, xs: &[f32], g: &mut [f32], qmin: f32, qmax: f32) {
     for (o, &v) in g.iter_mut().zip(xs) {
         let r = c.rounded::<AWAY>(v);
@@ -367,11 +374,21 @@ mod flex_impl {
             let xs = x.as_slice::<f32>().expect("a contiguous f32 tensor has a slice");
             let chans = chans(&mult, Some(&step), &zero_point, &layout);
             let mut out = vec![0.0f32; xs.len()];
-            let run = if layout.ties_away { forward::<true> } else { forward::<false> };
-            let (qmin, qmax) = (layout.qmin as f32, layout.qmax as f32);
-            for_each_run(xs.len(), &chans, &layout, &mut out, |c, i, dst| {
-                run(c, &xs[i..i + dst.len()], dst, qmin, qmax)
-            });
+            let (qmin, qmax, away) = (layout.qmin as f32, layout.qmax as f32, layout.ties_away);
+            for_each_run(
+                xs.len(),
+                &chans,
+                &layout,
+                &mut out,
+                #[inline(always)]
+                |c, i, dst| {
+                    let src = &xs[i..i + dst.len()];
+                    match away {
+                        true => forward::<true>(c, src, dst, qmin, qmax),
+                        false => forward::<false>(c, src, dst, qmin, qmax),
+                    }
+                },
+            );
             finish(out, shape)
         }
 
@@ -387,11 +404,21 @@ mod flex_impl {
             let chans = chans(&mult, None, &zero_point, &layout);
             // The upstream gradient is usually owned here: mask it in place.
             let mut out = owned_f32(grad);
-            let run = if layout.ties_away { backward::<true> } else { backward::<false> };
-            let (qmin, qmax) = (layout.qmin as f32, layout.qmax as f32);
-            for_each_run(xs.len(), &chans, &layout, out.as_mut_slice(), |c, i, dst| {
-                run(c, &xs[i..i + dst.len()], dst, qmin, qmax)
-            });
+            let (qmin, qmax, away) = (layout.qmin as f32, layout.qmax as f32, layout.ties_away);
+            for_each_run(
+                xs.len(),
+                &chans,
+                &layout,
+                out.as_mut_slice(),
+                #[inline(always)]
+                |c, i, dst| {
+                    let src = &xs[i..i + dst.len()];
+                    match away {
+                        true => backward::<true>(c, src, dst, qmin, qmax),
+                        false => backward::<false>(c, src, dst, qmin, qmax),
+                    }
+                },
+            );
             out.into_tensor(shape)
         }
     }

@@ -202,6 +202,44 @@ pub(crate) fn planes<const K: usize>(
     );
 }
 
+/// [`planes`] into a new buffer of `planes · chunk` values, each plane writing its whole
+/// `dst` chunk, without zeroing the buffer first.
+///
+/// A zeroed buffer costs a pass of `memset` over memory the allocator reuses, which the
+/// kernels then overwrite in full (8 % of a DARTS-shape step). Here each plane writes into a
+/// per-task scratch chunk that is then copied to its place in the new buffer, so every value
+/// of the buffer is written exactly once whatever the kernel does.
+pub(crate) fn new_planes<const K: usize>(
+    planes: usize,
+    chunk: usize,
+    sizes: [usize; K],
+    plane: impl Fn(usize, &mut [f32], &mut [Vec<f32>; K]) + Sync,
+) -> Vec<f32> {
+    let n = planes * chunk;
+    let mut out: Vec<f32> = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    use rayon::prelude::*;
+    out.spare_capacity_mut()[..n].par_chunks_mut(chunk).enumerate().for_each_init(
+        || (sizes.map(|n| vec![0.0f32; n]), vec![0.0f32; chunk]),
+        |(scratch, tmp), (p, dst)| {
+            wide(
+                #[inline(always)]
+                || plane(p, tmp, scratch),
+            );
+            dst.write_copy_of_slice(tmp);
+        },
+    );
+    // SAFETY: the chunks above cover the first `n` entries of the spare capacity, and each
+    // chunk was written in full by `write_copy_of_slice` (a chunk is `chunk` long, as `tmp`).
+    #[allow(unsafe_code)]
+    unsafe {
+        out.set_len(n);
+    }
+    out
+}
+
 /// Runs `f` compiled for AVX2 where the CPU has it (x86-64; elsewhere, and on older x86-64
 /// CPUs, as built).
 ///

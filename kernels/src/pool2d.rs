@@ -330,7 +330,7 @@ mod flex_impl {
 
     use super::{Flat, PlaneGeom, PoolBackend};
     use crate::lanes::flex::{f32s, slice, tensor};
-    use crate::lanes::planes;
+    use crate::lanes::new_planes;
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "pooling";
@@ -341,9 +341,8 @@ mod flex_impl {
             let xs = slice(&x);
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
-            let mut out = vec![0.0f32; xd[0] * xd[1] * oh * ow];
-            planes(
-                &mut out,
+            let out = new_planes(
+                xd[0] * xd[1],
                 oh * ow,
                 [f.padded(), f.padded(), f.len],
                 #[inline(always)]
@@ -360,9 +359,8 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let (pad, len) = (f.padded(), f.len);
-            let mut out = vec![0.0f32; xs.len()];
-            planes(
-                &mut out,
+            let out = new_planes(
+                xd[0] * xd[1],
                 h * w,
                 [pad, pad, len, len, pad],
                 #[inline(always)]
@@ -379,9 +377,8 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let counts = f.counts(include_pad);
-            let mut out = vec![0.0f32; xd[0] * xd[1] * oh * ow];
-            planes(
-                &mut out,
+            let out = new_planes(
+                xd[0] * xd[1],
                 oh * ow,
                 [f.padded(), f.padded(), f.len],
                 #[inline(always)]
@@ -398,9 +395,8 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let counts = f.counts(include_pad);
-            let mut out = vec![0.0f32; gd[0] * gd[1] * h * w];
-            planes(
-                &mut out,
+            let out = new_planes(
+                gd[0] * gd[1],
                 h * w,
                 [f.len, f.padded(), f.padded()],
                 #[inline(always)]
