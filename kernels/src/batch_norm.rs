@@ -217,7 +217,7 @@ mod flex_impl {
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "channel op";
-    use crate::lanes::{centered_squares, dot, new_planes, planes, sum};
+    use crate::lanes::{centered_squares, dot, planes, sum};
 
     /// `[N, C, H, W]` as (channels, plane size, elements per channel).
     fn geometry(dims: &[usize]) -> (usize, usize, usize) {
@@ -239,21 +239,19 @@ mod flex_impl {
 
     /// `f(p, plane)` for every plane `p` of `xs` (`plane` long), in parallel: one value each.
     fn per_plane(xs: &[f32], plane: usize, f: impl Fn(usize, &[f32]) -> f32 + Sync) -> Vec<f32> {
-        let mut parts = vec![0.0f32; xs.len() / plane.max(1)];
         planes(
-            &mut parts,
+            xs.len() / plane.max(1),
             1,
             [],
             #[inline(always)]
             |p, out, _| out[0] = f(p, &xs[p * plane..][..plane]),
-        );
-        parts
+        )
     }
 
     /// `xs·w_c (+ b_c)` over `[N, C, H, W]` `dims`.
     fn scale_shift(xs: &[f32], dims: Vec<usize>, ws: &[f32], bs: Option<&[f32]>) -> FlexTensor {
         let (c, plane, _) = geometry(&dims);
-        let out = new_planes(
+        let out = planes(
             xs.len() / plane.max(1),
             plane,
             [],
@@ -321,7 +319,7 @@ mod flex_impl {
             // ∂x = a + b·(x − μ), a = ∂μ/M, b = 2∂σ²/M.
             let ab: Vec<(f32, f32, f32)> =
                 (0..c).map(|ch| (gs[ch] / count, 2.0 * gs[c + ch] / count, ms[ch])).collect();
-            let out = new_planes(
+            let out = planes(
                 xs.len() / plane.max(1),
                 plane,
                 [],

@@ -244,7 +244,7 @@ mod flex_impl {
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "depthwise conv";
-    use crate::lanes::{new_planes, planes};
+    use crate::lanes::planes;
     use burn::backend::flex::{Flex, FlexTensor};
 
     impl DepthwiseBackend for Flex {
@@ -254,7 +254,7 @@ mod flex_impl {
             let f = Flat::new(g);
             let (c, [h, wd], [oh, ow]) = (xd[1], g.input, f.output());
             let (taps, all) = (f.offsets.len(), f.forward_taps(ws));
-            let out = new_planes(
+            let out = planes(
                 xd[0] * c,
                 oh * ow,
                 [f.padded(), f.len],
@@ -278,7 +278,7 @@ mod flex_impl {
             let (c, [h, wd], [oh, ow]) = (gd[1], g.input, f.output());
             let (taps, all) = (f.offsets.len(), f.backward_taps(ws));
             let dy1 = f.len + 2 * f.reach();
-            let out = new_planes(
+            let out = planes(
                 gd[0] * c,
                 h * wd,
                 [dy1, f.padded()],
@@ -308,9 +308,8 @@ mod flex_impl {
             let (n, c, [h, wd], [oh, ow]) = (xd[0], xd[1], g.input, f.output());
             let taps = f.offsets.len();
             // One partial per plane, then a sum over the batch in a fixed order.
-            let mut parts = vec![0.0f32; n * c * taps];
-            planes(
-                &mut parts,
+            let parts = planes(
+                n * c,
                 taps,
                 [f.padded(), f.len],
                 #[inline(always)]

@@ -81,20 +81,8 @@ fn blocks<const B: usize>(out: &mut [f32], src: &[f32], taps: &[(usize, f32)]) {
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    let mut tail = 0.0;
-    for (x, y) in ar.iter().zip(br) {
-        tail += x * y;
-    }
-    fold8(acc, tail)
+    let [d] = dots_of::<1>(&a[..n], b, &[0]);
+    d
 }
 
 /// [`dot`]`(a, &b[off..off + a.len()])` for every offset, into `out`, bitwise, with up to eight
@@ -114,7 +102,8 @@ pub(crate) fn dots(a: &[f32], b: &[f32], offs: &[usize], out: &mut [f32]) {
     }
 }
 
-/// [`dots`] for `G` offsets at once.
+/// [`dots`] for `G` offsets at once, each `Σ a[i] · b[off + i]` in eight interleaved partial
+/// sums combined by [`fold8`].
 #[inline(always)]
 fn dots_of<const G: usize>(a: &[f32], b: &[f32], offs: &[usize; G]) -> [f32; G] {
     let n = a.len();
@@ -178,44 +167,22 @@ pub(crate) fn centered_squares(a: &[f32], m: f32) -> f32 {
     fold8(acc, tail)
 }
 
-/// Runs `plane(p, dst, scratch)` for every plane `p`, each writing its `dst` chunk of `out`, in
-/// parallel. `scratch` holds one buffer per entry of `sizes`, per rayon task, reused across
-/// its planes (each plane must overwrite what it reads).
-pub(crate) fn planes<const K: usize>(
-    out: &mut [f32],
-    chunk: usize,
-    sizes: [usize; K],
-    plane: impl Fn(usize, &mut [f32], &mut [Vec<f32>; K]) + Sync,
-) {
-    if chunk == 0 {
-        return;
-    }
-    use rayon::prelude::*;
-    out.par_chunks_mut(chunk).enumerate().for_each_init(
-        || sizes.map(|n| vec![0.0f32; n]),
-        |scratch, (p, dst)| {
-            wide(
-                #[inline(always)]
-                || plane(p, dst, scratch),
-            )
-        },
-    );
-}
-
-/// [`planes`] into a new buffer of `planes · chunk` values, each plane writing its whole
-/// `dst` chunk, without zeroing the buffer first.
+/// Runs `plane(p, dst, scratch)` for every plane `p < count`, in parallel, each writing its
+/// `dst` chunk (`chunk` values, zeroed) of the new buffer returned. `scratch` holds one buffer
+/// per entry of `sizes`, per rayon task, reused across its planes (each plane must overwrite
+/// what it reads).
 ///
 /// A zeroed buffer costs a pass of `memset` over the whole buffer (memory the allocator
 /// reuses, so it must clear it) before the kernels overwrite it (8 % of a DARTS-shape step).
 /// Here each plane's chunk is zeroed just before its kernel runs, while the chunk is in cache,
 /// so the buffer goes through memory once.
-pub(crate) fn new_planes<const K: usize>(
-    planes: usize,
+pub(crate) fn planes<const K: usize>(
+    count: usize,
     chunk: usize,
     sizes: [usize; K],
     plane: impl Fn(usize, &mut [f32], &mut [Vec<f32>; K]) + Sync,
 ) -> Vec<f32> {
-    let n = planes * chunk;
+    let n = count * chunk;
     let mut out: Vec<f32> = Vec::with_capacity(n);
     if n == 0 {
         return out;

@@ -330,7 +330,7 @@ mod flex_impl {
 
     use super::{Flat, PlaneGeom, PoolBackend};
     use crate::lanes::flex::{f32s, slice, tensor};
-    use crate::lanes::new_planes;
+    use crate::lanes::planes;
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "pooling";
@@ -341,7 +341,7 @@ mod flex_impl {
             let xs = slice(&x);
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
-            let out = new_planes(
+            let out = planes(
                 xd[0] * xd[1],
                 oh * ow,
                 [f.padded(), f.padded(), f.len],
@@ -359,7 +359,7 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let (pad, len) = (f.padded(), f.len);
-            let out = new_planes(
+            let out = planes(
                 xd[0] * xd[1],
                 h * w,
                 [pad, pad, len, len, pad],
@@ -377,7 +377,7 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let counts = f.counts(include_pad);
-            let out = new_planes(
+            let out = planes(
                 xd[0] * xd[1],
                 oh * ow,
                 [f.padded(), f.padded(), f.len],
@@ -395,7 +395,7 @@ mod flex_impl {
             let f = Flat::new(g);
             let ([h, w], [oh, ow]) = (g.input, f.output());
             let counts = f.counts(include_pad);
-            let out = new_planes(
+            let out = planes(
                 gd[0] * gd[1],
                 h * w,
                 [f.len, f.padded(), f.padded()],
