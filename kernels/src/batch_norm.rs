@@ -217,7 +217,7 @@ mod flex_impl {
 
     /// The kernel's name in a dtype panic.
     const KERNEL: &str = "channel op";
-    use crate::lanes::{centered_squares, dot, planes, sum};
+    use crate::lanes::{centered_squares, dot_and_sum, planes, sum};
 
     /// `[N, C, H, W]` as (channels, plane size, elements per channel).
     fn geometry(dims: &[usize]) -> (usize, usize, usize) {
@@ -348,18 +348,19 @@ mod flex_impl {
             let ((xd, x), (_, g)) = (f32s(&x, KERNEL), f32s(&grad, KERNEL));
             let (xs, gs) = (slice(&x), slice(&g));
             let (c, plane, _) = geometry(&xd);
-            let dw = per_plane(
-                gs,
-                plane,
+            // `[Σ ∂y·x, Σ ∂y]` of each plane in one pass over it.
+            let parts = planes(
+                gs.len() / plane.max(1),
+                2,
+                [],
                 #[inline(always)]
-                |p, gv| dot(gv, &xs[p * plane..][..plane]),
+                |p, out, _| {
+                    let at = p * plane;
+                    out.copy_from_slice(&dot_and_sum(&gs[at..][..plane], &xs[at..][..plane]));
+                },
             );
-            let db = per_plane(
-                gs,
-                plane,
-                #[inline(always)]
-                |_, gv| sum(gv),
-            );
+            let (dw, db): (Vec<f32>, Vec<f32>) =
+                parts.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
             let out = per_channel(&dw, c).into_iter().chain(per_channel(&db, c));
             tensor(out.map(|v| v as f32).collect(), vec![2, c])
         }

@@ -151,6 +151,29 @@ pub(crate) fn sum(a: &[f32]) -> f32 {
     fold8(acc, tail)
 }
 
+/// `[dot(a, b), sum(a)]` in one pass over `a`: bitwise [`dot`] and [`sum`], each with its
+/// own eight partial sums (two independent chains, where each alone waits on one).
+#[inline(always)]
+pub(crate) fn dot_and_sum(a: &[f32], b: &[f32]) -> [f32; 2] {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let (mut d, mut s) = ([0.0f32; 8], [0.0f32; 8]);
+    let whole = n - n % 8;
+    for i in (0..whole).step_by(8) {
+        let (x, y) = (&a[i..i + 8], &b[i..i + 8]);
+        for k in 0..8 {
+            d[k] += x[k] * y[k];
+            s[k] += x[k];
+        }
+    }
+    let mut tail = 0.0;
+    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
+        tail += x * y;
+    }
+    let rest: f32 = a[whole..].iter().sum();
+    [fold8(d, tail), fold8(s, rest)]
+}
+
 /// `Σ (a[i] − m)²` in eight interleaved partial sums, combined in a fixed order.
 #[inline(always)]
 pub(crate) fn centered_squares(a: &[f32], m: f32) -> f32 {
@@ -182,29 +205,61 @@ pub(crate) fn planes<const K: usize>(
     sizes: [usize; K],
     plane: impl Fn(usize, &mut [f32], &mut [Vec<f32>; K]) + Sync,
 ) -> Vec<f32> {
-    let n = count * chunk;
-    let mut out: Vec<f32> = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
+    let [out] = planes_to(
+        count,
+        [chunk],
+        sizes,
+        #[inline(always)]
+        |p, [dst], scratch| plane(p, dst, scratch),
+    );
+    out
+}
+
+/// [`planes`] with `M` outputs: plane `p` writes its chunk of each (`chunks[m]` values,
+/// zeroed) at once, e.g. a gradient and its plane's share of another.
+pub(crate) fn planes_to<const K: usize, const M: usize>(
+    count: usize,
+    chunks: [usize; M],
+    sizes: [usize; K],
+    plane: impl Fn(usize, [&mut [f32]; M], &mut [Vec<f32>; K]) + Sync,
+) -> [Vec<f32>; M] {
     use rayon::prelude::*;
-    out.spare_capacity_mut()[..n].par_chunks_mut(chunk).enumerate().for_each_init(
-        || (sizes.map(|n| vec![0.0f32; n]), vec![0.0f32; chunk]),
-        |(scratch, zeros), (p, dst)| {
-            let dst = dst.write_copy_of_slice(zeros);
+    use std::mem::MaybeUninit;
+    let mut outs: [Vec<f32>; M] = chunks.map(|chunk| Vec::with_capacity(count * chunk));
+    // Each plane's chunk of each output, plane by plane.
+    let mut parts: Vec<[&mut [MaybeUninit<f32>]; M]> = Vec::with_capacity(count);
+    {
+        let mut rest: [&mut [MaybeUninit<f32>]; M] =
+            outs.each_mut().map(|o| o.spare_capacity_mut());
+        for _ in 0..count {
+            parts.push(std::array::from_fn(|m| {
+                let (head, tail) = std::mem::take(&mut rest[m]).split_at_mut(chunks[m]);
+                rest[m] = tail;
+                head
+            }));
+        }
+    }
+    parts.into_par_iter().enumerate().for_each_init(
+        || (sizes.map(|n| vec![0.0f32; n]), chunks.map(|n| vec![0.0f32; n])),
+        |(scratch, zeros), (p, dsts)| {
+            let mut dsts =
+                dsts.into_iter().zip(zeros.iter()).map(|(d, z)| d.write_copy_of_slice(z));
+            let dsts: [&mut [f32]; M] = std::array::from_fn(|_| dsts.next().expect("M chunks"));
             wide(
                 #[inline(always)]
-                || plane(p, dst, scratch),
+                || plane(p, dsts, scratch),
             );
         },
     );
-    // SAFETY: the chunks above cover the first `n` entries of the spare capacity, and each
-    // was initialized in full by `write_copy_of_slice` (of `chunk` zeros).
-    #[allow(unsafe_code)]
-    unsafe {
-        out.set_len(n);
+    for (out, &chunk) in outs.iter_mut().zip(&chunks) {
+        // SAFETY: the chunks above cover the first `count · chunk` entries of the spare
+        // capacity, and each was initialized in full by `write_copy_of_slice` (of zeros).
+        #[allow(unsafe_code)]
+        unsafe {
+            out.set_len(count * chunk);
+        }
     }
-    out
+    outs
 }
 
 /// Runs `f` compiled for AVX2 where the CPU has it (x86-64; elsewhere, and on older x86-64
@@ -259,7 +314,7 @@ pub(crate) mod flex {
 
 #[cfg(test)]
 mod tests {
-    use super::{correlate, dot, dots, wide};
+    use super::{correlate, dot, dot_and_sum, dots, sum, wide};
 
     /// Deterministic values in [-1, 1) (xorshift), some of them exactly zero.
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -322,6 +377,16 @@ mod tests {
                 wide(|| dots(&a, &b, &offs, &mut wide_got));
                 assert_eq!(bits(&wide_got), bits(&want), "n {n}, {noffs} offsets, wide");
             }
+        }
+    }
+
+    #[test]
+    fn dot_and_sum_are_dot_and_sum_bitwise() {
+        for (i, &n) in LENS.iter().enumerate() {
+            let (a, b) = (values(n, i as u64 + 40), values(n + 3, i as u64 + 41));
+            let want = [dot(&a, &b), sum(&a)];
+            assert_eq!(bits(&dot_and_sum(&a, &b)), bits(&want), "n {n}");
+            assert_eq!(bits(&wide(|| dot_and_sum(&a, &b))), bits(&want), "n {n}, wide");
         }
     }
 
