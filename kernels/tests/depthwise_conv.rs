@@ -40,6 +40,16 @@ fn run(
     case: Case,
     conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
 ) -> [Vec<f32>; 3] {
+    run_tracking(case, conv, [true, true])
+}
+
+/// [`run`] with only the inputs marked in `track` (`[x, w]`) requiring a gradient; an
+/// untracked one's gradient comes back empty.
+fn run_tracking(
+    case: Case,
+    conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
+    track: [bool; 2],
+) -> [Vec<f32>; 3] {
     let d = Device::flex().autodiff();
     let (x, w) = qdarts_kernels::devices::seeded(&d, case.seed, || {
         let normal = Distribution::Normal(0.0, 1.0);
@@ -49,11 +59,13 @@ fn run(
         )
     });
     let options = ConvOptions::new([case.stride; 2], case.padding, [case.dilation; 2], case.c);
-    let (x, w) = (x.require_grad(), w.require_grad());
+    let x = if track[0] { x.require_grad() } else { x };
+    let w = if track[1] { w.require_grad() } else { w };
     let y = conv(x.clone(), w.clone(), options);
     let up = y.clone().detach().mul_scalar(0.7).add_scalar(0.3).sin();
     let grads = y.clone().mul(up).sum().backward();
-    [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())]
+    let grad = |t: &Tensor<4>| t.grad(&grads).map(vals).unwrap_or_default();
+    [vals(y), grad(&x), grad(&w)]
 }
 
 /// Runs `case` through both convolutions and compares output, ∂x and ∂w.
@@ -93,6 +105,36 @@ fn the_darts_candidates_match_burns_convolution() {
                 let case =
                     Case { n: 3, c, h, w: h, k: [k, k], stride, padding: [p, p], dilation, seed };
                 check(case).unwrap();
+            }
+        }
+    }
+}
+
+/// Bit patterns, so that a test can ask for equality bit for bit.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn both_gradients_at_once_are_each_alone_bitwise() {
+    // With x and w both tracked the backward computes the two gradients in one kernel; with
+    // one of them tracked, that gradient's own kernel runs.
+    let mut seed = 100;
+    for (h, c) in [(28, 4), (8, 16), (5, 2)] {
+        for stride in [1, 2, 3] {
+            for (k, dilation) in [(3, 1), (5, 1), (3, 2), (5, 2), (1, 1)] {
+                let p = dilation * (k - 1) / 2;
+                seed += 1;
+                let case =
+                    Case { n: 2, c, h, w: h, k: [k, k], stride, padding: [p, p], dilation, seed };
+                let [y, dx, dw] = run_tracking(case, conv2d, [true, true]);
+                let [y_x, dx_alone, none_w] = run_tracking(case, conv2d, [true, false]);
+                let [y_w, none_x, dw_alone] = run_tracking(case, conv2d, [false, true]);
+                assert!(none_w.is_empty() && none_x.is_empty(), "{case:?}");
+                assert_eq!(bits(&y), bits(&y_x), "{case:?}: output");
+                assert_eq!(bits(&y), bits(&y_w), "{case:?}: output");
+                assert_eq!(bits(&dx), bits(&dx_alone), "{case:?}: ∂x");
+                assert_eq!(bits(&dw), bits(&dw_alone), "{case:?}: ∂w");
             }
         }
     }
