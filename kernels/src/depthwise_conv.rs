@@ -231,7 +231,7 @@ impl Flat {
     ) {
         self.pad(x, xp);
         correlate(&mut acc[..self.len], xp, taps);
-        self.gather_with(acc, y, |_, _, v| v);
+        self.gather(acc, y);
     }
 
     /// One input-gradient plane `dx` `[H, W]` from the output gradient's plane and the
@@ -549,9 +549,14 @@ impl PlaneConv for Phases {
         for r in 0..h {
             let rr = r + ph;
             let rows = &mut xq[(rr % sh) * sw * plane + rr / sh * self.wq..];
-            for (c, &v) in x[r * w..][..w].iter().enumerate() {
-                let cc = c + pw;
-                rows[(cc % sw) * plane + cc / sw] = v;
+            let src = &x[r * w..][..w];
+            // Column phase b holds the input columns c ≡ b − pw (mod sw), every sw-th.
+            for b in 0..sw {
+                let c0 = (b + sw - pw % sw) % sw;
+                let dst = &mut rows[b * plane + (c0 + pw) / sw..];
+                for (d, &v) in dst.iter_mut().zip(src.iter().skip(c0).step_by(sw)) {
+                    *d = v;
+                }
             }
         }
         let acc = &mut acc[..self.forward_len()];

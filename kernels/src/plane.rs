@@ -109,10 +109,31 @@ impl Flat {
         }
     }
 
-    /// [`Flat::spread_with`] of the values themselves.
+    /// [`Flat::spread_with`] of the values themselves (row copies when the columns are not
+    /// strided).
     #[inline(always)]
     pub(crate) fn spread(&self, dy: &[f32], dy1: &mut [f32]) {
-        self.spread_with(dy, dy1, |_, _, v| v);
+        let ([oh, ow], [sh, sw]) = (self.output(), self.g.stride);
+        if sw != 1 {
+            return self.spread_with(dy, dy1, |_, _, v| v);
+        }
+        dy1.fill(0.0);
+        for r in 0..oh {
+            dy1[r * sh * self.wp..][..ow].copy_from_slice(&dy[r * ow..][..ow]);
+        }
+    }
+
+    /// [`Flat::gather_with`] of the values themselves (row copies when the columns are not
+    /// strided).
+    #[inline(always)]
+    pub(crate) fn gather(&self, acc: &[f32], y: &mut [f32]) {
+        let ([oh, ow], [sh, sw]) = (self.output(), self.g.stride);
+        if sw != 1 {
+            return self.gather_with(acc, y, |_, _, v| v);
+        }
+        for r in 0..oh {
+            y[r * ow..][..ow].copy_from_slice(&acc[r * sh * self.wp..][..ow]);
+        }
     }
 
     /// Writes `f(r, c, acc[..])` at the strided positions of the flat stride-1 result `acc`

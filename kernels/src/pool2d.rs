@@ -246,7 +246,7 @@ impl Flat {
     fn max_forward(&self, x: &[f32], y: &mut [f32], [xp, tmp, acc]: &mut [Vec<f32>; 3]) {
         self.pad_with(x, xp, f32::NEG_INFINITY);
         self.window(xp, tmp, acc, max_nan);
-        self.gather_with(acc, y, |_, _, v| v);
+        self.gather(acc, y);
     }
 
     /// One input-gradient plane `dx` `[H, W]` of max pooling.
