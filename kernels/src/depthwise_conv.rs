@@ -15,7 +15,7 @@
 //!
 //! When both gradients are wanted (training), one kernel computes both per plane, reading and
 //! laying out each plane of `∂y` once. A strided convolution runs its forward and input
-//! gradient on the padded plane split into its stride phases ([`Phases`]), computing only the
+//! gradient on the padded plane split into its stride phases (`Phases`), computing only the
 //! outputs the stride keeps instead of the stride-1 output; the results are bitwise those of
 //! the stride-1 layout (`Phases`' docs say why, and a unit test holds the two together).
 //!
