@@ -753,23 +753,7 @@ mod flex_impl {
 #[cfg(test)]
 mod tests {
     use super::{Flat, Phases, PlaneConv, PlaneGeom};
-
-    /// Deterministic values in [-1, 1) (xorshift), a few of them exactly zero.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if i % 13 == 4 { 0.0 } else { (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0 }
-            })
-            .collect()
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
+    use crate::lanes::tests::{bits, values};
 
     fn scratch<const K: usize>(sizes: [usize; K]) -> [Vec<f32>; K] {
         sizes.map(|n| vec![f32::NAN; n])

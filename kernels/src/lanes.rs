@@ -313,11 +313,11 @@ pub(crate) mod flex {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{correlate, dot, dot_and_sum, dots, sum, wide};
 
     /// Deterministic values in [-1, 1) (xorshift), some of them exactly zero.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    pub(crate) fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|i| {
@@ -329,7 +329,7 @@ mod tests {
             .collect()
     }
 
-    fn bits(v: &[f32]) -> Vec<u32> {
+    pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
