@@ -5,7 +5,8 @@
 #
 #   scripts/gpu_check.sh [--artefacts DIR] [--backends LIST] [--python PY] [--out DIR]
 #                        [--reps N] [--rounds R] [--epochs N] [--limit N] [--batch B] [--layers L]
-#                        [--init-channels C] [--step-timeout S] [--skip LIST] [--dry-run]
+#                        [--init-channels C] [--step-timeout S] [--skip LIST] [--kernels]
+#                        [--dry-run]
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
 #        one binary), optionally qdarts-tch (LibTorch) and the test executables golden-*/fused-*.
 #   LIST: comma-separated, of cuda, wgpu, tch (default: all three).
@@ -20,6 +21,10 @@
 #        3x32x32), the same on both sides.
 #   --step-timeout S: stop any one step after S seconds and count it failed (default 900).
 #   --skip LIST: comma-separated steps left out, of tests, parity, search, quant, step, torch.
+#   --kernels: also profile the CubeCL backends' kernels (cuda, wgpu): one default-shape
+#        step (first order, float) after one warm-up, every kernel timed by CubeCL's profiling
+#        logger; scripts/cubecl_profile.py sums the timed step's launches per kernel into
+#        <backend>-kernels.txt (the whole log's if the step did not finish).
 #   --dry-run: print the commands, run none.
 #
 # Per backend it runs: the golden-vector and fused-kernel tests (the carried test executables,
@@ -35,7 +40,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 artefacts=.gpu backends=cuda,wgpu,tch python=python3 out="" reps=3 epochs=1 limit=""
-batch=64 layers=8 channels=16 dry=0 step_timeout=900 skip="" rounds=3
+batch=64 layers=8 channels=16 dry=0 step_timeout=900 skip="" rounds=3 kernels=0
 
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
@@ -55,8 +60,9 @@ while [ $# -gt 0 ]; do
     --init-channels) need "$@"; posint "$1" "$2"; channels="$2"; shift 2 ;;
     --step-timeout) need "$@"; posint "$1" "$2"; step_timeout="$2"; shift 2 ;;
     --skip) need "$@"; skip="$2"; shift 2 ;;
+    --kernels) kernels=1; shift ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -249,6 +255,27 @@ for b in "${list[@]}"; do
     run "$b-search" "${pre[@]}" "$exe" "${dev[@]}" search --set "search.epochs=$epochs" \
       ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
   fi
+  if [ "$kernels" = 1 ] && [ "$b" != tch ]; then
+    # CubeCL reads cubecl.toml from the working directory: a folder of its own holds one that
+    # turns the profiling logger on, and the step runs there (every path absolute).
+    kdir="$out/kernels-$b" klog="$out/kernels-$b.log"
+    if [ "$dry" = 0 ]; then
+      mkdir -p "$kdir" && kdir="$(cd "$kdir" && pwd)" && klog="$kdir.log"
+      printf '[profiling.logger]\nlevel = "full"\nappend = false\nfile = "%s"\n' "$klog" \
+        > "$kdir/cubecl.toml"
+    fi
+    kexe="$exe"
+    [ "$dry" = 1 ] || kexe="$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")"
+    steps=(--steps 2 --drop-first 1)
+    run "$b-kernels" env -C "$kdir" "$kexe" "${dev[@]}" bench search --shape default \
+      --order first --quant float --reps 1 --warmup 1 || { failed=1; steps=(); }
+    # A step stopped by --step-timeout still leaves the launches it timed: summed, without a
+    # per-step column.
+    if [ "$dry" = 0 ] && [ -s "$klog" ]; then
+      "$python" scripts/cubecl_profile.py "$klog" "${steps[@]}" --csv "$out/kernels-$b.csv" \
+        > "$out/$b-kernels.txt" 2>&1 || failed=1
+    fi
+  fi
   if wanted quant; then
     run "$b-quant" "${pre[@]}" "$exe" "${dev[@]}" bench quant --reps "$reps" \
       --csv "$out/quant-$b.csv" || failed=1
@@ -303,7 +330,7 @@ print()
 print("| check | result |")
 print("|---|---|")
 for name in sorted(steps):
-    if name.startswith(("test-", "cuda-refusal", "tch-missing")) or name.endswith(("-parity", "-search")):
+    if name.startswith(("test-", "cuda-refusal", "tch-missing")) or name.endswith(("-parity", "-search", "-kernels")):
         extra = ""
         if name.endswith("-search") and steps[name][0] == "0":
             extra = f", {steps[name][1]:.1f} s wall"
@@ -354,6 +381,15 @@ for (backend, order, quant), rows in sorted(steps_by.items()):
     print(f"| {backend} | {order} | {quant} | {len(rows)} | "
           f"{spread([float(r['median_s']) for r in rows.values()], s4)} | "
           f"{spread(ratios, lambda v: f'{v:.2f}x')} | {peak} |")
+for f in sorted(glob.glob(os.path.join(out, "*-kernels.txt"))):
+    lines = open(f).read().splitlines()
+    print()
+    print(f"Kernel time of {os.path.basename(f)[:-len('-kernels.txt')]}, one default-shape step "
+          "(first order, float) after its warm-up, per kernel (scripts/cubecl_profile.py):")
+    print()
+    print("```")
+    print("\n".join(lines[:18]))
+    print("```")
 qrows = []
 for f in sorted(glob.glob(os.path.join(out, "quant-*.csv"))):
     qrows += list(csv.DictReader(open(f)))

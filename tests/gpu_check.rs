@@ -101,3 +101,108 @@ fn a_dry_run_interleaves_pytorch_and_each_backend_round_by_round() {
     assert!(!lines.iter().any(|l| l.contains("bench quant")), "quant was skipped");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_dry_run_with_kernels_profiles_one_default_step_in_a_folder_of_its_own() {
+    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-kern-{}", std::process::id()));
+    let a = artefacts(&dir);
+    let o = gpu_check(&[
+        "--artefacts",
+        &a,
+        "--dry-run",
+        "--kernels",
+        "--backends",
+        "wgpu",
+        "--skip",
+        "tests,parity,search,quant,step,torch",
+        "--out",
+        "/tmp/qdarts-gpu-check-kern",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let all = text(&o);
+    let profiled: Vec<&str> =
+        all.lines().map(str::trim_end).filter(|l| l.contains("bench search")).collect();
+    assert_eq!(profiled.len(), 1, "{}", text(&o));
+    let p = profiled[0];
+    assert!(p.starts_with("env -C /tmp/qdarts-gpu-check-kern/kernels-wgpu "), "{p}");
+    assert!(
+        p.ends_with(
+            "--backend wgpu bench search --shape default --order first --quant float --reps 1 --warmup 1"
+        ),
+        "{p}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `scripts/cubecl_profile.py` on a log written in CubeCL 0.11's formats at the "full" level
+/// (cubecl-runtime's `logging/server.rs` per launch: `| {duration:<10?} | {name}: {id}
+/// CubeCount {count:?}`, the kernel id's Display spanning lines; `logging/profiling.rs` for the
+/// summary tables, whose name cells span lines too): launches summed per kernel, the summaries
+/// (which repeat them) and unmeasured launches left out, `--drop-first` dropping the first
+/// steps' launches. Skipped without python3.
+#[test]
+fn the_kernel_profile_sums_launches_per_kernel_and_skips_the_summaries() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: no python3");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("qdarts-kernel-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp folder");
+    let log = dir.join("kernels.log");
+    let id = |name: &str, x: u32| {
+        format!(
+            "{name}: {name}Info {{\n    n: 1,\n    dtype: Float (\n        F32,\n    ),\n}} CubeCount ({x}, 2, 1)"
+        )
+    };
+    let launch = |t: &str, name: &str, x: u32| format!("| {t:<10} | {}", id(name, x));
+    let lines = [
+        launch("1.5ms", "reduce_kernel_f32", 4),
+        launch("500µs", "reduce_kernel_f32", 2),
+        launch("300µs", "conv2d_im2col", 1024),
+        launch("not measured", "conv2d_im2col", 1024),
+        "|⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺⎺| ".to_string(),
+        "| Name | Duration | Num Computed | Ratio |".to_string(),
+        format!("| {} | 2ms      | 2            | 88 %  |", id("reduce_kernel_f32", 4)),
+        "| Total             | 2.25ms   | 3            | 100 % |".to_string(),
+        launch("1s", "matmul", 16),
+    ];
+    std::fs::write(&log, lines.join("\n") + "\n").expect("log");
+    let profile = |args: &[&str]| {
+        Command::new("python3")
+            .arg(root().join("scripts/cubecl_profile.py"))
+            .arg(&log)
+            .args(args)
+            .output()
+            .expect("python3 runs")
+    };
+    let csv = dir.join("k.csv");
+    let o = profile(&["--steps", "2", "--csv", csv.to_str().expect("utf-8 path")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.starts_with("4 launches of 3 kernels, 1002.3 ms of kernel time"), "{out}");
+    assert!(out.contains("per step (over 2 steps): 501.1 ms, 2 launches"), "{out}");
+    let rows = std::fs::read_to_string(&csv).expect("csv");
+    let rows: Vec<&str> = rows.lines().collect();
+    assert_eq!(rows[0], "kernel,launches,total_s,share,mean_s,max_s,min_cubes");
+    assert_eq!(rows[1], "matmul,1,1.000000000,0.997705,1.000000000,1.000000000,32");
+    assert_eq!(rows[2], "reduce_kernel_f32,2,0.002000000,0.001995,0.001000000,0.001500000,4");
+    assert_eq!(rows[3], "conv2d_im2col,1,0.000300000,0.000299,0.000300000,0.000300000,2048");
+    assert_eq!(rows.len(), 4);
+
+    // The last of two steps: the second half of the four launches.
+    let o = profile(&["--steps", "2", "--drop-first", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.starts_with("2 launches of 2 kernels, 1000.3 ms of kernel time"), "{out}");
+    assert!(out.contains("per step (over 1 step): 1000.3 ms, 2 launches"), "{out}");
+
+    let o = profile(&["--drop-first", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--drop-first K needs --steps N"), "{}", text(&o));
+
+    std::fs::write(&log, "no timings here\n").expect("log");
+    let o = profile(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("no kernel timings"), "{}", text(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
