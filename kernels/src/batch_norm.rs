@@ -9,10 +9,14 @@
 //! - [`affine`]: `y = x·w_c + b_c`. Backward: `∂x = ∂y·w_c`, `∂w_c = Σ ∂y·x`, `∂b_c = Σ ∂y`.
 //!
 //! As tensor expressions these are a dozen passes over the activation forward and backward
-//! (transposed copy, mean, centring, square, broadcasts, and their gradients). Sums run per
-//! (image, channel) plane in eight f32 lanes and are combined over the batch in f64 in a fixed
-//! order, so the result does not depend on thread timing. Other backends and dtypes use the
-//! tensor expressions ([`channel_available`] decides); `tests/batch_norm.rs` holds the two together.
+//! (transposed copy, mean, centring, square, broadcasts, and their gradients). On flex, sums run
+//! per (image, channel) plane in eight f32 lanes and are combined over the batch in f64 in a
+//! fixed order, so the result does not depend on thread timing. On the CubeCL backends (`cube`
+//! submodule) each elementwise part is one kernel and each per-channel sum one cube of threads
+//! per channel: one default-shape search step went from 60 059 launches to 45 039, 24 fewer per
+//! BatchNorm (forward and backward). LibTorch and other dtypes use the tensor expressions
+//! ([`channel_available`] decides); `tests/batch_norm.rs` holds the two together on every
+//! backend of the build.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -25,7 +29,7 @@ use burn::tensor::{DType, Device, Tensor};
 use crate::reduce::row_mean;
 
 /// The per-channel primitives (see the module docs).
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+#[backend_extension(Flex: cfg(feature = "flex"), Cube: cfg(feature = "cube"), Autodiff)]
 pub trait ChannelBackend: Backend {
     /// `[mean, biased variance]` per channel of `x` `[N, C, H, W]`: `[2, C]`.
     fn channel_moments(x: FloatTensor<Self>) -> FloatTensor<Self>;
@@ -61,6 +65,7 @@ pub trait ChannelBackend: Backend {
 /// this dtype.
 pub fn channel_available(device: &Device, dtype: DType) -> bool {
     crate::lanes::on_flex_f32(device, dtype)
+        || (crate::lanes::on_cube(device) && dtype == DType::F32)
 }
 
 /// `(mean, biased variance)` per channel of `x` `[N, C, H, W]`, each `[C]`.
@@ -207,6 +212,9 @@ impl<B: Backend + ChannelBackend, C: CheckpointStrategy> ChannelBackend for Auto
         Self::from_inner(B::channel_affine_wb_backward(x.into_primitive(), grad.into_primitive()))
     }
 }
+
+#[cfg(feature = "cube")]
+mod cube;
 
 #[cfg(feature = "flex")]
 mod flex_impl {

@@ -1,5 +1,7 @@
 //! The per-channel BatchNorm kernels (`moments`, `affine`) against the tensor expressions they
-//! replace, values and gradients, and the moments against an f64 computation on the host.
+//! replace, values and gradients, and the moments against an f64 computation on the host: on
+//! flex over many odd shapes, and on every backend of the build (the CubeCL ones run kernels of
+//! their own) over the search shapes and a few odd ones.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -8,6 +10,7 @@ use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use qdarts_kernels::batch_norm::{affine, moments};
+use qdarts_kernels::devices::compiled as devices;
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -37,8 +40,8 @@ fn affine_expr(x: Tensor<4>, w: Tensor<1>, b: Tensor<1>) -> Tensor<4> {
 /// A BatchNorm-shaped use of both: `affine(x, 1/sqrt(var + ε), −mean/sqrt(var + ε))`, its
 /// output and the gradients of x, and of a γ and β folded into w and b, under a fixed upstream
 /// gradient.
-fn batch_norm(dims: [usize; 4], seed: u64, ours: bool) -> [Vec<f32>; 6] {
-    let d = Device::flex().autodiff();
+fn batch_norm(device: &Device, dims: [usize; 4], seed: u64, ours: bool) -> [Vec<f32>; 6] {
+    let d = device.clone().autodiff();
     let (x, gamma, beta) = qdarts_kernels::devices::seeded(&d, seed, || {
         (
             // An offset mean, so that centring matters.
@@ -72,9 +75,9 @@ fn batch_norm(dims: [usize; 4], seed: u64, ours: bool) -> [Vec<f32>; 6] {
     ]
 }
 
-fn check(dims: [usize; 4], seed: u64) -> Result<(), String> {
-    let ours = batch_norm(dims, seed, true);
-    let expr = batch_norm(dims, seed, false);
+fn check_on(device: &Device, dims: [usize; 4], seed: u64) -> Result<(), String> {
+    let ours = batch_norm(device, dims, seed, true);
+    let expr = batch_norm(device, dims, seed, false);
     let names = ["mean", "variance", "output", "∂x", "∂γ", "∂β"];
     for ((name, a), b) in names.iter().zip(&ours).zip(&expr) {
         let e = rel_diff(a, b, 1.0);
@@ -83,6 +86,20 @@ fn check(dims: [usize; 4], seed: u64) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+fn check(dims: [usize; 4], seed: u64) -> Result<(), String> {
+    check_on(&Device::flex(), dims, seed)
+}
+
+#[test]
+fn the_kernels_match_the_tensor_expressions_on_every_backend() {
+    let shapes = [[32, 4, 28, 28], [32, 16, 7, 7], [1, 3, 5, 7], [5, 7, 1, 1], [3, 2, 11, 4]];
+    for (name, device) in devices() {
+        for (k, dims) in shapes.into_iter().enumerate() {
+            check_on(&device, dims, k as u64 + 21).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
 }
 
 #[test]
@@ -111,8 +128,15 @@ fn the_kernels_match_the_tensor_expressions_on_odd_shapes() {
 
 #[test]
 fn the_moments_match_an_f64_computation() {
+    for (name, device) in devices() {
+        eprintln!("{name}");
+        moments_match_f64(&device);
+    }
+}
+
+fn moments_match_f64(d: &Device) {
     // A large common offset: a one-pass E[x²] − E[x]² in f32 would lose the variance.
-    let d = Device::flex();
+    let d = d.clone();
     let x = qdarts_kernels::devices::seeded(&d, 5, || {
         Tensor::<4>::random([16, 3, 20, 20], Distribution::Normal(0.0, 0.01), &d).add_scalar(100.0)
     });
