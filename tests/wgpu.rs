@@ -17,6 +17,23 @@ fn a_search_runs_on_wgpu() {
     let _ = std::fs::remove_dir_all(run.parent().unwrap());
 }
 
+/// One search step against the PyTorch fixture (float preset), second-order terms included:
+/// within the CPU backends' bounds. (The tensorrt fixture is not: its fake-quant roundings
+/// flip at exact boundaries across devices, see docs/results/2026-11-25-gpu-h100.md.)
+#[test]
+fn the_float_search_step_matches_pytorch_on_wgpu() {
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/search/tests/fixtures/parity/float");
+    let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
+        .args(["--backend", "wgpu", "parity", fixture])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 fixture(s) within bounds on wgpu"), "{stdout}");
+    assert!(!stdout.contains("FAILED"), "{stdout}");
+}
+
 /// With every Vulkan and EGL driver hidden there is no adapter: a clear error, exit code 1, and
 /// no run folder, rather than a panic.
 #[test]
