@@ -32,6 +32,30 @@ pub(crate) fn on_cube(device: &Device) -> bool {
     }
 }
 
+/// Buffers and launch grids shared by the CubeCL kernels (fused fake-quant, BatchNorm).
+#[cfg(feature = "cube")]
+pub(crate) mod cube {
+    use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::{calculate_cube_count_elemwise, prelude::*};
+
+    /// A contiguous uninitialised tensor of `t`'s shape and dtype on its device.
+    pub(crate) fn empty_like(t: &CubeTensor) -> CubeTensor {
+        empty_shaped(t, t.meta.shape().to_vec())
+    }
+
+    /// A contiguous uninitialised tensor of `shape` with `t`'s dtype on its device.
+    pub(crate) fn empty_shaped(t: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
+        empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape.into(), t.dtype)
+    }
+
+    /// The launch grid of a one-thread-per-element kernel over `n` elements.
+    pub(crate) fn elementwise(client: &cubecl::client::Client, n: usize) -> (CubeCount, CubeDim) {
+        let cube_dim = CubeDim::new(client, n);
+        (calculate_cube_count_elemwise(client, n, cube_dim), cube_dim)
+    }
+}
+
 /// `out[k] = Σ_t w_t · src[k + off_t]` over the `taps` `(off_t, w_t)` for every `k`, each entry
 /// summed from 0 in the taps' order: bitwise what one `dst[k] += w_t · src[k + off_t]` pass per
 /// tap over a zeroed `out` gives, with each block of `out` kept in registers across the taps

@@ -12,15 +12,15 @@ use burn::tensor::DType;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::kernel::reduce::{KernelReduceStrategy, reduce_dim};
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::{calculate_cube_count_elemwise, prelude::*};
+use cubecl::prelude::*;
 use cubek::reduce::ReduceStrategy;
 use cubek::reduce::components::instructions::ReduceOperationConfig;
 use cubek::reduce::launch::{RoutineStrategy, VectorizationStrategy};
 use cubek::reduce::routines::{BlueprintStrategy, cube::CubeStrategy};
 
 use super::ChannelBackend;
+use crate::lanes::cube::{elementwise, empty_like, empty_shaped};
 
 /// The channel of element `i` of `[N, C, H, W]` with `plane = H·W`. In 32 bits: a 64-bit
 /// integer division is emulated on GPUs.
@@ -132,16 +132,6 @@ fn geometry(x: &CubeTensor) -> (u32, u32) {
     (fits(dims[1]), fits(plane.max(1)))
 }
 
-fn empty(x: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
-    empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape.into(), DType::F32)
-}
-
-fn launch_dims(x: &CubeTensor) -> (CubeCount, CubeDim) {
-    let n = x.meta.num_elements();
-    let cube_dim = CubeDim::new(&x.client, n);
-    (calculate_cube_count_elemwise(&x.client, n, cube_dim), cube_dim)
-}
-
 /// Per-row mean or sum of contiguous `[R, L]`, one cube per row: `[R, 1]`.
 fn per_row(rows: CubeTensor, config: ReduceOperationConfig) -> CubeTensor {
     let strategy = ReduceStrategy {
@@ -158,8 +148,8 @@ fn per_row(rows: CubeTensor, config: ReduceOperationConfig) -> CubeTensor {
 /// `[N, C, H, W]` as rows `[C, N·H·W]` (`centre`: of `(x − μ_c)²`).
 fn rows(x: &CubeTensor, mean: &CubeTensor, centre: bool) -> CubeTensor {
     let (c, plane) = geometry(x);
-    let out = empty(x, vec![c as usize, x.meta.num_elements() / c.max(1) as usize]);
-    let (count, dim) = launch_dims(x);
+    let out = empty_shaped(x, vec![c as usize, x.meta.num_elements() / c.max(1) as usize]);
+    let (count, dim) = elementwise(&x.client, x.meta.num_elements());
     rows_kernel::launch(
         &x.client,
         count,
@@ -179,8 +169,8 @@ fn scale_shift(x: CubeTensor, w: CubeTensor, b: Option<CubeTensor>) -> CubeTenso
     let (c, plane) = geometry(&x);
     let shift = b.is_some();
     let b = b.map(f32_contiguous).unwrap_or_else(|| w.clone());
-    let out = empty(&x, x.meta.shape().to_vec());
-    let (count, dim) = launch_dims(&x);
+    let out = empty_like(&x);
+    let (count, dim) = elementwise(&x.client, x.meta.num_elements());
     scale_shift_kernel::launch(
         &x.client,
         count,
@@ -221,8 +211,8 @@ impl ChannelBackend for CubeBackend {
         let (x, m, g) = (f32_contiguous(x), f32_contiguous(moments), f32_contiguous(grad));
         let (c, plane) = geometry(&x);
         let count = (x.meta.num_elements() / c.max(1) as usize) as f32;
-        let out = empty(&x, x.meta.shape().to_vec());
-        let (cubes, dim) = launch_dims(&x);
+        let out = empty_like(&x);
+        let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
         moments_backward_kernel::launch(
             &x.client,
             cubes,
@@ -250,8 +240,8 @@ impl ChannelBackend for CubeBackend {
         let (x, g) = (f32_contiguous(x), f32_contiguous(grad));
         let (c, plane) = geometry(&x);
         let len = x.meta.num_elements() / c.max(1) as usize;
-        let out = empty(&x, vec![2 * c as usize, len]);
-        let (cubes, dim) = launch_dims(&x);
+        let out = empty_shaped(&x, vec![2 * c as usize, len]);
+        let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
         wb_rows_kernel::launch(
             &x.client,
             cubes,

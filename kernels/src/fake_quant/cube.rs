@@ -11,9 +11,10 @@
 use burn::tensor::DType;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::{calculate_cube_count_elemwise, prelude::*};
+use cubecl::prelude::*;
+
+use crate::lanes::cube::{elementwise, empty_like};
 
 use super::{FakeQuantBackend, FusedLayout};
 
@@ -203,18 +204,6 @@ impl FakeQuantBackend for CubeBackend {
         );
         grad
     }
-}
-
-/// A contiguous uninitialised tensor of `t`'s shape and dtype on its device.
-fn empty_like(t: &CubeTensor) -> CubeTensor {
-    let shape = t.meta.shape().clone();
-    empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape, t.dtype)
-}
-
-/// The launch grid of a one-thread-per-element kernel over `n` elements.
-fn elementwise(client: &cubecl::client::Client, n: usize) -> (CubeCount, CubeDim) {
-    let cube_dim = CubeDim::new(client, n);
-    (calculate_cube_count_elemwise(client, n, cube_dim), cube_dim)
 }
 
 /// A fresh contiguous copy of `t` (whose buffer is shared, so not ours to write).
