@@ -1,22 +1,26 @@
 //! Per-channel batch statistics and the per-channel affine map: the two halves of a training
-//! BatchNorm, each one pass forward and one backward on flex.
+//! BatchNorm, each one pass forward and one backward on flex; and, on the CubeCL backends, the
+//! folding of the statistics into the affine map's weight and shift.
 //!
 //! `qdarts_ops::candidates::QBatchNorm` fake-quantizes its folded weight between
-//! them, so they stay two primitives:
+//! them, so they stay separate primitives:
 //!
-//! - [`moments`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`.
-//!   Backward: `∂x = ∂μ/M + ∂σ²·2(x − μ)/M` with `M = N·H·W`.
+//! - [`statistics`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`
+//!   ([`moments`]: the two rows). Backward: `∂x = ∂μ/M + ∂σ²·2(x − μ)/M` with `M = N·H·W`.
+//! - [`rstd`] `1/sqrt(σ² + ε)`, [`shift`] `−μ·w` and [`running`] (the running-statistics
+//!   update), each from the `[2, C]` statistics.
 //! - [`affine`]: `y = x·w_c + b_c`. Backward: `∂x = ∂y·w_c`, `∂w_c = Σ ∂y·x`, `∂b_c = Σ ∂y`.
 //!
 //! As tensor expressions these are a dozen passes over the activation forward and backward
 //! (transposed copy, mean, centring, square, broadcasts, and their gradients). On flex, sums run
 //! per (image, channel) plane in eight f32 lanes and are combined over the batch in f64 in a
-//! fixed order, so the result does not depend on thread timing. On the CubeCL backends (`cube`
-//! submodule) each elementwise part is one kernel and each per-channel sum one cube of threads
-//! per channel: one default-shape search step went from 60 059 launches to 45 039 on Mesa's
-//! lavapipe, 24 fewer per BatchNorm (forward and backward). LibTorch and other dtypes use the
-//! tensor expressions ([`channel_available`] decides); `tests/batch_norm.rs` holds the two
-//! together on every backend of the build.
+//! fixed order, so the result does not depend on thread timing; flex folds with the tensor
+//! expressions (each a pass over `C` values, cheap on a CPU). On the CubeCL backends (`cube`
+//! submodule) every primitive is one launch, the folding included: about 40 launches fewer per
+//! BatchNorm than the expressions, forward and backward (one default-shape search step: 60 059
+//! launches on Mesa's lavapipe before these kernels, 26 190 with them). LibTorch and other
+//! dtypes use the tensor expressions ([`channel_available`], [`fold_available`] decide);
+//! `tests/batch_norm.rs` holds the two together on every backend of the build.
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -70,8 +74,13 @@ pub fn channel_available(device: &Device, dtype: DType) -> bool {
 
 /// `(mean, biased variance)` per channel of `x` `[N, C, H, W]`, each `[C]`.
 pub fn moments(x: Tensor<4>) -> (Tensor<1>, Tensor<1>) {
-    let c = x.dims()[1];
-    let m = if channel_available(&x.device(), x.dtype()) {
+    split(statistics(x))
+}
+
+/// `[mean, biased variance]` per channel of `x` `[N, C, H, W]`: `[2, C]`, the form [`rstd`],
+/// [`shift`] and [`running`] take.
+pub fn statistics(x: Tensor<4>) -> Tensor<2> {
+    if channel_available(&x.device(), x.dtype()) {
         Tensor::<2>::from_dispatch(<burn::backend::Dispatch as ChannelBackend>::channel_moments(
             x.into_dispatch(),
         ))
@@ -81,8 +90,222 @@ pub fn moments(x: Tensor<4>) -> (Tensor<1>, Tensor<1>) {
         let mean = row_mean(rows.clone()).reshape([c, 1]);
         let var = row_mean(rows.sub(mean.clone()).square());
         Tensor::cat(vec![mean.reshape([1, c]), var.reshape([1, c])], 0)
-    };
+    }
+}
+
+/// The rows of `[2, C]` as two `[C]`.
+fn split(m: Tensor<2>) -> (Tensor<1>, Tensor<1>) {
+    let c = m.dims()[1];
     (m.clone().slice([0..1, 0..c]).reshape([c]), m.slice([1..2, 0..c]).reshape([c]))
+}
+
+/// Whether [`rstd`], [`shift`] and [`running`] run this module's kernels for tensors on
+/// `device` with this dtype: on the CubeCL backends, where each of their tensor expressions
+/// (and each gradient of one) is a launch. Elsewhere they are those expressions.
+pub fn fold_available(device: &Device, dtype: DType) -> bool {
+    crate::lanes::on_cube(device) && dtype == DType::F32
+}
+
+/// `1/sqrt(σ² + ε)` per channel from the statistics `m` `[2, C]`: `[C]`.
+pub fn rstd(m: Tensor<2>, epsilon: f64) -> Tensor<1> {
+    #[cfg(feature = "cube")]
+    if fold_available(&m.device(), m.dtype()) {
+        return Tensor::from_dispatch(<burn::backend::Dispatch as FoldBackend>::channel_rstd(
+            m.into_dispatch(),
+            epsilon as f32,
+        ));
+    }
+    split(m).1.add_scalar(epsilon).sqrt().recip()
+}
+
+/// `−μ·w` per channel from the statistics `m` `[2, C]` and `w` `[C]`: `[C]`.
+pub fn shift(m: Tensor<2>, w: Tensor<1>) -> Tensor<1> {
+    #[cfg(feature = "cube")]
+    if fold_available(&m.device(), m.dtype()) {
+        return Tensor::from_dispatch(<burn::backend::Dispatch as FoldBackend>::channel_shift(
+            m.into_dispatch(),
+            w.into_dispatch(),
+        ));
+    }
+    split(m).0.mul(w).neg()
+}
+
+/// PyTorch's running-statistics update from the batch statistics `m` `[2, C]` of `count`
+/// values per channel: `(1 − momentum)·mean + momentum·μ` and the same for `var` with the
+/// unbiased batch variance `σ²·count/(count − 1)`. Not differentiated (`m` is detached).
+pub fn running(
+    mean: Tensor<1>,
+    var: Tensor<1>,
+    m: Tensor<2>,
+    momentum: f64,
+    count: usize,
+) -> (Tensor<1>, Tensor<1>) {
+    let count = count as f64;
+    let unbias = count / (count - 1.0).max(1.0);
+    let m = m.detach();
+    #[cfg(feature = "cube")]
+    if fold_available(&m.device(), m.dtype()) {
+        return split(Tensor::from_dispatch(
+            <burn::backend::Dispatch as FoldBackend>::channel_running(
+                mean.detach().into_dispatch(),
+                var.detach().into_dispatch(),
+                m.into_dispatch(),
+                momentum as f32,
+                unbias as f32,
+            ),
+        ));
+    }
+    let (mu, sigma2) = split(m);
+    let keep = 1.0 - momentum;
+    (
+        mean.detach().mul_scalar(keep).add(mu.mul_scalar(momentum)),
+        var.detach().mul_scalar(keep).add(sigma2.mul_scalar(unbias).mul_scalar(momentum)),
+    )
+}
+
+/// The per-channel folding of a BatchNorm's statistics (see [`fold_available`]); CubeCL only.
+#[cfg(feature = "cube")]
+#[backend_extension(Cube, Autodiff)]
+pub trait FoldBackend: Backend {
+    /// `1/sqrt(σ² + ε)` from `m` `[2, C]`: `[C]`.
+    fn channel_rstd(m: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self>;
+
+    /// `∂m` `[2, C]` (`[0, −½·w³·∂w]`) from `m` and `∂w` `[C]`.
+    fn channel_rstd_backward(
+        m: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self>;
+
+    /// `−μ·w` from `m` `[2, C]` and `w` `[C]`: `[C]`.
+    fn channel_shift(m: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `(∂m, ∂w)`: `[−w·∂b, 0]` `[2, C]` and `−μ·∂b` `[C]`.
+    fn channel_shift_backward(
+        m: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The running statistics `[2, C]` after one update (see [`running`]); `unbias` is
+    /// `count/(count − 1)`.
+    fn channel_running(
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        momentum: f32,
+        unbias: f32,
+    ) -> FloatTensor<Self>;
+}
+
+#[cfg(feature = "cube")]
+impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B, C> {
+    fn channel_rstd(m: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RstdStep;
+
+        impl<B: Backend + FoldBackend> Backward<B, 1> for RstdStep {
+            type State = (FloatTensor<B>, f32);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let (m, epsilon) = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::channel_rstd_backward(m, grad, epsilon)
+                });
+            }
+        }
+
+        match RstdStep.prepare::<C>([m.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let mp = m.primitive().clone();
+                prep.finish((mp.clone(), epsilon), B::channel_rstd(mp, epsilon))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::channel_rstd(m.into_primitive(), epsilon)),
+        }
+    }
+
+    fn channel_rstd_backward(
+        m: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::channel_rstd_backward(
+            m.into_primitive(),
+            grad.into_primitive(),
+            epsilon,
+        ))
+    }
+
+    fn channel_shift(m: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct ShiftStep;
+
+        impl<B: Backend + FoldBackend> Backward<B, 2> for ShiftStep {
+            type State = (FloatTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node_m, node_w] = ops.parents;
+                let grad = grads.consume::<B>(&ops.node);
+                let (m, w) = ops.state;
+                let (dm, dw) = B::channel_shift_backward(m, w, grad);
+                if let Some(node) = node_m {
+                    grads.register::<B>(node.id, dm);
+                }
+                if let Some(node) = node_w {
+                    grads.register::<B>(node.id, dw);
+                }
+            }
+        }
+
+        match ShiftStep.prepare::<C>([m.node(), w.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (mp, wp) = (m.primitive().clone(), w.primitive().clone());
+                prep.finish((mp.clone(), wp.clone()), B::channel_shift(mp, wp))
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::channel_shift(m.into_primitive(), w.into_primitive()))
+            }
+        }
+    }
+
+    fn channel_shift_backward(
+        m: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dm, dw) = B::channel_shift_backward(
+            m.into_primitive(),
+            w.into_primitive(),
+            grad.into_primitive(),
+        );
+        (Self::from_inner(dm), Self::from_inner(dw))
+    }
+
+    fn channel_running(
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        momentum: f32,
+        unbias: f32,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::channel_running(
+            mean.into_primitive(),
+            var.into_primitive(),
+            m.into_primitive(),
+            momentum,
+            unbias,
+        ))
+    }
 }
 
 /// `x·w_c + b_c` for `x` `[N, C, H, W]` and `w`, `b` `[C]`.

@@ -1,7 +1,8 @@
-//! The per-channel BatchNorm kernels (`moments`, `affine`) against the tensor expressions they
-//! replace, values and gradients, and the moments against an f64 computation on the host: on
-//! flex over many odd shapes, and on every backend of the build (the CubeCL ones run kernels of
-//! their own) over the search shapes and a few odd ones.
+//! The per-channel BatchNorm kernels (`statistics`, `rstd`, `shift`, `running`, `affine`)
+//! against the tensor expressions they replace, values and gradients, with `x` and `∂y`
+//! contiguous, channels-last and a channel slice, and the moments against an f64 computation on
+//! the host: on flex over many odd shapes, and on every backend of the build (the CubeCL ones
+//! run kernels of their own) over the search shapes and a few odd ones.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -9,7 +10,7 @@
 use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use qdarts_kernels::batch_norm::{affine, moments};
+use qdarts_kernels::batch_norm::{affine, moments, rstd, running, shift, statistics};
 use qdarts_kernels::devices::compiled as devices;
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
@@ -37,30 +38,87 @@ fn affine_expr(x: Tensor<4>, w: Tensor<1>, b: Tensor<1>) -> Tensor<4> {
     x.mul(w.reshape([1, c, 1, 1])).add(b.reshape([1, c, 1, 1]))
 }
 
-/// A BatchNorm-shaped use of both: `affine(x, 1/sqrt(var + ε), −mean/sqrt(var + ε))`, its
-/// output and the gradients of x, and of a γ and β folded into w and b, under a fixed upstream
-/// gradient.
-fn batch_norm(device: &Device, dims: [usize; 4], seed: u64, ours: bool) -> [Vec<f32>; 6] {
+/// How `x` and the gradient reaching `y` lie in memory: the kernels read both through their
+/// strides.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// Contiguous `[N, C, H, W]`.
+    Contiguous,
+    /// `[N, H, W, C]` in memory (a channels-last convolution's output); `∂y` too.
+    ChannelsLast,
+    /// Channels `1..1 + C` of a wider tensor (a concatenation's part); `∂y` channels-last.
+    ChannelSlice,
+}
+
+/// A BatchNorm as `QBatchNorm` computes it: `affine(x, w, b)` with `w = γ/sqrt(var + ε)` and
+/// `b = β − mean·w`, the statistics folded by [`rstd`] and [`shift`] (`ours`) or by the tensor
+/// expressions; its output, the gradients of x, γ and β under a fixed upstream gradient, and
+/// the running statistics after one update.
+fn batch_norm(
+    device: &Device,
+    dims: [usize; 4],
+    seed: u64,
+    ours: bool,
+    layout: Layout,
+) -> [Vec<f32>; 8] {
     let d = device.clone().autodiff();
+    let [n, c, h, w] = dims;
     let (x, gamma, beta) = qdarts_kernels::devices::seeded(&d, seed, || {
+        // An offset mean, so that centring matters.
+        let normal = Distribution::Normal(1.5, 2.0);
+        let x = match layout {
+            Layout::Contiguous => Tensor::<4>::random(dims, normal, &d),
+            Layout::ChannelsLast => {
+                Tensor::<4>::random([n, h, w, c], normal, &d).permute([0, 3, 1, 2])
+            }
+            Layout::ChannelSlice => {
+                Tensor::<4>::random([n, c + 3, h, w], normal, &d).slice([0..n, 1..1 + c])
+            }
+        };
         (
-            // An offset mean, so that centring matters.
-            Tensor::<4>::random(dims, Distribution::Normal(1.5, 2.0), &d),
-            Tensor::<1>::random([dims[1]], Distribution::Normal(1.0, 0.3), &d),
-            Tensor::<1>::random([dims[1]], Distribution::Normal(0.0, 0.3), &d),
+            x,
+            Tensor::<1>::random([c], Distribution::Normal(1.0, 0.3), &d),
+            Tensor::<1>::random([c], Distribution::Normal(0.0, 0.3), &d),
         )
     });
     let (x, gamma, beta) = (x.require_grad(), gamma.require_grad(), beta.require_grad());
-    let (mean, var) = if ours { moments(x.clone()) } else { moments_expr(x.clone()) };
-    let w = var.clone().add_scalar(1e-5).sqrt().recip().mul(gamma.clone());
-    let b = mean.clone().mul(w.clone()).neg().add(beta.clone());
+    // The running statistics before the update.
+    let (rm, rv) = (gamma.clone().detach().mul_scalar(0.7), beta.clone().detach().exp());
+    let count = n * h * w;
+    let (mean, var, w, b, running) = if ours {
+        // As QBatchNorm folds them: the statistics as `[2, C]`, straight into rstd and shift.
+        let m = statistics(x.clone());
+        let w = rstd(m.clone(), 1e-5).mul(gamma.clone());
+        let b = shift(m.clone(), w.clone()).add(beta.clone());
+        let running = running(rm, rv, m.clone(), 0.1, count);
+        (
+            m.clone().slice([0..1, 0..c]).reshape([c]),
+            m.slice([1..2, 0..c]).reshape([c]),
+            w,
+            b,
+            running,
+        )
+    } else {
+        let (mean, var) = moments_expr(x.clone());
+        let w = var.clone().add_scalar(1e-5).sqrt().recip().mul(gamma.clone());
+        let b = mean.clone().mul(w.clone()).neg().add(beta.clone());
+        let unbiased = var.clone().detach().mul_scalar(count as f64 / (count as f64 - 1.0));
+        let running = (
+            rm.mul_scalar(0.9).add(mean.clone().detach().mul_scalar(0.1)),
+            rv.mul_scalar(0.9).add(unbiased.mul_scalar(0.1)),
+        );
+        (mean, var, w, b, running)
+    };
     let y = if ours { affine(x.clone(), w, b) } else { affine_expr(x.clone(), w, b) };
     let up = y.clone().detach().mul_scalar(0.9).add_scalar(0.2).sin();
+    // Through a permutation, ∂y reaches the kernels as a strided view.
+    let weighted = match layout {
+        Layout::Contiguous => y.clone().mul(up),
+        _ => y.clone().permute([0, 2, 3, 1]).mul(up.permute([0, 2, 3, 1])),
+    };
     // The moments also feed the loss directly (as the running statistics do not): both of
     // their gradients are exercised.
-    let loss = y
-        .clone()
-        .mul(up)
+    let loss = weighted
         .sum()
         .add(mean.clone().sum().mul_scalar(0.3))
         .add(var.clone().sum().mul_scalar(0.2));
@@ -72,24 +130,29 @@ fn batch_norm(device: &Device, dims: [usize; 4], seed: u64, ours: bool) -> [Vec<
         vals(x.grad(&g).unwrap()),
         vals(gamma.grad(&g).unwrap()),
         vals(beta.grad(&g).unwrap()),
+        vals(running.0),
+        vals(running.1),
     ]
 }
 
-fn check_on(device: &Device, dims: [usize; 4], seed: u64) -> Result<(), String> {
-    let ours = batch_norm(device, dims, seed, true);
-    let expr = batch_norm(device, dims, seed, false);
-    let names = ["mean", "variance", "output", "∂x", "∂γ", "∂β"];
+fn check_on(device: &Device, dims: [usize; 4], seed: u64, layout: Layout) -> Result<(), String> {
+    let ours = batch_norm(device, dims, seed, true, layout);
+    let expr = batch_norm(device, dims, seed, false, layout);
+    let names =
+        ["mean", "variance", "output", "∂x", "∂γ", "∂β", "running mean", "running variance"];
     for ((name, a), b) in names.iter().zip(&ours).zip(&expr) {
         let e = rel_diff(a, b, 1.0);
         if e >= 5e-5 {
-            return Err(format!("{dims:?} seed {seed}: {name} differs by {e} (relative)"));
+            return Err(format!(
+                "{dims:?} {layout:?} seed {seed}: {name} differs by {e} (relative)"
+            ));
         }
     }
     Ok(())
 }
 
 fn check(dims: [usize; 4], seed: u64) -> Result<(), String> {
-    check_on(&Device::flex(), dims, seed)
+    check_on(&Device::flex(), dims, seed, Layout::Contiguous)
 }
 
 #[test]
@@ -97,7 +160,10 @@ fn the_kernels_match_the_tensor_expressions_on_every_backend() {
     let shapes = [[32, 4, 28, 28], [32, 16, 7, 7], [1, 3, 5, 7], [5, 7, 1, 1], [3, 2, 11, 4]];
     for (name, device) in devices() {
         for (k, dims) in shapes.into_iter().enumerate() {
-            check_on(&device, dims, k as u64 + 21).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for layout in [Layout::Contiguous, Layout::ChannelsLast, Layout::ChannelSlice] {
+                check_on(&device, dims, k as u64 + 21, layout)
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
         }
     }
 }
@@ -115,13 +181,14 @@ fn the_kernels_match_the_tensor_expressions_on_the_search_shapes() {
 fn the_kernels_match_the_tensor_expressions_on_odd_shapes() {
     // Planes shorter than one 8-lane block, sizes that leave remainders, one image, one
     // channel.
-    let strategy = ((1usize..=5, 1usize..=7), (1usize..=11, 1usize..=11), any::<u64>());
+    let strategy = ((1usize..=5, 1usize..=7), (1usize..=11, 1usize..=11), any::<u64>(), 0usize..3);
     let config = Config { cases: 80, failure_persistence: None, ..Config::default() };
     let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]);
     TestRunner::new_with_rng(config, rng)
-        .run(&strategy, |((n, c), (h, w), seed)| {
+        .run(&strategy, |((n, c), (h, w), seed, layout)| {
             prop_assume!(n * h * w > 1);
-            check([n, c, h, w], seed).map_err(TestCaseError::fail)
+            let layout = [Layout::Contiguous, Layout::ChannelsLast, Layout::ChannelSlice][layout];
+            check_on(&Device::flex(), [n, c, h, w], seed, layout).map_err(TestCaseError::fail)
         })
         .unwrap();
 }

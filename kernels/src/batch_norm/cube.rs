@@ -2,48 +2,154 @@
 //!
 //! As tensor expressions a training BatchNorm is dozens of launches forward and backward
 //! (transposes, centring, broadcasts and their gradients, each a kernel); on a GPU every launch
-//! costs host time, and Burn's reductions without autotune give each output one
-//! thread, which for `C` channels of `N·H·W` values is `C` threads. Here the elementwise parts
-//! are one kernel each (one thread per element), and the per-channel sums are CubeCL's cube
-//! reduction (one cube of threads per channel, a tree in shared memory) over rows laid out
-//! `[channel, N·H·W]` by one kernel.
+//! costs host time. Here each primitive is one launch: the elementwise parts one thread per
+//! element, the per-channel sums one cube of [`UNITS`] threads per channel (each thread sums a
+//! fixed stride of the channel's `N·H·W` values, then a tree in shared memory), so a sum does
+//! not depend on thread timing. The kernels read `x` and `∂y` through their strides: a
+//! convolution's channels-last output or a channel slice of a concatenation's gradient is read
+//! where it lies, not copied first.
 
 use burn::tensor::DType;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::kernel::reduce::{KernelReduceStrategy, reduce_dim};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubek::reduce::ReduceStrategy;
-use cubek::reduce::components::instructions::ReduceOperationConfig;
-use cubek::reduce::launch::{RoutineStrategy, VectorizationStrategy};
-use cubek::reduce::routines::{BlueprintStrategy, cube::CubeStrategy};
 
-use super::ChannelBackend;
+use super::{ChannelBackend, FoldBackend};
 use crate::lanes::cube::{elementwise, empty_like, empty_shaped};
 
-/// The channel of element `i` of `[N, C, H, W]` with `plane = H·W`. In 32 bits: a 64-bit
-/// integer division is emulated on GPUs.
+/// Threads of the cube that sums one channel (a power of two: the tree halves it).
+const UNITS: u32 = 256;
+
+/// Buffer offset of element `(n, c, q)` of `[N, C, H, W]` `x`, `q = h·W + w`. In 32 bits: a
+/// 64-bit integer division is emulated on GPUs ([`strided`] checks that offsets fit).
+#[cube]
+fn offset(x: &Tensor<f32>, n: u32, c: u32, q: u32, width: u32) -> usize {
+    let s0 = x.stride(0) as u32;
+    let s1 = x.stride(1) as u32;
+    let s2 = x.stride(2) as u32;
+    let s3 = x.stride(3) as u32;
+    (n * s0 + c * s1 + (q / width) * s2 + (q % width) * s3) as usize
+}
+
+/// Element `i` (in `[N, C, H, W]` order) of `x`, whatever its strides, with its channel.
+#[cube]
+fn element(x: &Tensor<f32>, i: usize, plane: u32, width: u32, channels: u32) -> f32 {
+    let i = i as u32;
+    let image_channel = i / plane;
+    x[offset(x, image_channel / channels, image_channel % channels, i % plane, width)]
+}
+
+/// The channel of element `i` of `[N, C, H, W]` with `plane = H·W`.
 #[cube]
 fn channel_of(i: usize, plane: u32, channels: u32) -> usize {
     ((i as u32 / plane) % channels) as usize
 }
 
-/// `out = x·w_c (+ b_c)`.
+/// The sum of every unit's `value` over the cube (a tree in `shared`, `CUBE_DIM_X` long, in a
+/// fixed order), returned to every unit; `shared` is free again on return.
+#[cube]
+fn cube_sum(shared: &mut Shared<[f32]>, value: f32) -> f32 {
+    let unit = UNIT_POS_X as usize;
+    shared[unit] = value;
+    sync_cube();
+    let mut active = CUBE_DIM_X as usize / 2;
+    while active > 0 {
+        if unit < active {
+            let other = shared[unit + active];
+            shared[unit] += other;
+        }
+        sync_cube();
+        active /= 2;
+    }
+    let total = shared[0];
+    sync_cube();
+    total
+}
+
+/// `out = [mean, biased variance]` `[2, C]`, one cube per channel: the mean first, then the
+/// centred squares about it (a one-pass `E[x²] − E[x]²` would lose the variance of offset data).
+#[cube(launch)]
+fn moments_kernel(
+    x: &Tensor<f32>,
+    out: &mut [f32],
+    images: u32,
+    plane: u32,
+    width: u32,
+    #[comptime] units: usize,
+) {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let ch = CUBE_POS_X;
+    let count = images * plane;
+    let mut sum = 0.0f32;
+    let mut j = UNIT_POS_X;
+    while j < count {
+        sum += x[offset(x, j / plane, ch, j % plane, width)];
+        j += CUBE_DIM_X;
+    }
+    let mean = cube_sum(&mut shared, sum) / count as f32;
+    let mut squares = 0.0f32;
+    let mut j = UNIT_POS_X;
+    while j < count {
+        let d = x[offset(x, j / plane, ch, j % plane, width)] - mean;
+        squares += d * d;
+        j += CUBE_DIM_X;
+    }
+    let var = cube_sum(&mut shared, squares) / count as f32;
+    if UNIT_POS_X == 0 {
+        out[ch as usize] = mean;
+        out[(CUBE_COUNT_X + ch) as usize] = var;
+    }
+}
+
+/// `out = [Σ ∂y·x, Σ ∂y]` `[2, C]`, one cube per channel.
+#[cube(launch)]
+fn affine_wb_kernel(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    out: &mut [f32],
+    images: u32,
+    plane: u32,
+    width: u32,
+    #[comptime] units: usize,
+) {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let ch = CUBE_POS_X;
+    let count = images * plane;
+    let mut dw = 0.0f32;
+    let mut db = 0.0f32;
+    let mut j = UNIT_POS_X;
+    while j < count {
+        let (n, q) = (j / plane, j % plane);
+        let g = grad[offset(grad, n, ch, q, width)];
+        dw += g * x[offset(x, n, ch, q, width)];
+        db += g;
+        j += CUBE_DIM_X;
+    }
+    let dw = cube_sum(&mut shared, dw);
+    let db = cube_sum(&mut shared, db);
+    if UNIT_POS_X == 0 {
+        out[ch as usize] = dw;
+        out[(CUBE_COUNT_X + ch) as usize] = db;
+    }
+}
+
+/// `out = x·w_c (+ b_c)`, `out` contiguous.
 #[cube(launch)]
 fn scale_shift_kernel(
-    x: &[f32],
+    x: &Tensor<f32>,
     w: &[f32],
     b: &[f32],
     out: &mut [f32],
     plane: u32,
+    width: u32,
     channels: u32,
     #[comptime] shift: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let c = channel_of(i, plane, channels);
-        let v = x[i] * w[c];
+        let v = element(x, i, plane, width, channels) * w[c];
         if shift {
             out[i] = v + b[c];
         } else {
@@ -54,12 +160,14 @@ fn scale_shift_kernel(
 
 /// `∂x = a_c + b_c·(x − μ_c)` with `a = ∂μ/M`, `b = 2∂σ²/M` (the flex kernel's order).
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 fn moments_backward_kernel(
-    x: &[f32],
+    x: &Tensor<f32>,
     moments: &[f32],
     grad: &[f32],
     out: &mut [f32],
     plane: u32,
+    width: u32,
     channels: u32,
     count: f32,
 ) {
@@ -68,105 +176,103 @@ fn moments_backward_kernel(
         let c = channel_of(i, plane, channels);
         let a = grad[c] / count;
         let b = 2.0 * grad[channels as usize + c] / count;
-        out[i] = a + b * (x[i] - moments[c]);
+        out[i] = a + b * (element(x, i, plane, width, channels) - moments[c]);
     }
 }
 
-/// `[N, C, H, W]` as rows `[C, N·H·W]`; with `centre`, `(x − μ_c)²` instead of `x`.
+/// `out_c = 1/sqrt(σ²_c + ε)` from `m = [μ, σ²]`.
 #[cube(launch)]
-fn rows_kernel(
-    x: &[f32],
+fn rstd_kernel(m: &[f32], out: &mut [f32], epsilon: f32) {
+    let c = ABSOLUTE_POS;
+    if c < out.len() {
+        out[c] = 1.0f32 / f32::sqrt(m[out.len() + c] + epsilon);
+    }
+}
+
+/// `out = [0, −½·w³·∂w]` with `w = 1/sqrt(σ² + ε)`.
+#[cube(launch)]
+fn rstd_backward_kernel(m: &[f32], grad: &[f32], out: &mut [f32], epsilon: f32) {
+    let c = ABSOLUTE_POS;
+    let channels = grad.len();
+    if c < channels {
+        let w = 1.0f32 / f32::sqrt(m[channels + c] + epsilon);
+        out[c] = 0.0f32;
+        out[channels + c] = -0.5f32 * grad[c] * w * w * w;
+    }
+}
+
+/// `out_c = −μ_c·w_c`.
+#[cube(launch)]
+fn shift_kernel(m: &[f32], w: &[f32], out: &mut [f32]) {
+    let c = ABSOLUTE_POS;
+    if c < out.len() {
+        out[c] = -(m[c] * w[c]);
+    }
+}
+
+/// `dm = [−w·∂b, 0]`, `dw = −μ·∂b`.
+#[cube(launch)]
+fn shift_backward_kernel(m: &[f32], w: &[f32], grad: &[f32], dm: &mut [f32], dw: &mut [f32]) {
+    let c = ABSOLUTE_POS;
+    let channels = dw.len();
+    if c < channels {
+        let g = grad[c];
+        dm[c] = -(w[c] * g);
+        dm[channels + c] = 0.0f32;
+        dw[c] = -(m[c] * g);
+    }
+}
+
+/// `out = [(1 − k)·mean + k·μ, (1 − k)·var + k·σ²·unbias]` with `k` the momentum.
+#[cube(launch)]
+fn running_kernel(
     mean: &[f32],
+    var: &[f32],
+    m: &[f32],
     out: &mut [f32],
-    plane: u32,
-    channels: u32,
-    #[comptime] centre: bool,
+    momentum: f32,
+    unbias: f32,
 ) {
-    let i = ABSOLUTE_POS;
-    if i < x.len() {
-        let (p, c) = (plane as usize, channels as usize);
-        let ch = channel_of(i, plane, channels);
-        let n = i / (c * p);
-        let row = (x.len() / c) * ch;
-        let v = x[i];
-        let at = row + n * p + i % p;
-        if centre {
-            let d = v - mean[ch];
-            out[at] = d * d;
-        } else {
-            out[at] = v;
-        }
+    let c = ABSOLUTE_POS;
+    let channels = mean.len();
+    if c < channels {
+        let keep = 1.0f32 - momentum;
+        out[c] = mean[c] * keep + m[c] * momentum;
+        out[channels + c] = var[c] * keep + m[channels + c] * unbias * momentum;
     }
 }
 
-/// Rows `[2C, N·H·W]` of `∂y·x` (first `C`) and `∂y` (last `C`).
-#[cube(launch)]
-fn wb_rows_kernel(x: &[f32], grad: &[f32], out: &mut [f32], plane: u32, channels: u32) {
-    let i = ABSOLUTE_POS;
-    if i < x.len() {
-        let (p, c) = (plane as usize, channels as usize);
-        let ch = channel_of(i, plane, channels);
-        let n = i / (c * p);
-        let len = x.len() / c;
-        let at = len * ch + n * p + i % p;
-        let g = grad[i];
-        out[at] = g * x[i];
-        out[len * c + at] = g;
-    }
-}
-
+/// A `[C]` or `[2, C]` operand, contiguous (these are small; a copy, when one is needed, is
+/// cheap).
 fn f32_contiguous(t: CubeTensor) -> CubeTensor {
     assert_eq!(t.dtype, DType::F32, "channel op: expected f32");
     into_contiguous(t)
 }
 
-/// `(C, H·W)` of `[N, C, H, W]` as the kernels' u32 index arguments.
-fn geometry(x: &CubeTensor) -> (u32, u32) {
-    let dims = x.meta.shape().clone();
-    let plane: usize = dims[2..].iter().product();
+/// `[N, C, H, W]` `x` as the kernels' u32 index arguments `(N, C, H·W, W)`, after checking that
+/// it is f32 and that every index and buffer offset fits in 32 bits.
+fn strided(x: &CubeTensor) -> (u32, u32, u32, u32) {
+    assert_eq!(x.dtype, DType::F32, "channel op: expected f32");
+    let (dims, strides) = (x.meta.shape().clone(), x.meta.strides().clone());
+    assert_eq!(dims.len(), 4, "channel op: expected [N, C, H, W], got {dims:?}");
     let fits = |v: usize| {
         u32::try_from(v)
-            .unwrap_or_else(|_| panic!("channel op: {v} exceeds the kernel's u32 indices"))
+            .unwrap_or_else(|_| panic!("channel op: {v} exceeds the kernels' u32 indices"))
     };
+    let last: usize = dims.iter().zip(strides.iter()).map(|(&d, &s)| d.saturating_sub(1) * s).sum();
+    fits(last);
     fits(x.meta.num_elements());
-    (fits(dims[1]), fits(plane.max(1)))
+    (fits(dims[0]), fits(dims[1]), fits(dims[2] * dims[3]).max(1), fits(dims[3]).max(1))
 }
 
-/// Per-row mean or sum of contiguous `[R, L]`, one cube per row: `[R, 1]`.
-fn per_row(rows: CubeTensor, config: ReduceOperationConfig) -> CubeTensor {
-    let strategy = ReduceStrategy {
-        routine: RoutineStrategy::Cube(BlueprintStrategy::Inferred(CubeStrategy {
-            use_planes: false,
-        })),
-        vectorization: VectorizationStrategy { parallel_output_vectorization: false },
-        autotune_level: Default::default(),
-    };
-    reduce_dim(rows, None, 1, KernelReduceStrategy::Specific(strategy), config)
-        .unwrap_or_else(|e| panic!("channel op: the per-channel reduction failed: {e:?}"))
-}
-
-/// `[N, C, H, W]` as rows `[C, N·H·W]` (`centre`: of `(x − μ_c)²`).
-fn rows(x: &CubeTensor, mean: &CubeTensor, centre: bool) -> CubeTensor {
-    let (c, plane) = geometry(x);
-    let out = empty_shaped(x, vec![c as usize, x.meta.num_elements() / c.max(1) as usize]);
-    let (count, dim) = elementwise(&x.client, x.meta.num_elements());
-    rows_kernel::launch(
-        &x.client,
-        count,
-        dim,
-        x.clone().into_buffer_arg(),
-        mean.clone().into_buffer_arg(),
-        out.clone().into_buffer_arg(),
-        plane,
-        c,
-        centre,
-    );
-    out
+/// One cube of [`UNITS`] threads per channel.
+fn per_channel(c: u32) -> (CubeCount, CubeDim) {
+    (CubeCount::new_1d(c), CubeDim::new_1d(UNITS))
 }
 
 fn scale_shift(x: CubeTensor, w: CubeTensor, b: Option<CubeTensor>) -> CubeTensor {
-    let (x, w) = (f32_contiguous(x), f32_contiguous(w));
-    let (c, plane) = geometry(&x);
+    let (_, c, plane, width) = strided(&x);
+    let w = f32_contiguous(w);
     let shift = b.is_some();
     let b = b.map(f32_contiguous).unwrap_or_else(|| w.clone());
     let out = empty_like(&x);
@@ -175,32 +281,35 @@ fn scale_shift(x: CubeTensor, w: CubeTensor, b: Option<CubeTensor>) -> CubeTenso
         &x.client,
         count,
         dim,
-        x.clone().into_buffer_arg(),
+        x.clone().into_tensor_arg(),
         w.into_buffer_arg(),
         b.into_buffer_arg(),
         out.clone().into_buffer_arg(),
         plane,
+        width,
         c,
         shift,
     );
     out
 }
 
-fn reshape(t: CubeTensor, shape: Vec<usize>) -> CubeTensor {
-    <CubeBackend as burn::backend::ops::FloatTensorOps<CubeBackend>>::float_reshape(t, shape.into())
-}
-
-fn cat_rows(a: CubeTensor, b: CubeTensor) -> CubeTensor {
-    <CubeBackend as burn::backend::ops::FloatTensorOps<CubeBackend>>::float_cat(vec![a, b], 0)
-}
-
 impl ChannelBackend for CubeBackend {
     fn channel_moments(x: CubeTensor) -> CubeTensor {
-        let x = f32_contiguous(x);
-        let c = geometry(&x).0 as usize;
-        let mean = per_row(rows(&x, &x, false), ReduceOperationConfig::Mean);
-        let var = per_row(rows(&x, &mean, true), ReduceOperationConfig::Mean);
-        cat_rows(reshape(mean, vec![1, c]), reshape(var, vec![1, c]))
+        let (n, c, plane, width) = strided(&x);
+        let out = empty_shaped(&x, vec![2, c as usize]);
+        let (cubes, dim) = per_channel(c);
+        moments_kernel::launch(
+            &x.client,
+            cubes,
+            dim,
+            x.clone().into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            n,
+            plane,
+            width,
+            UNITS as usize,
+        );
+        out
     }
 
     fn channel_moments_backward(
@@ -208,8 +317,8 @@ impl ChannelBackend for CubeBackend {
         moments: CubeTensor,
         grad: CubeTensor,
     ) -> CubeTensor {
-        let (x, m, g) = (f32_contiguous(x), f32_contiguous(moments), f32_contiguous(grad));
-        let (c, plane) = geometry(&x);
+        let (_, c, plane, width) = strided(&x);
+        let (m, g) = (f32_contiguous(moments), f32_contiguous(grad));
         let count = (x.meta.num_elements() / c.max(1) as usize) as f32;
         let out = empty_like(&x);
         let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
@@ -217,11 +326,12 @@ impl ChannelBackend for CubeBackend {
             &x.client,
             cubes,
             dim,
-            x.clone().into_buffer_arg(),
+            x.clone().into_tensor_arg(),
             m.into_buffer_arg(),
             g.into_buffer_arg(),
             out.clone().into_buffer_arg(),
             plane,
+            width,
             c,
             count,
         );
@@ -237,21 +347,121 @@ impl ChannelBackend for CubeBackend {
     }
 
     fn channel_affine_wb_backward(x: CubeTensor, grad: CubeTensor) -> CubeTensor {
-        let (x, g) = (f32_contiguous(x), f32_contiguous(grad));
-        let (c, plane) = geometry(&x);
-        let len = x.meta.num_elements() / c.max(1) as usize;
-        let out = empty_shaped(&x, vec![2 * c as usize, len]);
-        let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
-        wb_rows_kernel::launch(
+        let (n, c, plane, width) = strided(&x);
+        assert_eq!(grad.meta.shape(), x.meta.shape(), "channel op: ∂y and x differ in shape");
+        strided(&grad);
+        let out = empty_shaped(&x, vec![2, c as usize]);
+        let (cubes, dim) = per_channel(c);
+        affine_wb_kernel::launch(
             &x.client,
             cubes,
             dim,
-            x.clone().into_buffer_arg(),
+            x.clone().into_tensor_arg(),
+            grad.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            n,
+            plane,
+            width,
+            UNITS as usize,
+        );
+        out
+    }
+}
+
+impl FoldBackend for CubeBackend {
+    fn channel_rstd(m: CubeTensor, epsilon: f32) -> CubeTensor {
+        let m = f32_contiguous(m);
+        let c = m.meta.num_elements() / 2;
+        let out = empty_shaped(&m, vec![c]);
+        let (cubes, dim) = elementwise(&m.client, c);
+        rstd_kernel::launch(
+            &m.client,
+            cubes,
+            dim,
+            m.clone().into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            epsilon,
+        );
+        out
+    }
+
+    fn channel_rstd_backward(m: CubeTensor, grad: CubeTensor, epsilon: f32) -> CubeTensor {
+        let (m, g) = (f32_contiguous(m), f32_contiguous(grad));
+        let c = g.meta.num_elements();
+        let out = empty_shaped(&m, vec![2, c]);
+        let (cubes, dim) = elementwise(&m.client, c);
+        rstd_backward_kernel::launch(
+            &m.client,
+            cubes,
+            dim,
+            m.clone().into_buffer_arg(),
             g.into_buffer_arg(),
             out.clone().into_buffer_arg(),
-            plane,
-            c,
+            epsilon,
         );
-        reshape(per_row(out, ReduceOperationConfig::Sum), vec![2, c as usize])
+        out
+    }
+
+    fn channel_shift(m: CubeTensor, w: CubeTensor) -> CubeTensor {
+        let (m, w) = (f32_contiguous(m), f32_contiguous(w));
+        let c = w.meta.num_elements();
+        let out = empty_shaped(&m, vec![c]);
+        let (cubes, dim) = elementwise(&m.client, c);
+        shift_kernel::launch(
+            &m.client,
+            cubes,
+            dim,
+            m.clone().into_buffer_arg(),
+            w.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+        );
+        out
+    }
+
+    fn channel_shift_backward(
+        m: CubeTensor,
+        w: CubeTensor,
+        grad: CubeTensor,
+    ) -> (CubeTensor, CubeTensor) {
+        let (m, w, g) = (f32_contiguous(m), f32_contiguous(w), f32_contiguous(grad));
+        let c = w.meta.num_elements();
+        let (dm, dw) = (empty_shaped(&m, vec![2, c]), empty_shaped(&m, vec![c]));
+        let (cubes, dim) = elementwise(&m.client, c);
+        shift_backward_kernel::launch(
+            &m.client,
+            cubes,
+            dim,
+            m.clone().into_buffer_arg(),
+            w.into_buffer_arg(),
+            g.into_buffer_arg(),
+            dm.clone().into_buffer_arg(),
+            dw.clone().into_buffer_arg(),
+        );
+        (dm, dw)
+    }
+
+    fn channel_running(
+        mean: CubeTensor,
+        var: CubeTensor,
+        m: CubeTensor,
+        momentum: f32,
+        unbias: f32,
+    ) -> CubeTensor {
+        let (mean, var, m) = (f32_contiguous(mean), f32_contiguous(var), f32_contiguous(m));
+        let c = mean.meta.num_elements();
+        let out = empty_shaped(&m, vec![2, c]);
+        let (cubes, dim) = elementwise(&m.client, c);
+        running_kernel::launch(
+            &m.client,
+            cubes,
+            dim,
+            mean.into_buffer_arg(),
+            var.into_buffer_arg(),
+            m.clone().into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            momentum,
+            unbias,
+        );
+        out
     }
 }

@@ -19,7 +19,7 @@ use super::common::{Ctx, QuantSites};
 use super::conv::Bias;
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
-use qdarts_kernels::batch_norm::{affine, moments};
+use qdarts_kernels::batch_norm::{affine, rstd, running, shift, statistics};
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;
@@ -56,32 +56,28 @@ impl QBatchNorm {
         })
     }
 
-    /// The statistics to normalize with: the batch's (updating the running ones) in training
-    /// mode, the running ones otherwise. Returns `(mean, biased variance)`, each `[C]`.
-    fn statistics(&self, x: &Tensor<4>) -> (Tensor<1>, Tensor<1>) {
-        let [n, _, h, w] = x.dims();
+    /// The statistics to normalize with, `[mean, biased variance]` `[2, C]`: the batch's
+    /// (updating the running ones) in training mode, the running ones otherwise.
+    fn statistics(&self, x: &Tensor<4>) -> Tensor<2> {
+        let [n, c, h, w] = x.dims();
         let device = x.device();
-        if !self.training.is_enabled() {
-            let mean = self.running_mean.value_sync().to_device(&device).detach();
-            let var = self.running_var.value_sync().to_device(&device).detach();
-            return (mean, var);
-        }
-        let (mean, var) = moments(x.clone());
-        let count = (n * h * w) as f64;
-        let unbiased = var.clone().detach().mul_scalar(count / (count - 1.0).max(1.0));
         let rm = self.running_mean.value_sync().to_device(&device).detach();
         let rv = self.running_var.value_sync().to_device(&device).detach();
-        self.running_mean
-            .update(rm.mul_scalar(1.0 - MOMENTUM).add(mean.clone().detach().mul_scalar(MOMENTUM)));
-        self.running_var.update(rv.mul_scalar(1.0 - MOMENTUM).add(unbiased.mul_scalar(MOMENTUM)));
-        (mean, var)
+        if !self.training.is_enabled() {
+            return Tensor::cat(vec![rm.reshape([1, c]), rv.reshape([1, c])], 0);
+        }
+        let m = statistics(x.clone());
+        let (rm, rv) = running(rm, rv, m.clone(), MOMENTUM, n * h * w);
+        self.running_mean.update(rm);
+        self.running_var.update(rv);
+        m
     }
 
     /// The per-channel weight `γ/sqrt(σ² + ε)` and bias `β − μ·w` that the BN applies,
     /// with the weight fake-quantized.
     pub fn folded(&self, x: &Tensor<4>) -> (Tensor<1>, Tensor<1>) {
-        let (mean, var) = self.statistics(x);
-        let mut w = var.add_scalar(EPSILON).sqrt().recip();
+        let m = self.statistics(x);
+        let mut w = rstd(m.clone(), EPSILON);
         if let Some(g) = &self.gamma {
             w = w.mul(g.val());
         }
@@ -89,7 +85,7 @@ impl QBatchNorm {
             Some(q) => q.forward(w),
             None => w,
         };
-        let mut b = mean.mul(w.clone()).neg();
+        let mut b = shift(m, w.clone());
         if let Some(beta) = &self.beta {
             b = b.add(beta.val());
         }
