@@ -4,8 +4,10 @@
 //! `d = g + λ·w;  v ← d (first step) or μ·v + d;  w ← w − lr·v`.
 //!
 //! It does what Burn's `SgdConfig` with momentum and weight decay does, operation for
-//! operation, but keeps its momentum buffers where the architect can read them: DARTS' unrolled
-//! step is `w' = w − ξ(μ·v + ∇w L_trn + λw)` (`cnn/architect.py`, pt.darts `virtual_step`).
+//! operation (on the CubeCL backends in one kernel per parameter:
+//! [`qdarts_kernels::optim::sgd_update`]), but keeps its momentum buffers where the architect
+//! can read them: DARTS' unrolled step is `w' = w − ξ(μ·v + ∇w L_trn + λw)`
+//! (`cnn/architect.py`, pt.darts `virtual_step`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,6 +15,7 @@ use std::path::Path;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
+use qdarts_kernels::optim::sgd_update;
 
 use crate::{RunError, checkpoint_error, load_module, save_module};
 
@@ -39,16 +42,8 @@ impl ModuleMapper for Step<'_> {
         let velocity = &mut self.sgd.velocity;
         param.map(|w| {
             let tracked = w.is_require_grad();
-            let w = w.inner();
-            let dims = w.dims();
-            // Burn's WeightDecay, Momentum and Sgd steps, in their order.
-            let d = w.clone().mul_scalar(decay).add(grad);
-            let v = match velocity.remove(&id) {
-                Some(v) => d.mul_scalar(1.0).add(v.reshape(dims).mul_scalar(momentum)),
-                None => d,
-            };
-            let out = w.sub(v.clone().mul_scalar(lr));
-            velocity.insert(id, v.reshape([-1]));
+            let (out, v) = sgd_update(w.inner(), grad, velocity.remove(&id), decay, momentum, lr);
+            velocity.insert(id, v);
             let out = Tensor::from_inner(out);
             if tracked { out.require_grad() } else { out }
         })

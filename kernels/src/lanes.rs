@@ -32,7 +32,8 @@ pub(crate) fn on_cube(device: &Device) -> bool {
     }
 }
 
-/// Buffers and launch grids shared by the CubeCL kernels (fused fake-quant, BatchNorm).
+/// Buffers, launch grids and the in-cube sum shared by the CubeCL kernels (fused fake-quant,
+/// BatchNorm, the optimizer step).
 #[cfg(feature = "cube")]
 pub(crate) mod cube {
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -47,6 +48,51 @@ pub(crate) mod cube {
     /// A contiguous uninitialised tensor of `shape` with `t`'s dtype on its device.
     pub(crate) fn empty_shaped(t: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
         empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape.into(), t.dtype)
+    }
+
+    /// The sum of every unit's `value` over the cube (a tree in `shared`, `CUBE_DIM_X` long, in a
+    /// fixed order), returned to every unit; `shared` is free again on return.
+    #[cube]
+    pub(crate) fn cube_sum(shared: &mut Shared<[f32]>, value: f32) -> f32 {
+        let unit = UNIT_POS_X as usize;
+        shared[unit] = value;
+        sync_cube();
+        let mut active = CUBE_DIM_X as usize / 2;
+        while active > 0 {
+            if unit < active {
+                let other = shared[unit + active];
+                shared[unit] += other;
+            }
+            sync_cube();
+            active /= 2;
+        }
+        let total = shared[0];
+        sync_cube();
+        total
+    }
+
+    /// The buffer offset of element `i` (in row-major order of its shape) of `x`, whatever its
+    /// strides. In 32 bits: [`fits_u32`] checks a tensor first.
+    #[cube]
+    pub(crate) fn strided_at(x: &Tensor<f32>, i: usize) -> usize {
+        let mut rest = i as u32;
+        let mut at = 0u32;
+        let mut d = x.rank();
+        while d > 0 {
+            d -= 1;
+            let size = x.shape(d) as u32;
+            at += (rest % size) * x.stride(d) as u32;
+            rest /= size;
+        }
+        at as usize
+    }
+
+    /// Whether every element count and buffer offset of `t` fits the kernels' 32-bit indices.
+    pub(crate) fn fits_u32(t: &CubeTensor) -> bool {
+        let (dims, strides) = (t.meta.shape(), t.meta.strides());
+        let last: usize =
+            dims.iter().zip(strides.iter()).map(|(&d, &s)| d.saturating_sub(1) * s).sum();
+        u32::try_from(last).is_ok() && u32::try_from(t.meta.num_elements()).is_ok()
     }
 
     /// The launch grid of a one-thread-per-element kernel over `n` elements.

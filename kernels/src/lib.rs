@@ -8,8 +8,11 @@
 //! - [`depthwise_conv`], [`pointwise_conv`]: the convolutions of the separable and dilated
 //!   candidate ops (flex).
 //! - [`pool2d`]: max and average pooling (flex).
-//! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex).
+//! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex and the
+//!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
+//! - [`optim`]: the SGD update and a gradient's squared sum, one kernel each (the CubeCL
+//!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
 //!   (flex and the CubeCL runtimes).
 //!
@@ -25,6 +28,7 @@ pub mod depthwise_conv;
 pub mod devices;
 pub mod fake_quant;
 mod lanes;
+pub mod optim;
 pub mod plane;
 pub mod pointwise_conv;
 pub mod pool2d;

@@ -16,7 +16,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{ChannelBackend, FoldBackend};
-use crate::lanes::cube::{elementwise, empty_like, empty_shaped};
+use crate::lanes::cube::{cube_sum, elementwise, empty_like, empty_shaped};
 
 /// Threads of the cube that sums one channel (a power of two: the tree halves it).
 const UNITS: u32 = 256;
@@ -44,27 +44,6 @@ fn element(x: &Tensor<f32>, i: usize, plane: u32, width: u32, channels: u32) -> 
 #[cube]
 fn channel_of(i: usize, plane: u32, channels: u32) -> usize {
     ((i as u32 / plane) % channels) as usize
-}
-
-/// The sum of every unit's `value` over the cube (a tree in `shared`, `CUBE_DIM_X` long, in a
-/// fixed order), returned to every unit; `shared` is free again on return.
-#[cube]
-fn cube_sum(shared: &mut Shared<[f32]>, value: f32) -> f32 {
-    let unit = UNIT_POS_X as usize;
-    shared[unit] = value;
-    sync_cube();
-    let mut active = CUBE_DIM_X as usize / 2;
-    while active > 0 {
-        if unit < active {
-            let other = shared[unit + active];
-            shared[unit] += other;
-        }
-        sync_cube();
-        active /= 2;
-    }
-    let total = shared[0];
-    sync_cube();
-    total
 }
 
 /// `out = [mean, biased variance]` `[2, C]`, one cube per channel: the mean first, then the

@@ -1,0 +1,225 @@
+//! The weight optimizer's per-parameter arithmetic: the SGD update and the squared sum that the
+//! global gradient norm adds up.
+//!
+//! As tensor expressions, SGD with momentum and weight decay is seven launches per parameter
+//! (`w·λ`, `+ g`, `·1`, `v·μ`, `+`, `·lr`, `w −`) and a gradient's `Σ g²` three (square, a sum
+//! that zero-fills its output and adds the parts with atomics, so its last bits depend on
+//! thread timing on a GPU). A DARTS supernet has hundreds of parameters, so on the CubeCL
+//! backends each is one kernel here ([`step_available`]): the update one thread per element
+//! writing the parameter and its momentum buffer, the squared sum one cube summing in a fixed
+//! order. Elsewhere (flex, LibTorch) they are the expressions, operation for operation as
+//! Burn's `Sgd` and PyTorch's `torch.optim.SGD` order them. On CUDA the kernel's `a·b + c` may
+//! be contracted into one fused multiply-add: its last bit may differ from the expressions'.
+//! `tests/optim.rs` holds the two together on every backend of the build.
+
+use burn::tensor::{DType, Device, Tensor};
+
+/// Whether [`sgd_update`] and [`squared_sum`] run this module's kernels for tensors on
+/// `device` with this dtype (the CubeCL backends, f32).
+pub fn step_available(device: &Device, dtype: DType) -> bool {
+    crate::lanes::on_cube(device) && dtype == DType::F32
+}
+
+/// One SGD step of `w` with gradient `g` (not differentiated): `d = g + λ·w`, `v = d` on the
+/// first step (`velocity` `None`) or `μ·v + d`, `w − lr·v`. Returns the new weight and the new
+/// momentum buffer, flattened.
+pub fn sgd_update<const D: usize>(
+    w: Tensor<D>,
+    g: Tensor<D>,
+    velocity: Option<Tensor<1>>,
+    decay: f64,
+    momentum: f64,
+    lr: f64,
+) -> (Tensor<D>, Tensor<1>) {
+    #[cfg(feature = "cube")]
+    if step_available(&w.device(), w.dtype()) {
+        let dims = w.dims();
+        let has_velocity = velocity.is_some();
+        // Without a momentum buffer the kernel does not read its operand: the gradient fills it.
+        let velocity = velocity.unwrap_or_else(|| g.clone().reshape([-1]));
+        let (out, v) = <burn::backend::Dispatch as StepBackend>::sgd_update(
+            w.into_dispatch(),
+            g.into_dispatch(),
+            velocity.into_dispatch(),
+            has_velocity,
+            decay as f32,
+            momentum as f32,
+            lr as f32,
+        );
+        return (Tensor::<D>::from_dispatch(out).reshape(dims), Tensor::from_dispatch(v));
+    }
+    let dims = w.dims();
+    // Burn's WeightDecay, Momentum and Sgd steps, in their order.
+    let d = w.clone().mul_scalar(decay).add(g);
+    let v = match velocity {
+        Some(v) => d.mul_scalar(1.0).add(v.reshape(dims).mul_scalar(momentum)),
+        None => d,
+    };
+    let out = w.sub(v.clone().mul_scalar(lr));
+    (out, v.reshape([-1]))
+}
+
+/// `Σ g²` over every element of `g`: `[1]`.
+pub fn squared_sum<const D: usize>(g: Tensor<D>) -> Tensor<1> {
+    #[cfg(feature = "cube")]
+    if step_available(&g.device(), g.dtype()) {
+        return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::squared_sum(
+            g.into_dispatch(),
+        ));
+    }
+    g.square().sum()
+}
+
+#[cfg(feature = "cube")]
+use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
+
+/// The per-parameter optimizer kernels (see [`step_available`]); CubeCL only, on tensors
+/// without autodiff.
+#[cfg(feature = "cube")]
+#[backend_extension(Cube)]
+pub trait StepBackend: Backend {
+    /// `(w − lr·v, v)` with `v = μ·velocity + (g + λ·w)`, or `v = g + λ·w` without
+    /// `has_velocity` (`velocity` is then not read); the velocity and the returned one
+    /// flattened.
+    fn sgd_update(
+        w: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        velocity: FloatTensor<Self>,
+        has_velocity: bool,
+        decay: f32,
+        momentum: f32,
+        lr: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `Σ g²`: `[1]`.
+    fn squared_sum(g: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+#[cfg(feature = "cube")]
+mod cube {
+    use burn::tensor::DType;
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::kernel::into_contiguous;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::prelude::*;
+
+    use super::StepBackend;
+    use crate::lanes::cube::{
+        cube_sum, elementwise, empty_like, empty_shaped, fits_u32, strided_at,
+    };
+
+    /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
+    const UNITS: u32 = 256;
+
+    /// `v = d` or `d·1 + velocity·μ` with `d = w·λ + g`; `out = w − v·lr`.
+    #[cube(launch)]
+    #[allow(clippy::too_many_arguments)]
+    fn sgd_kernel(
+        w: &Tensor<f32>,
+        g: &Tensor<f32>,
+        velocity: &[f32],
+        out: &mut [f32],
+        v: &mut [f32],
+        decay: f32,
+        momentum: f32,
+        lr: f32,
+        #[comptime] has_velocity: bool,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i < out.len() {
+            let wi = w[strided_at(w, i)];
+            let d = wi * decay + g[strided_at(g, i)];
+            let mut vi = d;
+            if has_velocity {
+                vi = d + velocity[i] * momentum;
+            }
+            v[i] = vi;
+            out[i] = wi - vi * lr;
+        }
+    }
+
+    /// `out[0] = Σ g²` over the `n` elements of `g`: each unit a fixed stride of them, then a
+    /// tree in shared memory.
+    #[cube(launch)]
+    fn squared_sum_kernel(g: &Tensor<f32>, out: &mut [f32], n: u32, #[comptime] units: usize) {
+        let mut shared = Shared::<[f32]>::new_slice(units);
+        let mut acc = 0.0f32;
+        let mut j = UNIT_POS_X as usize;
+        while j < n as usize {
+            let v = g[strided_at(g, j)];
+            acc += v * v;
+            j += CUBE_DIM_X as usize;
+        }
+        let total = cube_sum(&mut shared, acc);
+        if UNIT_POS_X == 0 {
+            out[0] = total;
+        }
+    }
+
+    fn f32_contiguous(t: CubeTensor) -> CubeTensor {
+        into_contiguous(f32_strided(t))
+    }
+
+    /// `t`, read through its strides by the kernels (parameters and their gradients are often
+    /// laid out channels-last by the convolutions).
+    fn f32_strided(t: CubeTensor) -> CubeTensor {
+        assert_eq!(t.dtype, DType::F32, "optimizer step: expected f32");
+        assert!(fits_u32(&t), "optimizer step: the tensor exceeds the kernels' u32 indices");
+        t
+    }
+
+    impl StepBackend for CubeBackend {
+        fn sgd_update(
+            w: CubeTensor,
+            g: CubeTensor,
+            velocity: CubeTensor,
+            has_velocity: bool,
+            decay: f32,
+            momentum: f32,
+            lr: f32,
+        ) -> (CubeTensor, CubeTensor) {
+            let (w, g) = (f32_strided(w), f32_strided(g));
+            let n = w.meta.num_elements();
+            assert_eq!(
+                g.meta.shape(),
+                w.meta.shape(),
+                "optimizer step: gradient and weight differ"
+            );
+            let velocity = f32_contiguous(velocity);
+            assert_eq!(velocity.meta.num_elements(), n, "optimizer step: momentum buffer size");
+            let (out, v) = (empty_like(&w), empty_shaped(&w, vec![n]));
+            let (cubes, dim) = elementwise(&w.client, n);
+            sgd_kernel::launch(
+                &w.client,
+                cubes,
+                dim,
+                w.clone().into_tensor_arg(),
+                g.into_tensor_arg(),
+                velocity.into_buffer_arg(),
+                out.clone().into_buffer_arg(),
+                v.clone().into_buffer_arg(),
+                decay,
+                momentum,
+                lr,
+                has_velocity,
+            );
+            (out, v)
+        }
+
+        fn squared_sum(g: CubeTensor) -> CubeTensor {
+            let g = f32_strided(g);
+            let n = g.meta.num_elements() as u32;
+            let out = empty_shaped(&g, vec![1]);
+            squared_sum_kernel::launch(
+                &g.client,
+                CubeCount::new_1d(1),
+                CubeDim::new_1d(UNITS),
+                g.clone().into_tensor_arg(),
+                out.clone().into_buffer_arg(),
+                n,
+                UNITS as usize,
+            );
+            out
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The optimizer kernels (`sgd_update`, `squared_sum`) on every backend of the build against
+//! the tensor expressions they replace (Burn's and PyTorch's SGD order) and against the same
+//! arithmetic on the host, with gradients laid out channels-last as the convolutions leave them.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use burn::tensor::{Device, Distribution, Tensor};
+use qdarts_kernels::devices::compiled as devices;
+use qdarts_kernels::optim::{sgd_update, squared_sum};
+
+fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+/// Largest |a − b| relative to the largest |b| (at least `floor`).
+fn rel_diff(a: &[f32], b: &[f32], floor: f32) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(floor, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// A weight `[o, i, k, k]`, its gradient laid out `[o, k, k, i]` in memory (a strided view) and
+/// a momentum buffer, drawn from `seed`.
+fn draw(d: &Device, dims: [usize; 4], seed: u64) -> (Tensor<4>, Tensor<4>, Tensor<1>) {
+    let [o, i, k, l] = dims;
+    qdarts_kernels::devices::seeded(d, seed, || {
+        let normal = Distribution::Normal(0.0, 1.0);
+        (
+            Tensor::<4>::random(dims, normal, d),
+            Tensor::<4>::random([o, k, l, i], normal, d).permute([0, 3, 1, 2]),
+            Tensor::<1>::random([o * i * k * l], normal, d),
+        )
+    })
+}
+
+/// The SGD step as the host computes it, operation for operation in f32.
+fn host_sgd(
+    w: &[f32],
+    g: &[f32],
+    v: Option<&[f32]>,
+    (decay, momentum, lr): (f32, f32, f32),
+) -> (Vec<f32>, Vec<f32>) {
+    let mut out = Vec::new();
+    let mut vel = Vec::new();
+    for k in 0..w.len() {
+        let d = w[k] * decay + g[k];
+        let vk = match v {
+            Some(v) => d * 1.0 + v[k] * momentum,
+            None => d,
+        };
+        vel.push(vk);
+        out.push(w[k] - vk * lr);
+    }
+    (out, vel)
+}
+
+#[test]
+fn the_sgd_update_matches_the_expressions_and_the_host_on_every_backend() {
+    let hyper = (3e-4f32, 0.9f32, 0.025f32);
+    for (name, d) in devices() {
+        for (k, dims) in
+            [[16, 8, 3, 3], [4, 1, 5, 5], [7, 3, 1, 1], [1, 1, 1, 1]].into_iter().enumerate()
+        {
+            let (w, g, v) = draw(&d, dims, 40 + k as u64);
+            let (hw, hg, hv) = (vals(w.clone()), vals(g.clone()), vals(v.clone()));
+            for with_velocity in [false, true] {
+                let velocity = with_velocity.then(|| v.clone());
+                let (out, vel) = sgd_update(
+                    w.clone(),
+                    g.clone(),
+                    velocity.clone(),
+                    f64::from(hyper.0),
+                    f64::from(hyper.1),
+                    f64::from(hyper.2),
+                );
+                assert_eq!(out.dims(), dims, "{name}: the weight keeps its shape");
+                assert_eq!(vel.dims(), [hw.len()], "{name}: the momentum buffer is flat");
+                // The expressions on the same device, as Burn's Sgd orders them.
+                let dd = w.clone().mul_scalar(hyper.0 as f64).add(g.clone());
+                let ve = match velocity {
+                    Some(v) => dd.mul_scalar(1.0).add(v.reshape(dims).mul_scalar(hyper.1 as f64)),
+                    None => dd,
+                };
+                let oe = w.clone().sub(ve.clone().mul_scalar(hyper.2 as f64));
+                let (ho, hvel) = host_sgd(&hw, &hg, with_velocity.then_some(hv.as_slice()), hyper);
+                let (out, vel) = (vals(out), vals(vel));
+                let at = format!("{name} {dims:?} velocity {with_velocity}");
+                // A fused multiply-add (CUDA contracts) may round the last bit differently.
+                for (what, a, b) in [
+                    ("weight vs expressions", &out, &vals(oe)),
+                    ("momentum vs expressions", &vel, &vals(ve)),
+                    ("weight vs host", &out, &ho),
+                    ("momentum vs host", &vel, &hvel),
+                ] {
+                    let e = rel_diff(a, b, 1.0);
+                    assert!(e < 1e-6, "{at}: {what} differs by {e} (relative)");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_squared_sum_matches_an_f64_sum_and_repeats_bit_for_bit_on_every_backend() {
+    for (name, d) in devices() {
+        for (k, dims) in [[64, 32, 3, 3], [16, 8, 5, 5], [3, 1, 1, 1]].into_iter().enumerate() {
+            let (_, g, _) = draw(&d, dims, 60 + k as u64);
+            let want: f64 = vals(g.clone()).iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+            let got = vals(squared_sum(g.clone()));
+            assert_eq!(got.len(), 1);
+            let e = (f64::from(got[0]) - want).abs() / want;
+            assert!(e < 1e-5, "{name} {dims:?}: Σg² {} vs {want} (relative {e})", got[0]);
+            let expr = vals(g.clone().square().sum())[0];
+            assert!(((got[0] - expr) / expr).abs() < 1e-5, "{name} {dims:?}: vs the expression");
+            // A fixed summation order: the same bits every time.
+            for _ in 0..3 {
+                assert_eq!(vals(squared_sum(g.clone()))[0].to_bits(), got[0].to_bits(), "{name}");
+            }
+        }
+    }
+}
