@@ -359,8 +359,8 @@ print()
 print("Each figure: the median over the rounds (min..max); a ratio is the median of the per-round")
 print("ratios to PyTorch eager in the same round. Peak: the largest over the rounds.")
 print()
-print("| backend | order | quant | rounds | s/step | vs PyTorch eager | peak GPU MiB |")
-print("|---|---|---|---|---|---|---|")
+print("| backend | order | quant | rounds | s/step | vs PyTorch eager | peak GPU MiB | launches/step |")
+print("|---|---|---|---|---|---|---|---|")
 for key in sorted(torch):
     rows = torch[key]
     t = next(iter(rows.values()))
@@ -372,15 +372,18 @@ for key in sorted(torch):
     else:
         peak = f"{max(r['peak_rss_mib'] for r in rows.values()):.0f} (RSS)"
     print(f"| PyTorch {t['torch']} ({t['device']}) | {key[0]} | {key[1]} | {len(rows)} | "
-          f"{spread([r['median_s'] for r in rows.values()], s4)} | 1 | {peak} |")
+          f"{spread([r['median_s'] for r in rows.values()], s4)} | 1 | {peak} | - |")
 for (backend, order, quant), rows in sorted(steps_by.items()):
     t = torch.get((order, quant), {})
     ratios = [float(r["median_s"]) / t[k]["median_s"] for k, r in rows.items() if k in t]
     peaks = [int(r["peak_bytes"]) for r in rows.values() if r["peak_bytes"]]
     peak = f"{max(peaks) / 2**20:.0f} (pool)" if peaks else "-"
+    # Kernel launches per step, counted on the CubeCL backends (the same every round).
+    launches = sorted(int(r["launches"]) for r in rows.values() if r.get("launches"))
+    launches = f"{launches[len(launches) // 2]}" if launches else "-"
     print(f"| {backend} | {order} | {quant} | {len(rows)} | "
           f"{spread([float(r['median_s']) for r in rows.values()], s4)} | "
-          f"{spread(ratios, lambda v: f'{v:.2f}x')} | {peak} |")
+          f"{spread(ratios, lambda v: f'{v:.2f}x')} | {peak} | {launches} |")
 for f in sorted(glob.glob(os.path.join(out, "*-kernels.txt"))):
     lines = open(f).read().splitlines()
     print()

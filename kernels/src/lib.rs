@@ -16,7 +16,8 @@
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
 //!   (flex and the CubeCL runtimes).
 //!
-//! [`devices`] lists the backends compiled into a build. Each kernel's test file holds it
+//! [`devices`] lists the backends compiled into a build; [`launches`] counts the kernels a
+//! piece of work launches on the CubeCL runtimes. Each kernel's test file holds it
 //! against the Burn operation it replaces.
 
 // Built without a backend feature (a dependent crate checked on its own), the kernels have no
@@ -28,6 +29,7 @@ pub mod depthwise_conv;
 pub mod devices;
 pub mod fake_quant;
 mod lanes;
+pub mod launches;
 pub mod optim;
 pub mod plane;
 pub mod pointwise_conv;

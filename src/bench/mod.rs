@@ -283,8 +283,16 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 backend.label()
             );
             println!(
-                "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10} {:>10}",
-                "shape", "network", "order", "quant", "s/step", "min..max", "peak MiB", "RSS MiB"
+                "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10} {:>10} {:>9}",
+                "shape",
+                "network",
+                "order",
+                "quant",
+                "s/step",
+                "min..max",
+                "peak MiB",
+                "RSS MiB",
+                "launches"
             );
             let mut rows = Vec::new();
             for case in &cases {
@@ -295,8 +303,9 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 };
                 // The process's peak so far: with one case per process, that case's.
                 let rss = crate::alloc::peak_rss_bytes();
+                let launches = t.launches.map_or(String::new(), |n| n.to_string());
                 println!(
-                    "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10} {:>10}",
+                    "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10} {:>10} {:>9}",
                     sh.name,
                     sh.describe(),
                     order_name(case.order),
@@ -304,10 +313,11 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     tm.median,
                     format!("{:.2}..{:.2}", tm.min, tm.max),
                     mib(t.peak),
-                    mib(rss)
+                    mib(rss),
+                    launches
                 );
                 rows.push(format!(
-                    "{},{},{},{},{},{:.4},{:.4},{:.4},{},{}",
+                    "{},{},{},{},{},{:.4},{:.4},{:.4},{},{},{}",
                     backend.label(),
                     sh.name,
                     sh.describe(),
@@ -317,13 +327,15 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     tm.min,
                     tm.max,
                     t.peak.map_or(String::new(), |p| p.to_string()),
-                    rss.map_or(String::new(), |p| p.to_string())
+                    rss.map_or(String::new(), |p| p.to_string()),
+                    launches
                 ));
             }
             if let Some(path) = csv {
                 timing::write_csv(
                     &path,
-                    "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes,peak_rss_bytes",
+                    "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes,peak_rss_bytes,\
+                     launches",
                     rows,
                 )
                 .with_context(|| format!("writing {}", path.display()))?;

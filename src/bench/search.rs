@@ -109,6 +109,8 @@ pub struct StepTimes {
     pub peak: Option<u64>,
     /// Warm-up and timed steps actually run.
     pub runs: (usize, usize),
+    /// Kernel launches per timed step (the median), on the CubeCL backends.
+    pub launches: Option<u64>,
 }
 
 /// Times `reps` search steps after `warmup` untimed ones. With a `deadline`, it stops early
@@ -162,6 +164,7 @@ fn time_steps_here(
     let (tb, vb) = (batch(), batch());
     let mut times = Vec::with_capacity(reps);
     let mut peak: Option<u64> = None;
+    let mut launches = Vec::new();
     let (mut warmed, mut last) = (0, None::<f64>);
     for i in 0..warmup + reps {
         let over = match (deadline, last) {
@@ -175,22 +178,36 @@ fn time_steps_here(
         let timed = i >= warmup || over;
         let probe = MemProbe::start(device);
         let start = Instant::now();
-        alphas =
-            arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None, 0.0);
-        let (n, _loss) = weight_step(net, &alphas, &mut w_optim, &tb, s.w_lr, &s);
-        net = n;
-        settle_alphas(&alphas);
+        let ((a, n), issued) = qdarts_kernels::launches::counted(device, || {
+            let a = arch_step(
+                &net,
+                alphas,
+                (&mut a_optim, &w_optim),
+                (&tb, &vb),
+                s.w_lr,
+                &s,
+                None,
+                0.0,
+            );
+            let (n, _loss) = weight_step(net, &a, &mut w_optim, &tb, s.w_lr, &s);
+            settle_alphas(&a);
+            (a, n)
+        });
+        (alphas, net) = (a, n);
         let took = start.elapsed().as_secs_f64();
         last = Some(took);
         if timed {
             times.push(took);
             peak = peak.max(probe.finish(device));
+            launches.extend(issued);
         } else {
             warmed += 1;
         }
     }
     let runs = (warmed, times.len());
-    Ok(StepTimes { time: Timing::of(times), peak, runs })
+    launches.sort_unstable();
+    let launches = launches.get(launches.len() / 2).copied();
+    Ok(StepTimes { time: Timing::of(times), peak, runs, launches })
 }
 
 /// Waits for the step's lazy work (GPU backends) by reading one α value back.
