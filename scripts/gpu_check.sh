@@ -29,12 +29,12 @@
 #
 # Per backend it runs: the golden-vector and fused-kernel tests (the carried test executables,
 # all devices of their build), `qdarts parity` (one search step against the PyTorch reference's
-# fixtures), a short default search (wall time, genotype), `qdarts bench quant` (fused
-# fake-quant against a copy) and `qdarts bench search` (s/step, first and second order, float
-# and tensorrt, peak GPU memory); then `scripts/torch_reference.py bench --device cuda` on the
-# same cases. Without an NVIDIA GPU it falls back to the CPU so that every part can be tried:
-# cuda must then fail cleanly (exit 1, the missing driver named), wgpu runs on whatever adapter
-# Vulkan offers (Mesa's software driver), tch on LibTorch's CPU device, PyTorch on the CPU.
+# fixtures), a short default search (wall time, genotype), `qdarts bench quant` (fused fake-quant
+# against a copy) and `qdarts bench search` (s/step, first and second order, float and
+# tensorrt, peak GPU memory, launches per step on cuda and wgpu); then `scripts/torch_reference.py
+# bench --device cuda` on the same cases. Without an NVIDIA GPU it falls back to the CPU so that
+# every part can be tried: cuda must then fail cleanly (exit 1, the missing driver named), wgpu
+# runs on Vulkan's adapter (Mesa's software driver), tch on LibTorch's CPU, PyTorch on the CPU.
 # Exit status: 0 when every check passed, 1 when one failed, 2 on bad arguments.
 set -uo pipefail
 
@@ -62,7 +62,7 @@ while [ $# -gt 0 ]; do
     --skip) need "$@"; skip="$2"; shift 2 ;;
     --kernels) kernels=1; shift ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
