@@ -59,11 +59,13 @@ impl QBatchNorm {
     /// The statistics to normalize with, `[mean, biased variance]` `[2, C]`: the batch's
     /// (updating the running ones) in training mode, the running ones otherwise.
     fn statistics(&self, x: &Tensor<4>) -> Tensor<2> {
-        let [n, c, h, w] = x.dims();
+        let [n, _, h, w] = x.dims();
         let device = x.device();
         let rm = self.running_mean.value_sync().to_device(&device).detach();
         let rv = self.running_var.value_sync().to_device(&device).detach();
         if !self.training.is_enabled() {
+            // `x` may be a stand-in here (freeze folds with the running statistics alone).
+            let c = rm.dims()[0];
             return Tensor::cat(vec![rm.reshape([1, c]), rv.reshape([1, c])], 0);
         }
         let m = statistics(x.clone());
