@@ -36,6 +36,8 @@ pub(crate) fn on_cube(device: &Device) -> bool {
 /// BatchNorm, the optimizer step).
 #[cfg(feature = "cube")]
 pub(crate) mod cube {
+    use burn::tensor::DType;
+    use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::{calculate_cube_count_elemwise, prelude::*};
@@ -72,7 +74,7 @@ pub(crate) mod cube {
     }
 
     /// The buffer offset of element `i` (in row-major order of its shape) of `x`, whatever its
-    /// strides. In 32 bits: [`fits_u32`] checks a tensor first.
+    /// strides. In 32 bits: [`f32_strided`] checks a tensor first.
     #[cube]
     pub(crate) fn strided_at(x: &Tensor<f32>, i: usize) -> usize {
         let mut rest = i as u32;
@@ -87,12 +89,22 @@ pub(crate) mod cube {
         at as usize
     }
 
-    /// Whether every element count and buffer offset of `t` fits the kernels' 32-bit indices.
-    pub(crate) fn fits_u32(t: &CubeTensor) -> bool {
+    /// `t`, checked to be f32 with every element count and buffer offset within the kernels'
+    /// 32-bit indices (`op` names the caller in the panic), for a kernel that reads it through
+    /// its strides.
+    pub(crate) fn f32_strided(t: CubeTensor, op: &str) -> CubeTensor {
+        assert_eq!(t.dtype, DType::F32, "{op}: expected f32");
         let (dims, strides) = (t.meta.shape(), t.meta.strides());
         let last: usize =
             dims.iter().zip(strides.iter()).map(|(&d, &s)| d.saturating_sub(1) * s).sum();
-        u32::try_from(last).is_ok() && u32::try_from(t.meta.num_elements()).is_ok()
+        let fits = u32::try_from(last).is_ok() && u32::try_from(t.meta.num_elements()).is_ok();
+        assert!(fits, "{op}: {:?} exceeds the kernels' u32 indices", t.meta.shape());
+        t
+    }
+
+    /// [`f32_strided`], laid out contiguously (copied when it is not).
+    pub(crate) fn f32_contiguous(t: CubeTensor, op: &str) -> CubeTensor {
+        into_contiguous(f32_strided(t, op))
     }
 
     /// The launch grid of a one-thread-per-element kernel over `n` elements.

@@ -97,15 +97,13 @@ pub trait StepBackend: Backend {
 
 #[cfg(feature = "cube")]
 mod cube {
-    use burn::tensor::DType;
     use burn_cubecl::CubeBackend;
-    use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
 
     use super::StepBackend;
     use crate::lanes::cube::{
-        cube_sum, elementwise, empty_like, empty_shaped, fits_u32, strided_at,
+        cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided, strided_at,
     };
 
     /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
@@ -156,17 +154,8 @@ mod cube {
         }
     }
 
-    fn f32_contiguous(t: CubeTensor) -> CubeTensor {
-        into_contiguous(f32_strided(t))
-    }
-
-    /// `t`, read through its strides by the kernels (parameters and their gradients are often
-    /// laid out channels-last by the convolutions).
-    fn f32_strided(t: CubeTensor) -> CubeTensor {
-        assert_eq!(t.dtype, DType::F32, "optimizer step: expected f32");
-        assert!(fits_u32(&t), "optimizer step: the tensor exceeds the kernels' u32 indices");
-        t
-    }
+    /// The panics' name for these kernels.
+    const OP: &str = "optimizer step";
 
     impl StepBackend for CubeBackend {
         fn sgd_update(
@@ -178,14 +167,14 @@ mod cube {
             momentum: f32,
             lr: f32,
         ) -> (CubeTensor, CubeTensor) {
-            let (w, g) = (f32_strided(w), f32_strided(g));
+            let (w, g) = (f32_strided(w, OP), f32_strided(g, OP));
             let n = w.meta.num_elements();
             assert_eq!(
                 g.meta.shape(),
                 w.meta.shape(),
                 "optimizer step: gradient and weight differ"
             );
-            let velocity = f32_contiguous(velocity);
+            let velocity = f32_contiguous(velocity, OP);
             assert_eq!(velocity.meta.num_elements(), n, "optimizer step: momentum buffer size");
             let (out, v) = (empty_like(&w), empty_shaped(&w, vec![n]));
             let (cubes, dim) = elementwise(&w.client, n);
@@ -207,7 +196,7 @@ mod cube {
         }
 
         fn squared_sum(g: CubeTensor) -> CubeTensor {
-            let g = f32_strided(g);
+            let g = f32_strided(g, OP);
             let n = g.meta.num_elements() as u32;
             let out = empty_shaped(&g, vec![1]);
             squared_sum_kernel::launch(

@@ -9,14 +9,14 @@
 //! convolution's channels-last output or a channel slice of a concatenation's gradient is read
 //! where it lies, not copied first.
 
-use burn::tensor::DType;
 use burn_cubecl::CubeBackend;
-use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{ChannelBackend, FoldBackend};
-use crate::lanes::cube::{cube_sum, elementwise, empty_like, empty_shaped};
+use crate::lanes::cube::{
+    cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
+};
 
 /// Threads of the cube that sums one channel (a power of two: the tree halves it).
 const UNITS: u32 = 256;
@@ -221,27 +221,22 @@ fn running_kernel(
     }
 }
 
+/// The panics' name for these kernels.
+const OP: &str = "channel op";
+
 /// A `[C]` or `[2, C]` operand, contiguous (these are small; a copy, when one is needed, is
 /// cheap).
-fn f32_contiguous(t: CubeTensor) -> CubeTensor {
-    assert_eq!(t.dtype, DType::F32, "channel op: expected f32");
-    into_contiguous(t)
+fn small(t: CubeTensor) -> CubeTensor {
+    f32_contiguous(t, OP)
 }
 
 /// `[N, C, H, W]` `x` as the kernels' u32 index arguments `(N, C, H·W, W)`, after checking that
 /// it is f32 and that every index and buffer offset fits in 32 bits.
 fn strided(x: &CubeTensor) -> (u32, u32, u32, u32) {
-    assert_eq!(x.dtype, DType::F32, "channel op: expected f32");
-    let (dims, strides) = (x.meta.shape().clone(), x.meta.strides().clone());
-    assert_eq!(dims.len(), 4, "channel op: expected [N, C, H, W], got {dims:?}");
-    let fits = |v: usize| {
-        u32::try_from(v)
-            .unwrap_or_else(|_| panic!("channel op: {v} exceeds the kernels' u32 indices"))
-    };
-    let last: usize = dims.iter().zip(strides.iter()).map(|(&d, &s)| d.saturating_sub(1) * s).sum();
-    fits(last);
-    fits(x.meta.num_elements());
-    (fits(dims[0]), fits(dims[1]), fits(dims[2] * dims[3]).max(1), fits(dims[3]).max(1))
+    let dims = f32_strided(x.clone(), OP).meta.shape().clone();
+    assert_eq!(dims.len(), 4, "{OP}: expected [N, C, H, W], got {dims:?}");
+    let [n, c, h, w] = [dims[0], dims[1], dims[2], dims[3]].map(|d| d as u32);
+    (n, c, (h * w).max(1), w.max(1))
 }
 
 /// One cube of [`UNITS`] threads per channel.
@@ -251,9 +246,9 @@ fn per_channel(c: u32) -> (CubeCount, CubeDim) {
 
 fn scale_shift(x: CubeTensor, w: CubeTensor, b: Option<CubeTensor>) -> CubeTensor {
     let (_, c, plane, width) = strided(&x);
-    let w = f32_contiguous(w);
+    let w = small(w);
     let shift = b.is_some();
-    let b = b.map(f32_contiguous).unwrap_or_else(|| w.clone());
+    let b = b.map(small).unwrap_or_else(|| w.clone());
     let out = empty_like(&x);
     let (count, dim) = elementwise(&x.client, x.meta.num_elements());
     scale_shift_kernel::launch(
@@ -297,7 +292,7 @@ impl ChannelBackend for CubeBackend {
         grad: CubeTensor,
     ) -> CubeTensor {
         let (_, c, plane, width) = strided(&x);
-        let (m, g) = (f32_contiguous(moments), f32_contiguous(grad));
+        let (m, g) = (small(moments), small(grad));
         let count = (x.meta.num_elements() / c.max(1) as usize) as f32;
         let out = empty_like(&x);
         let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
@@ -349,7 +344,7 @@ impl ChannelBackend for CubeBackend {
 
 impl FoldBackend for CubeBackend {
     fn channel_rstd(m: CubeTensor, epsilon: f32) -> CubeTensor {
-        let m = f32_contiguous(m);
+        let m = small(m);
         let c = m.meta.num_elements() / 2;
         let out = empty_shaped(&m, vec![c]);
         let (cubes, dim) = elementwise(&m.client, c);
@@ -365,7 +360,7 @@ impl FoldBackend for CubeBackend {
     }
 
     fn channel_rstd_backward(m: CubeTensor, grad: CubeTensor, epsilon: f32) -> CubeTensor {
-        let (m, g) = (f32_contiguous(m), f32_contiguous(grad));
+        let (m, g) = (small(m), small(grad));
         let c = g.meta.num_elements();
         let out = empty_shaped(&m, vec![2, c]);
         let (cubes, dim) = elementwise(&m.client, c);
@@ -382,7 +377,7 @@ impl FoldBackend for CubeBackend {
     }
 
     fn channel_shift(m: CubeTensor, w: CubeTensor) -> CubeTensor {
-        let (m, w) = (f32_contiguous(m), f32_contiguous(w));
+        let (m, w) = (small(m), small(w));
         let c = w.meta.num_elements();
         let out = empty_shaped(&m, vec![c]);
         let (cubes, dim) = elementwise(&m.client, c);
@@ -402,7 +397,7 @@ impl FoldBackend for CubeBackend {
         w: CubeTensor,
         grad: CubeTensor,
     ) -> (CubeTensor, CubeTensor) {
-        let (m, w, g) = (f32_contiguous(m), f32_contiguous(w), f32_contiguous(grad));
+        let (m, w, g) = (small(m), small(w), small(grad));
         let c = w.meta.num_elements();
         let (dm, dw) = (empty_shaped(&m, vec![2, c]), empty_shaped(&m, vec![c]));
         let (cubes, dim) = elementwise(&m.client, c);
@@ -426,7 +421,7 @@ impl FoldBackend for CubeBackend {
         momentum: f32,
         unbias: f32,
     ) -> CubeTensor {
-        let (mean, var, m) = (f32_contiguous(mean), f32_contiguous(var), f32_contiguous(m));
+        let (mean, var, m) = (small(mean), small(var), small(m));
         let c = mean.meta.num_elements();
         let out = empty_shaped(&m, vec![2, c]);
         let (cubes, dim) = elementwise(&m.client, c);
