@@ -6,8 +6,9 @@
 #   DIR (--out): the folder to write (default .gpu, ignored by git):
 #     qdarts          release binary with flex, wgpu and cuda (cuda through NVRTC: see
 #                     vendor/README.md), stripped;
-#     golden-*, fused-*, reduce-*  the golden-vector, fused-kernel and row-reduction test
-#                     executables of the same build;
+#     golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*  the test
+#                     executables of the same build: golden vectors, the fused fake-quant,
+#                     row reductions, the observer and bias kernels, BatchNorm, the optimizer;
 #     qdarts-tch      with --tch: the LibTorch build (scripts/setup_torch.sh); it runs where the
 #                     same PyTorch's libraries are found (LD_LIBRARY_PATH), whose version
 #                     qdarts-tch.torch records; --tch-torch VERSION builds it against that
@@ -47,10 +48,10 @@ install -m 755 "$target/release/qdarts" "$out/qdarts"
 strip "$out/qdarts"
 
 if [ "$tests" = 1 ]; then
-  echo "== the golden and fused test executables (flex, wgpu, cuda)" >&2
+  echo "== the kernels' test executables (flex, wgpu, cuda)" >&2
   # Same profile and features as the binary, so the build is shared.
   cargo test --release -p qdarts-ops -p qdarts-kernels --features wgpu,cuda --test golden --test fused \
-    --test reduce --no-run \
+    --test reduce --test quant_kernels --test batch_norm --test optim --no-run \
     --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys

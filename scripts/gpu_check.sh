@@ -8,7 +8,8 @@
 #                        [--init-channels C] [--step-timeout S] [--skip LIST] [--kernels]
 #                        [--dry-run]
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
-#        one binary), optionally qdarts-tch (LibTorch) and the test executables golden-*/fused-*.
+#        one binary), optionally qdarts-tch (LibTorch) and the kernels' test executables
+#        (golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*).
 #   LIST: comma-separated, of cuda, wgpu, tch (default: all three).
 #   PY:  a Python with torch (CUDA build on a GPU), numpy and safetensors (default: python3).
 #   --out DIR: logs, CSVs and the table (default: a new folder under results/).
@@ -27,8 +28,8 @@
 #        <backend>-kernels.txt (the whole log's if the step did not finish).
 #   --dry-run: print the commands, run none.
 #
-# Per backend it runs: the golden-vector and fused-kernel tests (the carried test executables,
-# all devices of their build), `qdarts parity` (one search step against the PyTorch reference's
+# Per backend it runs: the golden-vector and kernel tests (the carried test executables, all
+# devices of their build), `qdarts parity` (one search step against the PyTorch reference's
 # fixtures), a short default search (wall time, genotype), `qdarts bench quant` (fused fake-quant
 # against a copy) and `qdarts bench search` (s/step, first and second order, float and
 # tensorrt, peak GPU memory, launches per step on cuda and wgpu); then `scripts/torch_reference.py
@@ -201,7 +202,8 @@ fi
 failed=0
 # The carried test executables: every device of their build (flex, wgpu, cuda; tch for the
 # -tch ones). The cuda build's tests need a GPU: without one they are not run.
-for t in "$artefacts"/golden* "$artefacts"/fused* "$artefacts"/reduce*; do
+for t in "$artefacts"/golden* "$artefacts"/fused* "$artefacts"/reduce* "$artefacts"/quant_kernels* \
+  "$artefacts"/batch_norm* "$artefacts"/optim*; do
   [ -x "$t" ] && wanted tests || continue
   name="test-$(basename "$t")"
   if [ -z "$gpu" ] && [[ "$name" != *tch* ]]; then

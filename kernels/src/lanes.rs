@@ -73,6 +73,24 @@ pub(crate) mod cube {
         total
     }
 
+    /// `round(v)` with ties away from zero or to even, exactly; NaN and ±∞ pass through.
+    #[cube]
+    pub(crate) fn round_ties(v: f32, #[comptime] ties_away: bool) -> f32 {
+        let a = f32::abs(v);
+        let fl = f32::floor(a);
+        // Exact: `a` and `floor(a)` are non-negative and share an exponent range.
+        let frac = a - fl;
+        let up = if ties_away {
+            frac >= 0.5
+        } else {
+            let half = fl * 0.5;
+            let odd = half != f32::floor(half);
+            frac > 0.5 || (frac == 0.5 && odd)
+        };
+        let r = select(up, fl + 1.0, fl);
+        select(v < 0.0, -r, r)
+    }
+
     /// The buffer offset of element `i` (in row-major order of its shape) of `x`, whatever its
     /// strides. In 32 bits: [`f32_strided`] checks a tensor first.
     #[cube]

@@ -15,21 +15,28 @@
 //!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
 //!   (flex and the CubeCL runtimes).
+//! - [`observe`]: a quantizer's observer (extrema, state update, grid) in one or two launches;
+//!   [`bias`]: a bias's int32 rounding at its derived scale in one (the CubeCL runtimes; the
+//!   quantizers keep their tensor expressions elsewhere, so these have no fallback of their
+//!   own).
 //!
 //! [`devices`] lists the backends compiled into a build; [`launches`] counts the kernels a
 //! piece of work launches on the CubeCL runtimes. Each kernel's test file holds it
-//! against the Burn operation it replaces.
+//! against the Burn operation it replaces (`observe` and `bias`: `qdarts-ops`'s
+//! `tests/quant_kernels.rs`, against the quantizers' expressions).
 
 // Built without a backend feature (a dependent crate checked on its own), the kernels have no
 // backend to run on and only the fallbacks to Burn's operations are live.
 #![cfg_attr(not(any(feature = "flex", feature = "cube")), allow(dead_code, unused_variables))]
 
 pub mod batch_norm;
+pub mod bias;
 pub mod depthwise_conv;
 pub mod devices;
 pub mod fake_quant;
 mod lanes;
 pub mod launches;
+pub mod observe;
 pub mod optim;
 pub mod plane;
 pub mod pointwise_conv;

@@ -14,27 +14,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use crate::lanes::cube::{elementwise, empty_like};
+use crate::lanes::cube::{elementwise, empty_like, round_ties};
 
 use super::{FakeQuantBackend, FusedLayout};
-
-/// `round(v)` with ties away from zero or to even, exactly; NaN and ±∞ pass through.
-#[cube]
-fn round_ties(v: f32, #[comptime] ties_away: bool) -> f32 {
-    let a = f32::abs(v);
-    let fl = f32::floor(a);
-    // Exact: `a` and `floor(a)` are non-negative and share an exponent range.
-    let frac = a - fl;
-    let up = if ties_away {
-        frac >= 0.5
-    } else {
-        let half = fl * 0.5;
-        let odd = half != f32::floor(half);
-        frac > 0.5 || (frac == 0.5 && odd)
-    };
-    let r = select(up, fl + 1.0, fl);
-    select(v < 0.0, -r, r)
-}
 
 /// The channel of element `i`: `(i / inner) % channels`, or 0 per tensor. In 32 bits: a
 /// 64-bit integer division is emulated on GPUs (and on Mesa's CPU driver) and costs more than

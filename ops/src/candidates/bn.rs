@@ -20,6 +20,7 @@ use super::conv::Bias;
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
 use qdarts_kernels::batch_norm::{affine, rstd, running, shift, statistics};
+use qdarts_kernels::bias::{int32_residual, residual_available};
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;
@@ -121,7 +122,26 @@ impl QuantSites for QBatchNorm {
 
 /// Fake-quantizes a bias to int32 at the per-channel scale `unit` (any sign; a vanishing unit
 /// leaves the bias as it is), with a straight-through gradient.
+///
+/// On the CubeCL backends the rounded bias's difference from `b` is one kernel
+/// ([`qdarts_kernels::bias`]), the same arithmetic ([`quantize_bias_with`] chooses).
 pub fn quantize_bias(b: Tensor<1>, unit: Tensor<1>, round: RoundMode) -> Tensor<1> {
+    quantize_bias_with(b, unit, round, true)
+}
+
+/// [`quantize_bias`] with the kernel (`kernel`, where it is available) or the tensor
+/// expressions.
+pub fn quantize_bias_with(
+    b: Tensor<1>,
+    unit: Tensor<1>,
+    round: RoundMode,
+    kernel: bool,
+) -> Tensor<1> {
+    if kernel && residual_available(&b, &unit) {
+        let ties_away = round == RoundMode::TiesAwayFromZero;
+        let residual = int32_residual(b.clone().detach(), unit.detach(), ties_away);
+        return b.add(residual);
+    }
     let step = unit.abs().detach();
     let tiny = step.clone().lower_elem(1e-30);
     let safe = step.clone().mask_fill(tiny.clone(), 1.0);

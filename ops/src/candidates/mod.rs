@@ -18,7 +18,7 @@ use burn::tensor::Device;
 use qdarts_genotypes::Primitive;
 
 pub use bn::QBatchNorm;
-pub use bn::quantize_bias;
+pub use bn::{quantize_bias, quantize_bias_with};
 pub use common::{
     BitProbs, Ctx, OpBits, QTensor, QuantSites, check_quant_sites, quantize_opt, quantize_site,
     visited_quantizers,

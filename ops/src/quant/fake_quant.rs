@@ -28,7 +28,7 @@ use super::spec::RoundMode;
 
 /// Smallest scale (step or threshold) a quantizer will use, as torch's observers do
 /// (`torch.finfo(torch.float32).eps`). It keeps all-zero tensors finite: their output is 0.
-pub const MIN_SCALE: f32 = f32::EPSILON;
+pub const MIN_SCALE: f32 = qdarts_kernels::observe::MIN_SCALE;
 
 /// Quantization grid parameters, per tensor (`[1]`) or per channel (`[C]` along `axis`).
 #[derive(Debug, Clone)]

@@ -17,6 +17,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::fake_quant::{Grid, MIN_SCALE};
 use super::spec::{ObserverKind, QuantSpec};
+use qdarts_kernels::observe::{GridRule, Observed, Rule, observe, observe_available};
 use qdarts_kernels::reduce::{row_max, row_min};
 
 /// Flattens `x` to `[C, rest]` along `axis` (or `[1, numel]` per tensor).
@@ -177,6 +178,70 @@ impl ObserverState {
         })
     }
 
+    /// [`grid`](Self::grid) by the observer kernels, where the observer reads `x`.
+    fn observed<const D: usize>(
+        &self,
+        spec: &QuantSpec,
+        x: &Tensor<D>,
+        update: bool,
+        current: bool,
+    ) -> Option<Grid> {
+        let device = x.device();
+        let axis = spec.granularity().axis();
+        let (qmin, qmax) = spec.quant_range();
+        let minmax = GridRule::MinMax {
+            qmin,
+            qmax,
+            symmetric: spec.is_symmetric(),
+            zero_point: if spec.signed() { 0.0 } else { ((qmin + qmax + 1) / 2) as f32 },
+        };
+        let threshold = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
+        let run = |a: Tensor<1>, b: Tensor<1>, rule, grid| {
+            observe(x.clone().detach(), axis, [a, b], rule, grid)
+        };
+        let (observed, range) = match self {
+            ObserverState::AbsMax(s) if update || current => {
+                // The rule has no memory: the stored threshold only stands in for the state.
+                let t = s.threshold.value().to_device(&device);
+                let o = run(t.clone(), t, Rule::AbsMax, threshold);
+                if update {
+                    s.threshold.update(o.state[2].clone());
+                }
+                (o, spec.grid_range())
+            }
+            ObserverState::MovingAverageAbsMax(s) if update => {
+                let rule = Rule::MovingAverageAbsMax { rate: s.rate };
+                let o = run(read(&s.state, &device), read(&s.accum, &device), rule, threshold);
+                s.state.update(o.state[0].clone());
+                s.accum.update(o.state[1].clone());
+                s.threshold.update(o.state[2].clone());
+                (o, spec.grid_range())
+            }
+            ObserverState::MinMax(s) if update => {
+                let rule = match s.averaging_constant {
+                    Some(averaging_constant) => Rule::MovingAverageMinMax { averaging_constant },
+                    None => Rule::MinMax,
+                };
+                let o = run(read(&s.min, &device), read(&s.max, &device), rule, minmax);
+                s.min.update(o.state[0].clone());
+                s.max.update(o.state[1].clone());
+                (o, (qmin, qmax))
+            }
+            _ => return None,
+        };
+        let Observed { mult, step, zero_point, .. } = observed;
+        Some(Grid {
+            mult,
+            step,
+            zero_point,
+            qmin: range.0,
+            qmax: range.1,
+            round: spec.round(),
+            axis,
+            held: false,
+        })
+    }
+
     /// The stored abs-max threshold `T` (Paddle's `OutScale`), for the abs-max family.
     pub fn threshold(&self) -> Option<Tensor<1>> {
         match self {
@@ -193,6 +258,10 @@ impl ObserverState {
     /// update (Paddle's weight quantizers have no state; nor has TensorRT's QAT toolkit for
     /// weights), so that inference and freeze use the weights as they are, not as they were at
     /// the last training forward.
+    ///
+    /// On the CubeCL backends an observer that reads `x` runs as
+    /// [`qdarts_kernels::observe`]'s kernels (the same arithmetic in one or two launches);
+    /// [`grid_with`](Self::grid_with) chooses.
     pub fn grid<const D: usize>(
         &self,
         spec: &QuantSpec,
@@ -200,7 +269,28 @@ impl ObserverState {
         update: bool,
         current: bool,
     ) -> Grid {
+        let kernel = observe_available(&x.device(), x.dtype());
+        self.grid_with(spec, x, update, current, kernel)
+    }
+
+    /// [`grid`](Self::grid) with the observer kernels (`kernel`, where they are available and
+    /// the observer reads `x`: not `RangeAbsMax`, `Fixed`, or a stored state in eval mode) or
+    /// the tensor expressions.
+    pub fn grid_with<const D: usize>(
+        &self,
+        spec: &QuantSpec,
+        x: &Tensor<D>,
+        update: bool,
+        current: bool,
+        kernel: bool,
+    ) -> Grid {
         let device = x.device();
+        if kernel
+            && observe_available(&device, x.dtype())
+            && let Some(grid) = self.observed(spec, x, update, current)
+        {
+            return grid;
+        }
         let axis = spec.granularity().axis();
         let threshold = match self {
             ObserverState::AbsMax(s) => {

@@ -1,0 +1,186 @@
+//! A quantizer's observer in one or two launches on the CubeCL backends: the extrema of the
+//! tensor it sees (per tensor or per channel), its state update and the grid it derives.
+//!
+//! As tensor expressions an observer is a few dozen launches per training forward on a GPU: a
+//! moving-average min/max observer of one activation is two split row reductions (slices,
+//! reshapes, partial and tail reductions, pair maxima), the moving average (`is_inf`, four
+//! arithmetic ops and a select per bound), torch.ao's `calculate_qparams` (each clamp a compare
+//! and a fill) and the grid (`clamp`, `recip`); a quantized search step runs hundreds of them,
+//! about half of its launches (97 262 launches in one default-shape tensorrt step on Mesa's
+//! lavapipe before this module). Here the extrema are one pass: one cube per row reads it
+//! where it lies (through its strides), or, for rows longer than [`CHUNK`], one cube per
+//! chunk writes the chunk's extrema and one cube per row combines them; the cube that finishes
+//! a row also updates the state and writes the grid.
+//!
+//! The arithmetic is the expressions' (`qdarts_ops::quant::observer`), operation for operation
+//! in f32, so flex, LibTorch and the kernels give the same grids; `tests/observe.rs` in
+//! `qdarts-ops` holds them together. Minimum and maximum are exact in any order; a NaN in the
+//! tensor makes both extrema NaN (as `torch.aminmax`). On CUDA a moving average's `a·r + b` may
+//! be contracted into one fused multiply-add: its last bit may then differ from the
+//! expressions'.
+
+use burn::tensor::{DType, Device, Tensor};
+
+/// Smallest scale (step or threshold) a quantizer uses, as torch's observers do
+/// (`torch.finfo(torch.float32).eps`). It keeps all-zero tensors finite: their output is 0.
+pub const MIN_SCALE: f32 = f32::EPSILON;
+
+/// How an observer folds the extrema `(m, M)` of the tensor it sees into its per-channel state
+/// `(a, b)`; the state after the update is returned as [`Observed::state`] `[a, b, T]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// The tensor's own abs-max `T = max(|m|, |M|)`, no memory (Paddle's `abs_max` and
+    /// `channel_wise_abs_max`): `a = b = T`.
+    AbsMax,
+    /// Paddle's `moving_average_abs_max`: `a ← a·rate + 1`, `b ← b·rate + T_x`, `T = b/a`.
+    MovingAverageAbsMax {
+        /// Moving rate.
+        rate: f32,
+    },
+    /// torch.ao's `MinMaxObserver`: `a ← min(a, m)`, `b ← max(b, M)`; `T` is 0.
+    MinMax,
+    /// torch.ao's `MovingAverageMinMaxObserver`: `a ← a + (m − a)·c` and `b ← b + (M − b)·c`,
+    /// or `(m, M)` while `a` is infinite (the first tensor); `T` is 0.
+    MovingAverageMinMax {
+        /// Averaging constant `c`.
+        averaging_constant: f32,
+    },
+}
+
+impl Rule {
+    /// Whether the rule keeps an abs-max threshold (and so pairs with [`GridRule::Threshold`]).
+    pub fn is_abs_max(self) -> bool {
+        matches!(self, Rule::AbsMax | Rule::MovingAverageAbsMax { .. })
+    }
+}
+
+/// The grid an observer derives from its state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GridRule {
+    /// Paddle's symmetric grid from the threshold: `T' = max(T, MIN_SCALE)`,
+    /// `mult = (1/T')·bin_cnt`, `step = T'/bin_cnt`, zero point 0.
+    Threshold {
+        /// Paddle's `bin_cnt`.
+        bin_cnt: i32,
+    },
+    /// torch.ao's `_calculate_qparams` from the state's `(a, b)` = (min, max) on the integers
+    /// `qmin..=qmax`, then `step = max(scale, MIN_SCALE)`, `mult = 1/step`.
+    MinMax {
+        /// Smallest integer.
+        qmin: i32,
+        /// Largest integer.
+        qmax: i32,
+        /// Symmetric (`scale = max(−min⁻, max⁺)/((qmax − qmin)/2)`), else affine.
+        symmetric: bool,
+        /// The symmetric grid's zero point (0 signed, `(qmin + qmax + 1)/2` unsigned).
+        zero_point: f32,
+    },
+}
+
+/// The state after an update and the grid, each `[C]` (`[1]` per tensor).
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// `[a, b, T]` (see [`Rule`]).
+    pub state: [Tensor<1>; 3],
+    /// Multiplier applied to `x` before rounding.
+    pub mult: Tensor<1>,
+    /// Dequantization step.
+    pub step: Tensor<1>,
+    /// Zero point, an integer held in f32.
+    pub zero_point: Tensor<1>,
+}
+
+/// Whether [`observe`] runs on tensors on `device` with this dtype: the CubeCL backends, f32.
+pub fn observe_available(device: &Device, dtype: DType) -> bool {
+    crate::lanes::on_cube(device) && dtype == DType::F32
+}
+
+/// Observes `x` (not differentiated) per channel along `axis` (`None`: per tensor) with the
+/// state `(a, b)` (each `[C]`; read only by the rules with memory): the updated state and the
+/// grid. The outputs use autodiff where `x` does.
+///
+/// # Panics
+/// Where [`observe_available`] is false, where `rule` and `grid` do not pair (an abs-max rule
+/// takes a threshold grid, a min/max rule a min/max grid), or where `axis` is not a dimension
+/// of `x`.
+pub fn observe<const D: usize>(
+    x: Tensor<D>,
+    axis: Option<usize>,
+    state: [Tensor<1>; 2],
+    rule: Rule,
+    grid: GridRule,
+) -> Observed {
+    assert!(
+        observe_available(&x.device(), x.dtype()),
+        "observe: not available on {:?} for {:?}",
+        x.device(),
+        x.dtype()
+    );
+    assert_eq!(
+        rule.is_abs_max(),
+        matches!(grid, GridRule::Threshold { .. }),
+        "observe: {rule:?} does not derive a {grid:?} grid"
+    );
+    if let Some(a) = axis {
+        assert!(a < D, "observe: axis {a} of a rank-{D} tensor");
+    }
+    #[cfg(feature = "cube")]
+    {
+        let autodiff = x.is_autodiff();
+        let [a, b] = state;
+        let (s0, s1, s2, mult, step, zp) = <burn::backend::Dispatch as ObserveBackend>::observe(
+            x.inner().into_dispatch(),
+            a.inner().into_dispatch(),
+            b.inner().into_dispatch(),
+            axis.unwrap_or(D),
+            rule,
+            grid,
+        );
+        let out = |t| {
+            let t = Tensor::<1>::from_dispatch(t);
+            if autodiff { t.autodiff() } else { t }
+        };
+        Observed {
+            state: [out(s0), out(s1), out(s2)],
+            mult: out(mult),
+            step: out(step),
+            zero_point: out(zp),
+        }
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!("observe_available is false without the CubeCL backends: {state:?}")
+}
+
+#[cfg(feature = "cube")]
+use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
+
+/// The observer kernels (see [`observe_available`]); CubeCL only, on tensors without
+/// autodiff.
+#[cfg(feature = "cube")]
+#[backend_extension(Cube)]
+pub trait ObserveBackend: Backend {
+    /// `(a', b', T, mult, step, zero_point)` (see [`observe`]); `axis` equal to the rank of
+    /// `x`: per tensor.
+    #[allow(clippy::type_complexity)] // The extension macro reads the outputs from the tuple.
+    fn observe(
+        x: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        axis: usize,
+        rule: Rule,
+        grid: GridRule,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+}
+
+/// Elements one cube reduces in the first stage of a long row (16 per unit).
+pub const CHUNK: usize = 4096;
+
+#[cfg(feature = "cube")]
+mod cube;

@@ -1,0 +1,319 @@
+//! The quantizers' bookkeeping kernels on the CubeCL backends against the tensor expressions
+//! they replace, bit for bit, on every backend of the build, and every backend against flex.
+//!
+//! - Observers (`qdarts_kernels::observe`): each observer kind the presets use, per tensor and
+//!   per channel, contiguous and channels-last tensors, rows long enough for the two-stage
+//!   reduction, an all-zero tensor, and successive updates (so the moving averages start from
+//!   a stored state).
+//! - The int32 bias (`qdarts_kernels::bias`): ties, vanishing and negative units, values past
+//!   the int32 range, both roundings, and the straight-through gradient.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Mutex;
+
+use burn::tensor::{Device, Tensor};
+use qdarts_kernels::devices::compiled as devices;
+use qdarts_kernels::launches::counted;
+use qdarts_kernels::observe::{CHUNK, observe_available};
+use qdarts_ops::candidates::quantize_bias_with;
+use qdarts_ops::quant::observer::ObserverState;
+use qdarts_ops::quant::{Granularity, ObserverKind, QuantSpec, RoundMode};
+
+fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+/// Held by every test here: the launch count sees every thread of the process.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The observers under test: `(name, kind, signed, symmetric)`.
+fn kinds() -> Vec<(&'static str, ObserverKind, bool, bool)> {
+    let ema = ObserverKind::MovingAverageMinMax { averaging_constant: 0.01 };
+    vec![
+        ("abs_max", ObserverKind::AbsMax, true, true),
+        ("moving_average_abs_max", ObserverKind::MovingAverageAbsMax { rate: 0.9 }, true, true),
+        ("min_max symmetric", ObserverKind::MinMax, true, true),
+        ("min_max affine", ObserverKind::MinMax, false, false),
+        ("moving_average_min_max symmetric", ema, true, true),
+        ("moving_average_min_max affine", ema, false, false),
+    ]
+}
+
+/// How a test tensor is laid out and observed.
+#[derive(Debug, Clone, Copy)]
+enum Case {
+    /// A conv weight `[16, 8, 3, 3]`, per output channel.
+    Weight,
+    /// A short contiguous activation, per tensor.
+    Short,
+    /// A channels-last activation `[4, 8, 24, 24]` (two-stage), per tensor.
+    ChannelsLast,
+    /// The same, per channel along axis 1 (strided rows).
+    ChannelsLastPerChannel,
+    /// A contiguous activation with more chunks per row than a cube has threads.
+    Long,
+}
+
+impl Case {
+    const ALL: [Case; 5] =
+        [Case::Weight, Case::Short, Case::ChannelsLast, Case::ChannelsLastPerChannel, Case::Long];
+
+    fn granularity(self) -> Granularity {
+        match self {
+            Case::Weight => Granularity::PerChannel { axis: 0 },
+            Case::ChannelsLastPerChannel => Granularity::PerChannel { axis: 1 },
+            _ => Granularity::PerTensor,
+        }
+    }
+
+    fn channels(self) -> usize {
+        match self {
+            Case::Weight => 16,
+            Case::ChannelsLastPerChannel => 8,
+            _ => 1,
+        }
+    }
+
+    /// Tensor `k` of the sequence an observer sees, the same values on every backend (drawn
+    /// on the host from `seed`): its range shifting with `k` so that the running extrema move;
+    /// the last one all zeros.
+    fn tensor(self, d: &Device, k: usize, seed: u64) -> Tensor<4> {
+        let dims = match self {
+            Case::Weight => [16, 8, 3, 3],
+            Case::Short => [2, 3, 5, 7],
+            Case::ChannelsLast | Case::ChannelsLastPerChannel => [4, 24, 24, 8],
+            Case::Long => [8, 16, 96, 96],
+        };
+        let n = dims.iter().product();
+        let values: Vec<f32> = if k == 3 {
+            vec![0.0; n]
+        } else {
+            normal(n, seed).iter().map(|v| 0.3 * k as f32 + (1.0 + k as f32) * v).collect()
+        };
+        let x = Tensor::<1>::from_floats(values.as_slice(), d).reshape(dims);
+        match self {
+            Case::ChannelsLast | Case::ChannelsLastPerChannel => x.permute([0, 3, 1, 2]),
+            _ => x,
+        }
+    }
+}
+
+/// `n` standard normal values from `seed` (xorshift and Box–Muller on the host).
+fn normal(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut uniform = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let (u, v) = (uniform(), uniform());
+            ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+        })
+        .collect()
+}
+
+/// The stored state of an observer, tensor by tensor.
+fn state(o: &ObserverState) -> Vec<Vec<f32>> {
+    match o {
+        ObserverState::AbsMax(s) => vec![vals(s.threshold.value_sync())],
+        ObserverState::MovingAverageAbsMax(s) => vec![
+            vals(s.state.value_sync()),
+            vals(s.accum.value_sync()),
+            vals(s.threshold.value_sync()),
+        ],
+        ObserverState::MinMax(s) => vec![vals(s.min.value_sync()), vals(s.max.value_sync())],
+        ObserverState::RangeAbsMax(_) | ObserverState::Fixed(_) => unreachable!("not tested"),
+    }
+}
+
+/// Everything an observer step produces: the grid's `mult`, `step`, `zero_point`, then the
+/// stored state.
+type Seen = Vec<Vec<f32>>;
+
+/// Four updates of a fresh observer on `d` (the kernels or the expressions), then a read of the
+/// current weight without an update.
+fn run(d: &Device, spec: &QuantSpec, case: Case, kernel: bool) -> Vec<Seen> {
+    let o = ObserverState::new(spec, case.channels(), d).unwrap();
+    let mut seen = Vec::new();
+    for k in 0..4 {
+        let x = case.tensor(d, k, 40 + k as u64);
+        let g = o.grid_with(spec, &x, true, false, kernel);
+        let mut s = vec![vals(g.mult), vals(g.step), vals(g.zero_point)];
+        s.extend(state(&o));
+        seen.push(s);
+    }
+    let x = case.tensor(d, 1, 7);
+    let g = o.grid_with(spec, &x, false, true, kernel);
+    seen.push(vec![vals(g.mult), vals(g.step), vals(g.zero_point)]);
+    seen
+}
+
+fn bits(seen: &[Seen]) -> Vec<Vec<Vec<u32>>> {
+    seen.iter()
+        .map(|s| s.iter().map(|v| v.iter().map(|x| x.to_bits()).collect()).collect())
+        .collect()
+}
+
+#[test]
+fn the_observer_kernels_give_the_expressions_grids_and_states_bit_for_bit() {
+    let _serial = serial();
+    let flex = Device::flex();
+    let mut checked = 0;
+    for (name, kind, signed, symmetric) in kinds() {
+        for case in Case::ALL {
+            let spec = QuantSpec::with(8, signed, symmetric, case.granularity(), kind).unwrap();
+            let reference = bits(&run(&flex, &spec, case, false));
+            for (backend, d) in devices() {
+                let what = format!("{name}, {case:?} on {backend}");
+                let expressions = bits(&run(&d, &spec, case, false));
+                let kernels = bits(&run(&d, &spec, case, true));
+                if backend == "cuda" && kind != ObserverKind::AbsMax && kind != ObserverKind::MinMax
+                {
+                    // A moving average's `a·r + b` may be one fused multiply-add there.
+                    assert_close(&kernels, &expressions, &what);
+                    continue;
+                }
+                assert_eq!(kernels, expressions, "{what}: kernels against expressions");
+                assert_eq!(expressions, reference, "{what}: expressions against flex");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 30, "{checked} comparisons");
+}
+
+/// Within a few ulps (a zero point within 1), for the fused multiply-adds of CUDA.
+fn assert_close(a: &[Vec<Vec<u32>>], b: &[Vec<Vec<u32>>], what: &str) {
+    for (x, y) in a.iter().flatten().flatten().zip(b.iter().flatten().flatten()) {
+        let (fx, fy) = (f32::from_bits(*x), f32::from_bits(*y));
+        let ok = x.abs_diff(*y) <= 4 || (fx.fract() == 0.0 && (fx - fy).abs() <= 1.0);
+        assert!(ok, "{what}: {fx} against {fy}");
+    }
+}
+
+#[test]
+fn an_observer_update_is_at_most_four_launches_on_the_cubecl_backends() {
+    let _serial = serial();
+    let spec = QuantSpec::with(
+        8,
+        true,
+        true,
+        Granularity::PerTensor,
+        ObserverKind::MovingAverageMinMax { averaging_constant: 0.01 },
+    )
+    .unwrap();
+    for (backend, d) in devices() {
+        let x = Case::ChannelsLast.tensor(&d, 0, 3);
+        if !observe_available(&d, x.dtype()) {
+            continue;
+        }
+        assert!(x.dims().iter().product::<usize>() > CHUNK, "two stages");
+        let o = ObserverState::new(&spec, 1, &d).unwrap();
+        o.grid(&spec, &x, true, false);
+        // Two kernels, and the division by one thread count with which Burn's RunningState
+        // reads each stored bound after an update.
+        let (_, launches) = counted(&d, || vals(o.grid(&spec, &x, true, false).step));
+        let launches = launches.unwrap();
+        assert!(launches <= 4, "{backend}: {launches} launches");
+        let (_, composite) = counted(&d, || vals(o.grid_with(&spec, &x, true, false, false).step));
+        assert!(composite.unwrap() > 4 * launches, "{backend}: the expressions take {composite:?}");
+    }
+}
+
+#[test]
+fn a_nan_in_the_tensor_reaches_the_state_as_in_the_expressions() {
+    let _serial = serial();
+    let ema = ObserverKind::MovingAverageMinMax { averaging_constant: 0.01 };
+    // The extrema are NaN; an abs-max threshold and a first moving average take them, a
+    // running min/max keeps its stored bounds (the pair minimum `min_pair` keeps its left
+    // operand against a NaN), on every backend, kernels or expressions.
+    for (kind, nan) in [(ObserverKind::AbsMax, true), (ema, true), (ObserverKind::MinMax, false)] {
+        let spec = QuantSpec::with(8, true, true, Granularity::PerTensor, kind).unwrap();
+        for (backend, d) in devices() {
+            // One NaN deep in the second chunk of the row.
+            let mut v = normal(8 * 16 * 96 * 96, 5);
+            v[CHUNK + 17] = f32::NAN;
+            let x = Tensor::<1>::from_floats(v.as_slice(), &d).reshape([8, 16, 96, 96]);
+            for kernel in [true, false] {
+                let o = ObserverState::new(&spec, 1, &d).unwrap();
+                let step = vals(o.grid_with(&spec, &x, true, false, kernel).step)[0];
+                let s = state(&o);
+                let what = format!("{kind:?} on {backend}, kernel {kernel}: {s:?}, step {step}");
+                assert_eq!(step.is_nan(), nan, "{what}");
+                assert!(s.iter().flatten().all(|v| v.is_nan() == nan), "{what}");
+            }
+        }
+    }
+}
+
+/// Biases and units that hit every case of the int32 rounding: exact ties, vanishing, zero and
+/// negative units, quotients past ±2³¹, both signs.
+fn bias_case() -> (Vec<f32>, Vec<f32>) {
+    let mut b = Vec::new();
+    let mut unit = Vec::new();
+    for k in 0..64 {
+        let s = 0.013 * (1.0 + k as f32 * 0.37) * if k % 3 == 0 { -1.0 } else { 1.0 };
+        let v = match k % 8 {
+            0 => (k as f32 - 31.5) * s.abs(), // a tie
+            1 => 0.0,
+            2 => -3.7e9 * s.abs(), // below −2³¹ units
+            3 => 5.1e9 * s.abs(),  // above 2³¹ − 1 units
+            _ => (k as f32 * 0.731).sin() * 40.0,
+        };
+        let s = match k % 16 {
+            5 => 0.0,
+            13 => 1e-31,
+            _ => s,
+        };
+        b.push(v);
+        unit.push(s);
+    }
+    (b, unit)
+}
+
+#[test]
+fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
+    let _serial = serial();
+    let (b, unit) = bias_case();
+    let flex = Device::flex().autodiff();
+    for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
+        let run = |d: &Device, kernel: bool| {
+            let bt = Tensor::<1>::from_floats(b.as_slice(), d).require_grad();
+            let ut = Tensor::<1>::from_floats(unit.as_slice(), d);
+            let out = quantize_bias_with(bt.clone(), ut, round, kernel);
+            let up = Tensor::<1>::from_floats(unit.as_slice(), d);
+            let grad = bt.grad(&out.clone().mul(up).sum().backward()).unwrap();
+            (vals(out).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), vals(grad))
+        };
+        let reference = run(&flex, false);
+        assert_eq!(reference.1, unit, "{round:?}: the gradient passes straight through");
+        for (backend, d) in devices() {
+            let d = d.autodiff();
+            let kernel = run(&d, true);
+            if backend == "cuda" {
+                // `q·s − b` may be one fused multiply-add there.
+                for (x, y) in kernel.0.iter().zip(&reference.0) {
+                    let (fx, fy) = (f32::from_bits(*x), f32::from_bits(*y));
+                    assert!((fx - fy).abs() <= 1e-6 * fy.abs().max(1.0), "{fx} against {fy}");
+                }
+            } else {
+                assert_eq!(
+                    kernel.0,
+                    run(&d, false).0,
+                    "{backend} {round:?}: kernel and expressions"
+                );
+                assert_eq!(kernel.0, reference.0, "{backend} {round:?}: against flex");
+            }
+            assert_eq!(kernel.1, reference.1, "{backend} {round:?}: gradient");
+        }
+    }
+}
