@@ -135,6 +135,48 @@ fn non_contiguous(d: &Device) {
     assert_eq!(bits(fake_quant(x.clone(), &grid4).0), bits(fake_quant_fused(x, &grid4)));
 }
 
+/// Inputs laid out channels-last and an upstream gradient that reaches the quantizer as a
+/// strided view (the loss reads the output transposed): values and gradients as composite.
+#[test]
+fn fused_gradients_read_strided_inputs_and_upstream_gradients() {
+    for (_, d) in fused_devices() {
+        let d = d.autodiff();
+        for axis in [None, Some(1)] {
+            let c = if axis.is_some() { 3 } else { 1 };
+            let steps: Vec<f32> = (0..c).map(|k| 0.05 * (1.0 + k as f32)).collect();
+            let grid = Grid::from_step(
+                Tensor::from_floats(steps.as_slice(), &d),
+                Tensor::zeros([c], &d),
+                (-128, 127),
+                RoundMode::TiesToEven,
+                axis,
+            );
+            let x = Tensor::<1>::from_floats(values(120, 0.05).as_slice(), &d)
+                .reshape([4, 5, 2, 3])
+                .permute([0, 3, 1, 2]);
+            let up =
+                Tensor::<1>::from_floats(values(120, 0.7).as_slice(), &d).reshape([4, 2, 5, 3]);
+            let run = |fused: bool| {
+                let xa = x.clone().require_grad();
+                let y = if fused {
+                    fake_quant_fused(xa.clone(), &grid)
+                } else {
+                    fake_quant(xa.clone(), &grid).0
+                };
+                let loss = y.clone().permute([0, 3, 2, 1]).mul(up.clone()).sum();
+                let g = xa.grad(&loss.backward()).expect("grad");
+                (bits(y), floats(g))
+            };
+            let (composite, fused) = (run(false), run(true));
+            let what = format!("{d:?} axis {axis:?}");
+            assert_eq!(composite.0, fused.0, "values differ: {what}");
+            assert_eq!(composite.1, fused.1, "gradients differ: {what}");
+            let g = &fused.1;
+            assert!(g.contains(&0.0) && g.iter().any(|&v| v != 0.0), "{what}: no clipping seen");
+        }
+    }
+}
+
 /// A per-channel grid whose parameters hold one value for every channel.
 #[test]
 fn fused_broadcasts_one_value_parameters() {

@@ -1,6 +1,8 @@
 //! The fused fake-quant kernels for the CubeCL backends (`wgpu`, `cuda`): one thread per
 //! element, one read of `x` and one write of the output forward; one read of `x` and of the
-//! upstream gradient backward, masked in place when the gradient buffer is free to reuse.
+//! upstream gradient backward, masked in place when the gradient buffer is contiguous and free
+//! to reuse. Inputs are read through their strides (a convolution's channels-last output, a
+//! channel slice of a concatenation's gradient), not copied first; the outputs are contiguous.
 //!
 //! Rounding is spelled out with exact operations (`|v|`, `floor`, an exact fraction, a parity
 //! test) rather than the runtime's `round`: WGSL and CUDA round ties to even, but SPIR-V's
@@ -8,13 +10,13 @@
 //! contracts `a·b + c` into one fused multiply-add (CUDA does by default) cannot skip the rounding
 //! of `x · mult` that the composite version performs: both give the same bits.
 
-use burn::tensor::DType;
 use burn_cubecl::CubeBackend;
-use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use crate::lanes::cube::{elementwise, empty_like, round_ties};
+use crate::lanes::cube::{
+    elementwise, empty_like, f32_contiguous, f32_strided, round_ties, strided_at,
+};
 
 use super::{FakeQuantBackend, FusedLayout};
 
@@ -39,7 +41,7 @@ fn rounded(x: f32, mult: f32, zp: f32, #[comptime] ties_away: bool) -> f32 {
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn fake_quant_forward_kernel(
-    x: &[f32],
+    x: &Tensor<f32>,
     mult: &[f32],
     step: &[f32],
     zp: &[f32],
@@ -50,12 +52,13 @@ fn fake_quant_forward_kernel(
     channels: u32,
     #[comptime] per_tensor: bool,
     #[comptime] ties_away: bool,
+    #[comptime] strided: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let c = channel(i, inner, channels, per_tensor);
         let z = zp[c];
-        let r = rounded(x[i], mult[c], z, ties_away);
+        let r = rounded(read(x, i, strided), mult[c], z, ties_away);
         let q = select(r < qmin, qmin, r);
         let q = select(q > qmax, qmax, q);
         out[i] = (q - z) * step[c];
@@ -87,13 +90,41 @@ fn fake_quant_backward_kernel(
     }
 }
 
-/// A contiguous f32 tensor.
-///
-/// # Panics
-/// If `t` is not f32 (the dispatching wrapper only calls the kernels for f32).
-fn contiguous_f32(t: CubeTensor) -> CubeTensor {
-    assert_eq!(t.dtype, DType::F32, "fused fake quant: expected f32");
-    into_contiguous(t)
+/// Element `i` (in row-major order) of `x`: through its strides, or at `i` when it is
+/// contiguous.
+#[cube]
+fn read(x: &Tensor<f32>, i: usize, #[comptime] strided: bool) -> f32 {
+    let mut at = i;
+    if strided {
+        at = strided_at(x, i);
+    }
+    x[at]
+}
+
+/// `out = grad` where `x` quantizes inside `[qmin, qmax]`, else 0, both read through their
+/// strides: for the gradients that are not contiguous or not ours to overwrite.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn fake_quant_backward_strided_kernel(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    mult: &[f32],
+    zp: &[f32],
+    out: &mut [f32],
+    qmin: f32,
+    qmax: f32,
+    inner: u32,
+    channels: u32,
+    #[comptime] per_tensor: bool,
+    #[comptime] ties_away: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let c = channel(i, inner, channels, per_tensor);
+        let r = rounded(x[strided_at(x, i)], mult[c], zp[c], ties_away);
+        let g = grad[strided_at(grad, i)];
+        out[i] = select(r < qmin || r > qmax, 0.0, g);
+    }
 }
 
 /// The kernel's `inner` and `channels` arguments. The grid parameters must hold one value per
@@ -118,6 +149,9 @@ fn index_args(layout: &FusedLayout, params: &[&CubeTensor]) -> (u32, u32) {
     (inner, fits(layout.channels))
 }
 
+/// The panics' name for these kernels.
+const OP: &str = "fused fake quant";
+
 impl FakeQuantBackend for CubeBackend {
     fn fake_quant_fused(
         x: CubeTensor,
@@ -126,19 +160,20 @@ impl FakeQuantBackend for CubeBackend {
         zero_point: CubeTensor,
         layout: FusedLayout,
     ) -> CubeTensor {
-        let x = contiguous_f32(x);
+        let x = f32_strided(x, OP);
         let (mult, step, zp) =
-            (contiguous_f32(mult), contiguous_f32(step), contiguous_f32(zero_point));
+            (f32_contiguous(mult, OP), f32_contiguous(step, OP), f32_contiguous(zero_point, OP));
         let n = x.meta.num_elements();
         let (inner, channels) = index_args(&layout, &[&mult, &step, &zp]);
         let client = x.client.clone();
         let out = empty_like(&x);
         let (cube_count, cube_dim) = elementwise(&client, n);
+        let strided = !x.is_contiguous();
         fake_quant_forward_kernel::launch(
             &client,
             cube_count,
             cube_dim,
-            x.into_buffer_arg(),
+            x.into_tensor_arg(),
             mult.into_buffer_arg(),
             step.into_buffer_arg(),
             zp.into_buffer_arg(),
@@ -149,6 +184,7 @@ impl FakeQuantBackend for CubeBackend {
             channels,
             channels == 1,
             layout.ties_away,
+            strided,
         );
         out
     }
@@ -160,52 +196,50 @@ impl FakeQuantBackend for CubeBackend {
         zero_point: CubeTensor,
         layout: FusedLayout,
     ) -> CubeTensor {
-        let x = contiguous_f32(x);
-        let (mult, zp) = (contiguous_f32(mult), contiguous_f32(zero_point));
-        // The upstream gradient is usually owned here: mask it in place, else mask a copy.
-        let grad = contiguous_f32(grad);
-        let grad = if grad.can_mut() { grad } else { copy(grad) };
+        let (x, grad) = (f32_strided(x, OP), f32_strided(grad, OP));
+        let (mult, zp) = (f32_contiguous(mult, OP), f32_contiguous(zero_point, OP));
         let n = x.meta.num_elements();
         let (inner, channels) = index_args(&layout, &[&mult, &zp]);
         let client = x.client.clone();
         let (cube_count, cube_dim) = elementwise(&client, n);
-        fake_quant_backward_kernel::launch(
+        let (qmin, qmax) = (layout.qmin as f32, layout.qmax as f32);
+        // The upstream gradient is usually contiguous and owned here: mask it in place. Else
+        // read both through their strides into a fresh gradient (no copies first).
+        if x.is_contiguous() && grad.is_contiguous() && grad.can_mut() {
+            fake_quant_backward_kernel::launch(
+                &client,
+                cube_count,
+                cube_dim,
+                x.into_buffer_arg(),
+                mult.into_buffer_arg(),
+                zp.into_buffer_arg(),
+                grad.clone().into_buffer_arg(),
+                qmin,
+                qmax,
+                inner,
+                channels,
+                channels == 1,
+                layout.ties_away,
+            );
+            return grad;
+        }
+        let out = empty_like(&grad);
+        fake_quant_backward_strided_kernel::launch(
             &client,
             cube_count,
             cube_dim,
-            x.into_buffer_arg(),
+            x.into_tensor_arg(),
+            grad.into_tensor_arg(),
             mult.into_buffer_arg(),
             zp.into_buffer_arg(),
-            grad.clone().into_buffer_arg(),
-            layout.qmin as f32,
-            layout.qmax as f32,
+            out.clone().into_buffer_arg(),
+            qmin,
+            qmax,
             inner,
             channels,
             channels == 1,
             layout.ties_away,
         );
-        grad
+        out
     }
-}
-
-/// A fresh contiguous copy of `t` (whose buffer is shared, so not ours to write).
-fn copy(t: CubeTensor) -> CubeTensor {
-    #[cube(launch)]
-    fn copy_kernel(src: &[f32], dst: &mut [f32]) {
-        let i = ABSOLUTE_POS;
-        if i < dst.len() {
-            dst[i] = src[i];
-        }
-    }
-    let client = t.client.clone();
-    let out = empty_like(&t);
-    let (cube_count, cube_dim) = elementwise(&client, t.meta.num_elements());
-    copy_kernel::launch(
-        &client,
-        cube_count,
-        cube_dim,
-        t.into_buffer_arg(),
-        out.clone().into_buffer_arg(),
-    );
-    out
 }
