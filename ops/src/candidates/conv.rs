@@ -153,9 +153,9 @@ impl QConv {
             (Some(q), Some(ig)) => {
                 let (w, g) = q.forward_with_grid(self.weight.val());
                 let c = w.dims()[0];
-                let unit = Tensor::<1>::ones([c], &w.device())
-                    .mul(g.step.detach())
-                    .mul(ig.step.clone().detach());
+                // `s_w·s_in`, one launch (a per-tensor weight grid's `[1]` broadcast to `[C]`).
+                let unit = g.step.detach().mul(ig.step.clone().detach());
+                let unit = if unit.dims()[0] == c { unit } else { unit.expand([c]) };
                 let y = conv2d(x, w, self.options());
                 let bias = (!g.held && !ig.held).then(|| Bias { unit, round: q.spec().round() });
                 (y, bias)
