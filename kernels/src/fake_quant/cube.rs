@@ -32,6 +32,13 @@ fn channel(i: usize, inner: u32, channels: u32, #[comptime] per_tensor: bool) ->
     c as usize
 }
 
+/// Whether `x` rounds outside `[qmin, qmax]` on the grid `(mult, zp)`.
+#[cube]
+fn clipped(x: f32, mult: f32, zp: f32, qmin: f32, qmax: f32, #[comptime] ties_away: bool) -> bool {
+    let r = rounded(x, mult, zp, ties_away);
+    r < qmin || r > qmax
+}
+
 /// `round(x · mult) + z`, unclamped.
 #[cube]
 fn rounded(x: f32, mult: f32, zp: f32, #[comptime] ties_away: bool) -> f32 {
@@ -83,8 +90,7 @@ fn fake_quant_backward_kernel(
     let i = ABSOLUTE_POS;
     if i < grad.len() {
         let c = channel(i, inner, channels, per_tensor);
-        let r = rounded(x[i], mult[c], zp[c], ties_away);
-        if r < qmin || r > qmax {
+        if clipped(x[i], mult[c], zp[c], qmin, qmax, ties_away) {
             grad[i] = 0.0;
         }
     }
@@ -121,9 +127,8 @@ fn fake_quant_backward_strided_kernel(
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let c = channel(i, inner, channels, per_tensor);
-        let r = rounded(x[strided_at(x, i)], mult[c], zp[c], ties_away);
-        let g = grad[strided_at(grad, i)];
-        out[i] = select(r < qmin || r > qmax, 0.0, g);
+        let outside = clipped(x[strided_at(x, i)], mult[c], zp[c], qmin, qmax, ties_away);
+        out[i] = select(outside, 0.0, grad[strided_at(grad, i)]);
     }
 }
 

@@ -43,6 +43,12 @@ fn min_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> (Tensor<1>, Ten
     (row_min(rows.clone()), row_max(rows))
 }
 
+/// torch.ao's zero point of a symmetric grid: 0 signed, the middle of the range unsigned.
+fn symmetric_zero_point(spec: &QuantSpec) -> f32 {
+    let (qmin, qmax) = spec.quant_range();
+    if spec.signed() { 0.0 } else { ((qmin + qmax + 1) / 2) as f32 }
+}
+
 /// torch.ao `_calculate_qparams`: scale and zero point from a min and a max.
 pub fn qparams_from_min_max(
     min: Tensor<1>,
@@ -56,8 +62,7 @@ pub fn qparams_from_min_max(
     if spec.is_symmetric() {
         let max_abs = min_neg.neg().max_pair(max_pos);
         let scale = max_abs.div_scalar((qmax_f - qmin_f) / 2.0).clamp_min(MIN_SCALE);
-        let zp = if spec.signed() { 0.0 } else { ((qmin + qmax + 1) / 2) as f32 };
-        let zero_point = scale.zeros_like().add_scalar(zp);
+        let zero_point = scale.zeros_like().add_scalar(symmetric_zero_point(spec));
         (scale, zero_point)
     } else {
         let scale = max_pos.sub(min_neg.clone()).div_scalar(qmax_f - qmin_f).clamp_min(MIN_SCALE);
@@ -193,12 +198,11 @@ impl ObserverState {
             qmin,
             qmax,
             symmetric: spec.is_symmetric(),
-            zero_point: if spec.signed() { 0.0 } else { ((qmin + qmax + 1) / 2) as f32 },
+            zero_point: symmetric_zero_point(spec),
         };
         let threshold = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
-        let run = |a: Tensor<1>, b: Tensor<1>, rule, grid| {
-            observe(x.clone().detach(), axis, [a, b], rule, grid)
-        };
+        let run =
+            |a: Tensor<1>, b: Tensor<1>, rule, grid| observe(x.clone(), axis, [a, b], rule, grid);
         let (observed, range) = match self {
             ObserverState::AbsMax(s) if update || current => {
                 // The rule has no memory: the stored threshold only stands in for the state.
@@ -269,8 +273,7 @@ impl ObserverState {
         update: bool,
         current: bool,
     ) -> Grid {
-        let kernel = observe_available(&x.device(), x.dtype());
-        self.grid_with(spec, x, update, current, kernel)
+        self.grid_with(spec, x, update, current, true)
     }
 
     /// [`grid`](Self::grid) with the observer kernels (`kernel`, where they are available and
