@@ -6,6 +6,7 @@
 //! pools and BatchNorm statistics, the fused fake-quant) live in `qdarts-kernels`.
 
 pub mod arith;
+pub mod buffer;
 pub mod candidates;
 pub mod cost;
 pub mod network;

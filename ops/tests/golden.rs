@@ -276,14 +276,14 @@ fn paddle_moving_average(v: &Value) -> Check {
     let Some(ObserverState::MovingAverageAbsMax(s)) = &fq.observer else {
         return Err("moving-average spec built another observer".into());
     };
-    s.state.update(Tensor::from_floats([num(p, "in_state")? as f32], &dev));
-    s.accum.update(Tensor::from_floats([num(p, "in_accum")? as f32], &dev));
+    s.state.set(Tensor::from_floats([num(p, "in_state")? as f32], &dev));
+    s.accum.set(Tensor::from_floats([num(p, "in_accum")? as f32], &dev));
     let steps = v.get("steps").and_then(Value::as_array).ok_or("missing `steps`")?;
     for (i, step) in steps.iter().enumerate() {
         paddle_step(&fq, step, &shp, None, "out_scale").map_err(|e| format!("step {i}: {e}"))?;
-        close("out_state", &to_vec(s.state.value_sync()), &[num(step, "out_state")? as f32])
+        close("out_state", &to_vec(s.state.value()), &[num(step, "out_state")? as f32])
             .map_err(|e| format!("step {i}: {e}"))?;
-        close("out_accum", &to_vec(s.accum.value_sync()), &[num(step, "out_accum")? as f32])
+        close("out_accum", &to_vec(s.accum.value()), &[num(step, "out_accum")? as f32])
             .map_err(|e| format!("step {i}: {e}"))?;
     }
     Ok(())

@@ -12,11 +12,12 @@
 //! affine) fake-quantized per tensor. Freeze folds `w` and `β − μ·w` into the preceding conv or
 //! into a per-channel integer scale and bias.
 
-use burn::module::{Flag, Module, Param, RunningState};
+use burn::module::{Flag, Module, Param};
 use burn::tensor::Tensor;
 
 use super::common::{Ctx, QuantSites};
 use super::conv::Bias;
+use crate::buffer::Buffer;
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
 use qdarts_kernels::batch_norm::{affine, rstd, running, shift, statistics};
@@ -34,9 +35,9 @@ pub struct QBatchNorm {
     /// β, `[C]` (affine only).
     pub beta: Option<Param<Tensor<1>>>,
     /// Running mean, `[C]`.
-    pub running_mean: RunningState<Tensor<1>>,
+    pub running_mean: Buffer<1>,
     /// Running (unbiased) variance, `[C]`.
-    pub running_var: RunningState<Tensor<1>>,
+    pub running_var: Buffer<1>,
     /// Training mode: batch statistics and running-statistics updates.
     pub training: Param<Flag>,
     /// Quantizer of the folded weight (`<path>.weight`).
@@ -50,8 +51,8 @@ impl QBatchNorm {
         Ok(QBatchNorm {
             gamma: affine.then(|| Param::from_tensor(Tensor::ones([channels], d))),
             beta: affine.then(|| Param::from_tensor(Tensor::zeros([channels], d))),
-            running_mean: RunningState::new(Tensor::zeros([channels], d)),
-            running_var: RunningState::new(Tensor::ones([channels], d)),
+            running_mean: Buffer::new(Tensor::zeros([channels], d)),
+            running_var: Buffer::new(Tensor::ones([channels], d)),
             training: Param::from_bool(true),
             wq: ctx.bn_quantizer("weight")?,
         })
@@ -62,8 +63,8 @@ impl QBatchNorm {
     fn statistics(&self, x: &Tensor<4>) -> Tensor<2> {
         let [n, _, h, w] = x.dims();
         let device = x.device();
-        let rm = self.running_mean.value_sync().to_device(&device).detach();
-        let rv = self.running_var.value_sync().to_device(&device).detach();
+        let rm = self.running_mean.value().to_device(&device).detach();
+        let rv = self.running_var.value().to_device(&device).detach();
         if !self.training.is_enabled() {
             // `x` may be a stand-in here (freeze folds with the running statistics alone).
             let c = rm.dims()[0];
@@ -71,8 +72,8 @@ impl QBatchNorm {
         }
         let m = statistics(x.clone());
         let (rm, rv) = running(rm, rv, m.clone(), MOMENTUM, n * h * w);
-        self.running_mean.update(rm);
-        self.running_var.update(rv);
+        self.running_mean.set(rm);
+        self.running_var.set(rv);
         m
     }
 

@@ -1,6 +1,6 @@
 //! Observers: the state that turns tensors seen in training into a quantization grid.
 //!
-//! The state lives in the module as [`RunningState`] tensors, so it is saved and restored with
+//! The state lives in the module as [`Buffer`] tensors, so it is saved and restored with
 //! checkpoints. In training mode an observer folds the current tensor into its state and
 //! returns the grid for it; in eval mode (`valid()`) the stored state is used unchanged.
 //!
@@ -12,11 +12,12 @@
 //! | `MinMax` | running min, max | torch.ao `calculate_qparams` |
 //! | `MovingAverageMinMax { c }` | moving min, max | torch.ao `calculate_qparams` |
 
-use burn::module::{Module, RunningState};
+use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::fake_quant::{Grid, MIN_SCALE};
 use super::spec::{ObserverKind, QuantSpec};
+use crate::buffer::Buffer;
 use qdarts_kernels::observe::{GridRule, Observed, Rule, observe, observe_available};
 use qdarts_kernels::reduce::{row_max, row_min};
 
@@ -100,16 +101,16 @@ pub struct FixedRange {
 #[derive(Module, Debug)]
 pub struct AbsMaxState {
     /// Threshold, `[C]`.
-    pub threshold: RunningState<Tensor<1>>,
+    pub threshold: Buffer<1>,
 }
 
 /// Paddle `fake_quantize_range_abs_max` state.
 #[derive(Module, Debug)]
 pub struct RangeAbsMaxState {
     /// The last `window` batch maxima, oldest first, `[window, C]` (zeros until filled).
-    pub window: RunningState<Tensor<2>>,
+    pub window: Buffer<2>,
     /// Threshold, `[C]`.
-    pub threshold: RunningState<Tensor<1>>,
+    pub threshold: Buffer<1>,
 }
 
 /// Paddle `fake_quantize_moving_average_abs_max` state.
@@ -118,11 +119,11 @@ pub struct MovingAverageAbsMaxState {
     /// Moving rate.
     pub rate: f32,
     /// `state`, `[C]`.
-    pub state: RunningState<Tensor<1>>,
+    pub state: Buffer<1>,
     /// `accum`, `[C]`.
-    pub accum: RunningState<Tensor<1>>,
+    pub accum: Buffer<1>,
     /// Threshold `accum/state`, `[C]`.
-    pub threshold: RunningState<Tensor<1>>,
+    pub threshold: Buffer<1>,
 }
 
 /// torch.ao min/max observer state (`+inf`/`-inf` before the first tensor).
@@ -131,17 +132,17 @@ pub struct MinMaxState {
     /// Averaging constant of `MovingAverageMinMax`; `None` for `MinMax`.
     pub averaging_constant: Option<f32>,
     /// Running minimum, `[C]`.
-    pub min: RunningState<Tensor<1>>,
+    pub min: Buffer<1>,
     /// Running maximum, `[C]`.
-    pub max: RunningState<Tensor<1>>,
+    pub max: Buffer<1>,
 }
 
-fn state(v: Tensor<1>) -> RunningState<Tensor<1>> {
-    RunningState::new(v)
+fn state(v: Tensor<1>) -> Buffer<1> {
+    Buffer::new(v)
 }
 
-fn read<const D: usize>(s: &RunningState<Tensor<D>>, device: &Device) -> Tensor<D> {
-    s.value_sync().detach().to_device(device)
+fn read<const D: usize>(s: &Buffer<D>, device: &Device) -> Tensor<D> {
+    s.value().detach().to_device(device)
 }
 
 impl ObserverState {
@@ -154,7 +155,7 @@ impl ObserverState {
                 ObserverState::AbsMax(AbsMaxState { threshold: state(full(0.0)) })
             }
             ObserverKind::RangeAbsMax { window } => ObserverState::RangeAbsMax(RangeAbsMaxState {
-                window: RunningState::new(Tensor::zeros([window, channels], device)),
+                window: Buffer::new(Tensor::zeros([window, channels], device)),
                 threshold: state(full(0.0)),
             }),
             // Paddle's FakeQuantMovingAverageAbsMax layer starts state and accum at 1.
@@ -209,16 +210,16 @@ impl ObserverState {
                 let t = s.threshold.value().to_device(&device);
                 let o = run(t.clone(), t, Rule::AbsMax, threshold);
                 if update {
-                    s.threshold.update(o.state[2].clone());
+                    s.threshold.set(o.state[2].clone());
                 }
                 (o, spec.grid_range())
             }
             ObserverState::MovingAverageAbsMax(s) if update => {
                 let rule = Rule::MovingAverageAbsMax { rate: s.rate };
                 let o = run(read(&s.state, &device), read(&s.accum, &device), rule, threshold);
-                s.state.update(o.state[0].clone());
-                s.accum.update(o.state[1].clone());
-                s.threshold.update(o.state[2].clone());
+                s.state.set(o.state[0].clone());
+                s.accum.set(o.state[1].clone());
+                s.threshold.set(o.state[2].clone());
                 (o, spec.grid_range())
             }
             ObserverState::MinMax(s) if update => {
@@ -227,8 +228,8 @@ impl ObserverState {
                     None => Rule::MinMax,
                 };
                 let o = run(read(&s.min, &device), read(&s.max, &device), rule, minmax);
-                s.min.update(o.state[0].clone());
-                s.max.update(o.state[1].clone());
+                s.min.set(o.state[0].clone());
+                s.max.set(o.state[1].clone());
                 (o, (qmin, qmax))
             }
             _ => return None,
@@ -249,9 +250,9 @@ impl ObserverState {
     /// The stored abs-max threshold `T` (Paddle's `OutScale`), for the abs-max family.
     pub fn threshold(&self) -> Option<Tensor<1>> {
         match self {
-            ObserverState::AbsMax(s) => Some(s.threshold.value_sync()),
-            ObserverState::RangeAbsMax(s) => Some(s.threshold.value_sync()),
-            ObserverState::MovingAverageAbsMax(s) => Some(s.threshold.value_sync()),
+            ObserverState::AbsMax(s) => Some(s.threshold.value()),
+            ObserverState::RangeAbsMax(s) => Some(s.threshold.value()),
+            ObserverState::MovingAverageAbsMax(s) => Some(s.threshold.value()),
             ObserverState::MinMax(_) | ObserverState::Fixed(_) => None,
         }
     }
@@ -299,7 +300,7 @@ impl ObserverState {
             ObserverState::AbsMax(s) => {
                 if update {
                     let t = abs_max(x.clone(), axis);
-                    s.threshold.update(t.clone());
+                    s.threshold.set(t.clone());
                     t
                 } else if current {
                     abs_max(x.clone(), axis)
@@ -315,8 +316,8 @@ impl ObserverState {
                     let window = w.dims()[0];
                     let w = Tensor::cat(vec![w.slice(1..window), cur.reshape([1, c])], 0);
                     let t = w.clone().max_dim(0).reshape([c]);
-                    s.window.update(w);
-                    s.threshold.update(t.clone());
+                    s.window.set(w);
+                    s.threshold.set(t.clone());
                     t
                 } else {
                     read(&s.threshold, &device)
@@ -328,9 +329,9 @@ impl ObserverState {
                     let st = read(&s.state, &device).mul_scalar(s.rate).add_scalar(1.0);
                     let acc = read(&s.accum, &device).mul_scalar(s.rate).add(cur);
                     let t = acc.clone().div(st.clone());
-                    s.state.update(st);
-                    s.accum.update(acc);
-                    s.threshold.update(t.clone());
+                    s.state.set(st);
+                    s.accum.set(acc);
+                    s.threshold.set(t.clone());
                     t
                 } else {
                     read(&s.threshold, &device)
@@ -357,8 +358,8 @@ impl ObserverState {
                             hi = hi.max_pair(xmax);
                         }
                     }
-                    s.min.update(lo.clone());
-                    s.max.update(hi.clone());
+                    s.min.set(lo.clone());
+                    s.max.set(hi.clone());
                 }
                 let (scale, zp) = qparams_from_min_max(lo, hi, spec);
                 return Grid::from_step(scale, zp, spec.quant_range(), spec.round(), axis);

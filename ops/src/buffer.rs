@@ -1,0 +1,211 @@
+//! [`Buffer`]: a tensor a module updates in its forward pass (PyTorch's registered buffer),
+//! such as BatchNorm's running statistics and the observers' state.
+//!
+//! Burn's `RunningState` serves data-parallel training: each thread registers its update and
+//! the value is their mean, computed on the next read (an add per thread and a division, one
+//! launch even for a single thread). A search here runs one forward pass at a time, so a buffer
+//! holds its last value and nothing else. It is saved and loaded exactly as `RunningState` is
+//! (a float parameter with its id, never a gradient target), so checkpoints do not change.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn::module::{
+    Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
+    Param, ParamId,
+};
+use burn::tensor::{Device, Tensor};
+
+/// A module's non-trainable state tensor, updated in place by the forward pass.
+///
+/// Clones share the value, as module clones share `RunningState`'s.
+#[derive(Clone, Debug)]
+pub struct Buffer<const D: usize> {
+    id: ParamId,
+    value: Arc<Mutex<Tensor<D>>>,
+}
+
+impl<const D: usize> Buffer<D> {
+    /// A buffer holding `value`.
+    pub fn new(value: Tensor<D>) -> Self {
+        Self::with_id(ParamId::new(), value)
+    }
+
+    /// A buffer holding `value` under the record id `id`.
+    pub fn with_id(id: ParamId, value: Tensor<D>) -> Self {
+        Self { id, value: Arc::new(Mutex::new(value)) }
+    }
+
+    /// The current value.
+    pub fn value(&self) -> Tensor<D> {
+        self.lock().clone()
+    }
+
+    /// Replaces the value.
+    pub fn set(&self, value: Tensor<D>) {
+        *self.lock() = value;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tensor<D>> {
+        // A panic while the lock was held cannot leave a tensor half-written.
+        self.value.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn replace(self, f: impl FnOnce(Tensor<D>) -> Tensor<D>) -> Self {
+        {
+            let mut value = self.lock();
+            *value = f(value.clone());
+        }
+        self
+    }
+}
+
+impl<const D: usize> core::fmt::Display for Buffer<D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
+        write!(f, "Buffer(id={})", self.id)
+    }
+}
+
+impl<const D: usize> ModuleDisplayDefault for Buffer<D> {
+    fn content(&self, content: Content) -> Option<Content> {
+        content.add_formatted(&"Buffer".to_string()).optional()
+    }
+}
+
+impl<const D: usize> ModuleDisplay for Buffer<D> {}
+
+impl<const D: usize> Module for Buffer<D> {
+    fn visit<V: ModuleVisitor>(&self, visitor: &mut V) {
+        visitor.visit_float(&Param::initialized(self.id, self.value()))
+    }
+
+    fn map<M: ModuleMapper>(self, mapper: &mut M) -> Self {
+        let id = self.id;
+        self.replace(|value| {
+            let (_, value, _) = mapper.map_float(Param::initialized(id, value)).consume();
+            // A buffer is never an optimizer target, whatever a mapper does to its value.
+            value.set_require_grad(false)
+        })
+    }
+
+    fn to_device(self, device: &Device) -> Self {
+        self.replace(|value| value.to_device(device))
+    }
+
+    fn fork(self, device: &Device) -> Self {
+        self.to_device(device)
+    }
+
+    fn collect_devices(&self, mut devices: Devices) -> Devices {
+        let device = self.lock().device();
+        if !devices.contains(&device) {
+            devices.push(device)
+        }
+        devices
+    }
+
+    fn materialize(self) -> Self {
+        self
+    }
+
+    fn valid(&self) -> Self {
+        Self::with_id(self.id, self.value().without_autodiff())
+    }
+
+    fn train(self) -> Self {
+        Self::with_id(self.id, Tensor::from_inner(self.value()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // A panic is the failure report in tests.
+    #![allow(clippy::unwrap_used)]
+
+    use burn::module::RunningState;
+    use burn::tensor::TensorData;
+
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct Ours {
+        stat: Buffer<1>,
+    }
+
+    #[derive(Module, Debug)]
+    struct Burns {
+        stat: RunningState<Tensor<1>>,
+    }
+
+    fn vals(t: Tensor<1>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+    }
+
+    fn tensor(v: &[f32], device: &Device) -> Tensor<1> {
+        Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), device)
+    }
+
+    fn file(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("qdarts-buffer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    #[test]
+    fn records_load_both_ways_with_burns_running_state() {
+        let d = Device::flex();
+        let burns = Burns { stat: RunningState::new(tensor(&[1.0, 2.0], &d)) };
+        burns.stat.update(tensor(&[3.0, -4.5], &d));
+        let _ = burns.stat.value_sync();
+        let path = file("burns.bpk");
+        burns.save_file(&path).unwrap();
+        let ours =
+            Ours { stat: Buffer::new(tensor(&[0.0, 0.0], &d)) }.try_load_file(&path).unwrap();
+        assert_eq!(vals(ours.stat.value()), [3.0, -4.5]);
+
+        ours.stat.set(tensor(&[7.0, 0.25], &d));
+        let path = file("ours.bpk");
+        ours.save_file(&path).unwrap();
+        let burns = Burns { stat: RunningState::new(tensor(&[0.0, 0.0], &d)) }
+            .try_load_file(&path)
+            .unwrap();
+        assert_eq!(vals(burns.stat.value_sync()), [7.0, 0.25]);
+    }
+
+    #[test]
+    fn a_record_holds_the_last_value_set() {
+        let d = Device::flex();
+        let ours = Ours { stat: Buffer::new(tensor(&[1.0], &d)) };
+        ours.stat.set(tensor(&[2.0], &d));
+        ours.stat.set(tensor(&[5.0], &d));
+        let path = file("last.bpk");
+        ours.clone().save_file(&path).unwrap();
+        let loaded = Ours { stat: Buffer::new(tensor(&[0.0], &d)) }.try_load_file(&path).unwrap();
+        assert_eq!(vals(loaded.stat.value()), [5.0]);
+    }
+
+    #[test]
+    fn clones_share_the_value_and_valid_copies_it_without_autodiff() {
+        let ad = Device::flex().autodiff();
+        let ours = Ours { stat: Buffer::new(tensor(&[1.0], &ad)) };
+        let clone = ours.clone();
+        clone.stat.set(tensor(&[2.0], &ad));
+        assert_eq!(vals(ours.stat.value()), [2.0]);
+
+        let valid = ours.valid();
+        assert!(!valid.stat.value().is_autodiff());
+        valid.stat.set(tensor(&[3.0], &Device::flex()));
+        assert_eq!(vals(ours.stat.value()), [2.0], "eval mode wrote into the training module");
+        let train = valid.train();
+        assert!(train.stat.value().is_autodiff());
+        assert_eq!(vals(train.stat.value()), [3.0]);
+    }
+
+    #[test]
+    fn a_buffer_is_no_parameter_to_train() {
+        let ad = Device::flex().autodiff();
+        let ours = Ours { stat: Buffer::new(tensor(&[1.0], &ad)) }.set_require_grad(true);
+        assert!(!ours.stat.value().is_require_grad());
+        let moved = ours.to_device(&ad);
+        assert_eq!(moved.devices(), vec![ad]);
+    }
+}
