@@ -7,8 +7,6 @@
 use burn::module::Module;
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 
-use burn::tensor::Tensor;
-
 use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::Bias;
@@ -67,9 +65,11 @@ impl QPoolBN {
         let s = [self.stride; 2];
         let c = x.dims()[1];
         // The pooled values stay on the input's grid: one accumulator unit is its step.
-        let unit = x.grid.as_ref().filter(|g| !g.held).map(|g| Bias {
-            unit: Tensor::<1>::ones([c], &g.step.device()).mul(g.step.clone().detach()),
-            round: g.round,
+        // The step broadcast to `[C]` as a view, no launch (it was `ones([C])·step`: two).
+        let unit = x.grid.as_ref().filter(|g| !g.held).map(|g| {
+            let step = g.step.clone().detach();
+            let unit = if step.dims()[0] == c { step } else { step.expand([c]) };
+            Bias { unit, round: g.round }
         });
         let pooled = match self.kind {
             PoolKind::Max => {
