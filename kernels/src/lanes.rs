@@ -107,6 +107,17 @@ pub(crate) mod cube {
         at as usize
     }
 
+    /// Element `i` (in row-major order) of `x`: through its strides, or at `i` when it is
+    /// contiguous.
+    #[cube]
+    pub(crate) fn read(x: &Tensor<f32>, i: usize, #[comptime] strided: bool) -> f32 {
+        let mut at = i;
+        if strided {
+            at = strided_at(x, i);
+        }
+        x[at]
+    }
+
     /// `t`, checked to be f32 with every element count and buffer offset within the kernels'
     /// 32-bit indices (`op` names the caller in the panic), for a kernel that reads it through
     /// its strides.

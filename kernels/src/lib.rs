@@ -11,6 +11,7 @@
 //! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex and the
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
+//! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
 //! - [`optim`]: the SGD update and a gradient's squared sum, one kernel each (the CubeCL
 //!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
@@ -42,3 +43,4 @@ pub mod plane;
 pub mod pointwise_conv;
 pub mod pool2d;
 pub mod reduce;
+pub mod relu;

@@ -15,7 +15,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use crate::lanes::cube::{
-    elementwise, empty_like, f32_contiguous, f32_strided, round_ties, strided_at,
+    elementwise, empty_like, f32_contiguous, f32_strided, read, round_ties, strided_at,
 };
 
 use super::{FakeQuantBackend, FusedLayout};
@@ -94,17 +94,6 @@ fn fake_quant_backward_kernel(
             grad[i] = 0.0;
         }
     }
-}
-
-/// Element `i` (in row-major order) of `x`: through its strides, or at `i` when it is
-/// contiguous.
-#[cube]
-fn read(x: &Tensor<f32>, i: usize, #[comptime] strided: bool) -> f32 {
-    let mut at = i;
-    if strided {
-        at = strided_at(x, i);
-    }
-    x[at]
 }
 
 /// `out = grad` where `x` quantizes inside `[qmin, qmax]`, else 0, both read through their

@@ -2,7 +2,7 @@
 //! (pt.darts `DilConv`; `dil_conv_3x3` has dilation 2, padding 2: a 5×5 receptive field).
 
 use burn::module::Module;
-use burn::tensor::activation::relu;
+use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};

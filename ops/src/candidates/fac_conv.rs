@@ -5,7 +5,7 @@
 //! the width, so the output is `H/s × W/s` as for every other op.
 
 use burn::module::Module;
-use burn::tensor::activation::relu;
+use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};

@@ -3,7 +3,7 @@
 
 use burn::module::Module;
 use burn::tensor::Tensor;
-use burn::tensor::activation::relu;
+use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};

@@ -2,7 +2,7 @@
 //! Also the cell preprocessing (1×1, affine BN in the evaluation network).
 
 use burn::module::Module;
-use burn::tensor::activation::relu;
+use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
