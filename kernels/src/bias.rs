@@ -69,7 +69,7 @@ mod cube {
     use cubecl::prelude::*;
 
     use super::{BiasBackend, TINY_STEP};
-    use crate::lanes::cube::{elementwise, empty_like, f32_contiguous, round_ties};
+    use crate::lanes::cube::{elementwise, empty_like, f32_contiguous, lt, round_ties};
 
     /// `out = b_q − b` per element (see the module docs).
     #[cube(launch)]
@@ -87,7 +87,7 @@ mod cube {
             let small = step < tiny;
             let safe = select(small, 1.0, step);
             let r = round_ties(bi / safe, ties_away);
-            let q = select(r < INT_MIN, INT_MIN, select(r > INT_MAX, INT_MAX, r));
+            let q = select(lt(r, INT_MIN), INT_MIN, select(lt(INT_MAX, r), INT_MAX, r));
             let bq = select(small, bi, q * safe);
             out[i] = bq - bi;
         }

@@ -118,6 +118,24 @@ pub(crate) mod cube {
         x[at]
     }
 
+    /// `v ≤ 0` (±0 and the negatives down to −∞; never NaN), decided on the bits. Vulkan's
+    /// shading languages let a driver assume that no float is NaN, and NVIDIA's rewrites
+    /// `select(v <= 0, 0, v)` into a `max` that drops a NaN; an integer comparison it cannot.
+    #[cube]
+    pub(crate) fn at_most_zero(v: f32) -> bool {
+        let bits = u32::reinterpret(v);
+        let magnitude = bits & 0x7fff_ffff;
+        magnitude == 0 || (bits >= 0x8000_0000 && magnitude <= 0x7f80_0000)
+    }
+
+    /// `a < b` as IEEE 754 has it, false when either is NaN, also where the driver assumes
+    /// no NaN (see [`at_most_zero`]: it may turn `select(a < b, b, a)` into a `max` that returns
+    /// the number): `is_nan` is an integer test on every CubeCL backend, which it cannot fold.
+    #[cube]
+    pub(crate) fn lt(a: f32, b: f32) -> bool {
+        !f32::is_nan(a) && !f32::is_nan(b) && a < b
+    }
+
     /// `t`, checked to be f32 with every element count and buffer offset within the kernels'
     /// 32-bit indices (`op` names the caller in the panic), for a kernel that reads it through
     /// its strides.

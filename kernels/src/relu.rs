@@ -97,7 +97,7 @@ mod cube {
     use cubecl::prelude::*;
 
     use super::ReluBackend;
-    use crate::lanes::cube::{elementwise, empty_like, f32_strided, read};
+    use crate::lanes::cube::{at_most_zero, elementwise, empty_like, f32_strided, read};
 
     /// `out = 0 if x ≤ 0 else x`.
     #[cube(launch)]
@@ -105,7 +105,7 @@ mod cube {
         let i = ABSOLUTE_POS;
         if i < out.len() {
             let v = read(x, i, strided);
-            out[i] = select(v <= 0.0, 0.0, v);
+            out[i] = select(at_most_zero(v), 0.0, v);
         }
     }
 
@@ -120,7 +120,7 @@ mod cube {
     ) {
         let i = ABSOLUTE_POS;
         if i < out.len() {
-            out[i] = select(read(y, i, y_strided) <= 0.0, 0.0, read(grad, i, grad_strided));
+            out[i] = select(at_most_zero(read(y, i, y_strided)), 0.0, read(grad, i, grad_strided));
         }
     }
 

@@ -1,6 +1,8 @@
-//! ReLU: the kernels give Burn's ReLU bit for bit, forward and backward, on every compiled
-//! backend, for contiguous and strided inputs and upstream gradients, with the special values
-//! (±0, NaN, ±∞, subnormals); on the CubeCL backends in one launch per direction.
+//! ReLU: the kernels give the definition bit for bit (0 where `x ≤ 0`, so −0 → +0, else `x`:
+//! NaN and subnormals stay; the gradient masked likewise), forward and backward, on every
+//! compiled backend, for contiguous and strided inputs and upstream gradients, with the special
+//! values (±0, NaN, ±∞, subnormals); on the CubeCL backends in one launch per direction. Where
+//! Burn's own ReLU differs from the definition (a GPU driver's float rules) the tests say so.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -65,28 +67,49 @@ fn inputs(device: &Device) -> Vec<(&'static str, Tensor<4>)> {
     vec![("contiguous", plain), ("channels-last", nhwc), ("slice", wide)]
 }
 
+/// The definition on the host: 0 where `v ≤ 0` (so −0 → +0), else `v` (NaN and subnormals
+/// stay).
+fn at_most_zero(v: f32) -> bool {
+    v <= 0.0
+}
+
+/// Where Burn's ReLU on `backend` is not the definition: a note, not a failure (it is Burn's).
+/// Mesa's CPU driver and flex follow it; NVIDIA's Vulkan driver flushes a subnormal input to 0
+/// (and, for a plain float comparison, lets a NaN through as 0).
+fn note_burn(backend: &str, case: &str, what: &str, burn: &[u32], def: &[u32]) {
+    let off = burn.iter().zip(def).filter(|(a, b)| a != b).count();
+    if off > 0 {
+        eprintln!(
+            "note: {backend}, {case}: Burn's ReLU {what} differs from the definition at {off} of \
+             {} elements",
+            def.len()
+        );
+    }
+}
+
 #[test]
-fn the_forward_is_burns_relu_bit_for_bit() {
+fn the_forward_is_the_definition_bit_for_bit() {
     let _serial = serial();
     for (backend, d) in devices() {
         for (case, x) in inputs(&d) {
-            let want = bits(activation::relu(x.clone()));
-            assert_eq!(bits(relu(x.clone())), want, "{backend}, {case}");
+            let got = bits(relu(x.clone()));
+            let burn = bits(activation::relu(x.clone()));
             if !relu_available(&d, x.dtype()) {
-                // LibTorch's ReLU keeps −0; the kernels follow Burn's CubeCL ReLU.
+                // Burn's ReLU itself (LibTorch's keeps −0).
+                assert_eq!(got, burn, "{backend}, {case}");
                 continue;
             }
-            // And the definition, on the host: 0 where x ≤ 0 (so −0 → +0), else x (NaN stays).
             let host = x.into_data().try_to_vec::<f32>().unwrap();
             let def: Vec<u32> =
-                host.iter().map(|&v| if v <= 0.0 { 0f32 } else { v }.to_bits()).collect();
-            assert_eq!(want, def, "{backend}, {case}: Burn's ReLU is not the definition");
+                host.iter().map(|&v| if at_most_zero(v) { 0f32 } else { v }.to_bits()).collect();
+            assert_eq!(got, def, "{backend}, {case}: the kernel against the definition");
+            note_burn(backend, case, "forward", &burn, &def);
         }
     }
 }
 
 #[test]
-fn the_gradient_is_burns_bit_for_bit_with_strided_upstream_gradients() {
+fn the_gradient_is_the_definition_bit_for_bit_with_strided_upstream_gradients() {
     let _serial = serial();
     let n: usize = SHAPE.iter().product();
     for (backend, d) in devices() {
@@ -109,8 +132,23 @@ fn the_gradient_is_burns_bit_for_bit_with_strided_upstream_gradients() {
                 let g = loss.backward();
                 bits(x.grad(&g).unwrap())
             };
-            let want = grads(activation::relu);
-            assert_eq!(grads(relu), want, "{backend}, {case}");
+            let got = grads(relu);
+            let burn = grads(activation::relu);
+            if !relu_available(&d, x.dtype()) {
+                assert_eq!(got, burn, "{backend}, {case}");
+                continue;
+            }
+            // The definition: the upstream gradient (summed on the device, through an
+            // identity), +0 where the input is at most 0.
+            let upstream = grads(|x| x);
+            let host = x.into_data().try_to_vec::<f32>().unwrap();
+            let def: Vec<u32> = upstream
+                .iter()
+                .zip(&host)
+                .map(|(&g, &v)| if at_most_zero(v) { 0 } else { g })
+                .collect();
+            assert_eq!(got, def, "{backend}, {case}: the kernel against the definition");
+            note_burn(backend, case, "gradient", &burn, &def);
         }
     }
 }

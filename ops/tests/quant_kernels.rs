@@ -1,5 +1,7 @@
 //! The quantizers' bookkeeping kernels on the CubeCL backends against the tensor expressions
-//! they replace, bit for bit, on every backend of the build, and every backend against flex.
+//! they replace, bit for bit, on every backend of the build, and every backend against flex
+//! (bit for bit where the backend divides as IEEE 754 does; within a few ulps, a tie rounding
+//! either way, where it does not: Vulkan lets a GPU driver divide 2.5 ulps off).
 //!
 //! - Observers (`qdarts_kernels::observe`): each observer kind the presets use, per tensor and
 //!   per channel, contiguous and channels-last tensors, rows long enough for the two-stage
@@ -30,6 +32,21 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `d` divides f32 correctly rounded, as flex does: Mesa's CPU Vulkan driver does;
+/// Vulkan allows a GPU driver 2.5 ulps (NVIDIA's takes them), and CUDA's division is exact.
+/// Where it does not, a grid's step can differ from flex's in its last bits, and a value at a
+/// tie of the grid can round the other way.
+fn divides_exactly(d: &Device) -> bool {
+    let (a, b) = (normal(1 << 14, 91), normal(1 << 14, 92));
+    let q =
+        vals(Tensor::<1>::from_floats(a.as_slice(), d).div(Tensor::from_floats(b.as_slice(), d)));
+    let exact = q.iter().zip(a.iter().zip(&b)).all(|(q, (x, y))| q.to_bits() == (x / y).to_bits());
+    if !exact {
+        eprintln!("note: this backend's f32 division is not correctly rounded");
+    }
+    exact
 }
 
 /// The observers under test: `(name, kind, signed, symmetric)`.
@@ -174,22 +191,29 @@ fn the_observer_kernels_give_the_expressions_grids_and_states_bit_for_bit() {
                 let what = format!("{name}, {case:?} on {backend}");
                 let expressions = bits(&run(&d, &spec, case, false));
                 let kernels = bits(&run(&d, &spec, case, true));
-                if backend == "cuda" && kind != ObserverKind::AbsMax && kind != ObserverKind::MinMax
-                {
-                    // A moving average's `a·r + b` may be one fused multiply-add there.
+                checked += 1;
+                let exact = divides_exactly(&d);
+                let moving = kind != ObserverKind::AbsMax && kind != ObserverKind::MinMax;
+                if moving && (backend == "cuda" || !exact) {
+                    // A moving average's `a·r + b` may be one fused multiply-add there (CUDA;
+                    // a Vulkan GPU driver, which may also divide inexactly, may contract it).
                     assert_close(&kernels, &expressions, &what);
                     continue;
                 }
                 assert_eq!(kernels, expressions, "{what}: kernels against expressions");
-                assert_eq!(expressions, reference, "{what}: expressions against flex");
-                checked += 1;
+                if exact {
+                    assert_eq!(expressions, reference, "{what}: expressions against flex");
+                } else {
+                    assert_close(&expressions, &reference, &format!("{what} against flex"));
+                }
             }
         }
     }
-    assert!(checked >= 30, "{checked} comparisons");
+    assert_eq!(checked, kinds().len() * Case::ALL.len() * devices().len(), "comparisons");
 }
 
-/// Within a few ulps (a zero point within 1), for the fused multiply-adds of CUDA.
+/// Within a few ulps (a zero point within 1), for the fused multiply-adds of CUDA and the
+/// inexact divisions of a Vulkan GPU driver.
 fn assert_close(a: &[Vec<Vec<u32>>], b: &[Vec<Vec<u32>>], what: &str) {
     for (x, y) in a.iter().flatten().flatten().zip(b.iter().flatten().flatten()) {
         let (fx, fy) = (f32::from_bits(*x), f32::from_bits(*y));
@@ -199,7 +223,7 @@ fn assert_close(a: &[Vec<Vec<u32>>], b: &[Vec<Vec<u32>>], what: &str) {
 }
 
 #[test]
-fn an_observer_update_is_at_most_four_launches_on_the_cubecl_backends() {
+fn an_observer_update_is_at_most_two_launches_on_the_cubecl_backends() {
     let _serial = serial();
     let spec = QuantSpec::with(
         8,
@@ -308,7 +332,19 @@ fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
                     run(&d, false).0,
                     "{backend} {round:?}: kernel and expressions"
                 );
-                assert_eq!(kernel.0, reference.0, "{backend} {round:?}: against flex");
+                if divides_exactly(&d) {
+                    assert_eq!(kernel.0, reference.0, "{backend} {round:?}: against flex");
+                } else {
+                    // `b / unit` a few ulps off: a tie may round to the other neighbour.
+                    for ((x, y), u) in kernel.0.iter().zip(&reference.0).zip(&unit) {
+                        let (fx, fy) = (f32::from_bits(*x), f32::from_bits(*y));
+                        let off = (fx - fy).abs();
+                        assert!(
+                            off <= 1e-6 * fy.abs().max(1.0) || off <= u.abs() * 1.000_01,
+                            "{backend} {round:?}: {fx} against flex's {fy} (unit {u})"
+                        );
+                    }
+                }
             }
             assert_eq!(kernel.1, reference.1, "{backend} {round:?}: gradient");
         }

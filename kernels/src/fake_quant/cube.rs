@@ -15,7 +15,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use crate::lanes::cube::{
-    elementwise, empty_like, f32_contiguous, f32_strided, read, round_ties, strided_at,
+    elementwise, empty_like, f32_contiguous, f32_strided, lt, read, round_ties, strided_at,
 };
 
 use super::{FakeQuantBackend, FusedLayout};
@@ -36,7 +36,7 @@ fn channel(i: usize, inner: u32, channels: u32, #[comptime] per_tensor: bool) ->
 #[cube]
 fn clipped(x: f32, mult: f32, zp: f32, qmin: f32, qmax: f32, #[comptime] ties_away: bool) -> bool {
     let r = rounded(x, mult, zp, ties_away);
-    r < qmin || r > qmax
+    lt(r, qmin) || lt(qmax, r)
 }
 
 /// `round(x · mult) + z`, unclamped.
@@ -66,8 +66,8 @@ fn fake_quant_forward_kernel(
         let c = channel(i, inner, channels, per_tensor);
         let z = zp[c];
         let r = rounded(read(x, i, strided), mult[c], z, ties_away);
-        let q = select(r < qmin, qmin, r);
-        let q = select(q > qmax, qmax, q);
+        let q = select(lt(r, qmin), qmin, r);
+        let q = select(lt(qmax, q), qmax, q);
         out[i] = (q - z) * step[c];
     }
 }

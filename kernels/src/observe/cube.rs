@@ -7,7 +7,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{CHUNK, GridRule, MIN_SCALE, ObserveBackend, Rule};
-use crate::lanes::cube::{empty_shaped, f32_contiguous, f32_strided, round_ties};
+use crate::lanes::cube::{empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
 
 /// Threads of a cube (a power of two: the tree halves it).
 const UNITS: u32 = 256;
@@ -212,8 +212,8 @@ fn observe_kernel(
             t = sb / sa;
         } else if rule == MIN_MAX {
             let (lo, hi) = (a[c], b[c]);
-            sa = select(m < lo, m, lo);
-            sb = select(hi < big_m, big_m, hi);
+            sa = select(lt(m, lo), m, lo);
+            sb = select(lt(hi, big_m), big_m, hi);
         } else {
             let (lo, hi) = (a[c], b[c]);
             let first = f32::is_inf(lo);
@@ -224,27 +224,27 @@ fn observe_kernel(
         let mut zp = 0.0f32;
         let mut mult = 0.0f32;
         if threshold_grid {
-            let tc = select(t < min_scale, min_scale, t);
+            let tc = select(lt(t, min_scale), min_scale, t);
             mult = f32::recip(tc) * bins_or_qmin;
             step = tc / bins_or_qmin;
         } else {
-            let min_neg = select(sa > 0.0, 0.0, sa);
-            let max_pos = select(sb < 0.0, 0.0, sb);
+            let min_neg = select(lt(0.0, sa), 0.0, sa);
+            let max_pos = select(lt(sb, 0.0), 0.0, sb);
             let mut scale = 0.0f32;
             if symmetric {
                 let neg = -min_neg;
-                let max_abs = select(neg < max_pos, max_pos, neg);
+                let max_abs = select(lt(neg, max_pos), max_pos, neg);
                 scale = max_abs / span;
-                scale = select(scale < min_scale, min_scale, scale);
+                scale = select(lt(scale, min_scale), min_scale, scale);
                 zp = sym_zero_point;
             } else {
                 scale = (max_pos - min_neg) / span;
-                scale = select(scale < min_scale, min_scale, scale);
+                scale = select(lt(scale, min_scale), min_scale, scale);
                 let z = -round_ties(min_neg / scale, false) + bins_or_qmin;
-                zp = select(z > qmax, qmax, z);
-                zp = select(zp < bins_or_qmin, bins_or_qmin, zp);
+                zp = select(lt(qmax, z), qmax, z);
+                zp = select(lt(zp, bins_or_qmin), bins_or_qmin, zp);
             }
-            step = select(scale < min_scale, min_scale, scale);
+            step = select(lt(scale, min_scale), min_scale, scale);
             mult = f32::recip(step);
         }
         out_a[c] = sa;
