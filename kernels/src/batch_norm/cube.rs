@@ -8,6 +8,11 @@
 //! not depend on thread timing. The kernels read `x` and `∂y` through their strides: a
 //! convolution's channels-last output or a channel slice of a concatenation's gradient is read
 //! where it lies, not copied first.
+//!
+//! The per-channel kernels take the channel count as an argument rather than an operand's
+//! `len()`: a buffer argument's length is that of its memory handle, which for a view (a
+//! gradient sliced out of a larger one) runs past the tensor; on cuda a `[1, 3, 5, 7]`
+//! BatchNorm's input gradient came out wrong while they read it from `len()`.
 
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
@@ -161,18 +166,18 @@ fn moments_backward_kernel(
 
 /// `out_c = 1/sqrt(σ²_c + ε)` from `m = [μ, σ²]`.
 #[cube(launch)]
-fn rstd_kernel(m: &[f32], out: &mut [f32], epsilon: f32) {
+fn rstd_kernel(m: &[f32], out: &mut [f32], epsilon: f32, channels: u32) {
     let c = ABSOLUTE_POS;
-    if c < out.len() {
-        out[c] = 1.0f32 / f32::sqrt(m[out.len() + c] + epsilon);
+    if c < channels as usize {
+        out[c] = 1.0f32 / f32::sqrt(m[channels as usize + c] + epsilon);
     }
 }
 
 /// `out = [0, −½·w³·∂w]` with `w = 1/sqrt(σ² + ε)`.
 #[cube(launch)]
-fn rstd_backward_kernel(m: &[f32], grad: &[f32], out: &mut [f32], epsilon: f32) {
+fn rstd_backward_kernel(m: &[f32], grad: &[f32], out: &mut [f32], epsilon: f32, channels: u32) {
     let c = ABSOLUTE_POS;
-    let channels = grad.len();
+    let channels = channels as usize;
     if c < channels {
         let w = 1.0f32 / f32::sqrt(m[channels + c] + epsilon);
         out[c] = 0.0f32;
@@ -182,18 +187,25 @@ fn rstd_backward_kernel(m: &[f32], grad: &[f32], out: &mut [f32], epsilon: f32) 
 
 /// `out_c = −μ_c·w_c`.
 #[cube(launch)]
-fn shift_kernel(m: &[f32], w: &[f32], out: &mut [f32]) {
+fn shift_kernel(m: &[f32], w: &[f32], out: &mut [f32], channels: u32) {
     let c = ABSOLUTE_POS;
-    if c < out.len() {
+    if c < channels as usize {
         out[c] = -(m[c] * w[c]);
     }
 }
 
 /// `dm = [−w·∂b, 0]`, `dw = −μ·∂b`.
 #[cube(launch)]
-fn shift_backward_kernel(m: &[f32], w: &[f32], grad: &[f32], dm: &mut [f32], dw: &mut [f32]) {
+fn shift_backward_kernel(
+    m: &[f32],
+    w: &[f32],
+    grad: &[f32],
+    dm: &mut [f32],
+    dw: &mut [f32],
+    channels: u32,
+) {
     let c = ABSOLUTE_POS;
-    let channels = dw.len();
+    let channels = channels as usize;
     if c < channels {
         let g = grad[c];
         dm[c] = -(w[c] * g);
@@ -211,9 +223,10 @@ fn running_kernel(
     out: &mut [f32],
     momentum: f32,
     unbias: f32,
+    channels: u32,
 ) {
     let c = ABSOLUTE_POS;
-    let channels = mean.len();
+    let channels = channels as usize;
     if c < channels {
         let keep = 1.0f32 - momentum;
         out[c] = mean[c] * keep + m[c] * momentum;
@@ -355,6 +368,7 @@ impl FoldBackend for CubeBackend {
             m.clone().into_buffer_arg(),
             out.clone().into_buffer_arg(),
             epsilon,
+            c as u32,
         );
         out
     }
@@ -372,6 +386,7 @@ impl FoldBackend for CubeBackend {
             g.into_buffer_arg(),
             out.clone().into_buffer_arg(),
             epsilon,
+            c as u32,
         );
         out
     }
@@ -388,6 +403,7 @@ impl FoldBackend for CubeBackend {
             m.clone().into_buffer_arg(),
             w.into_buffer_arg(),
             out.clone().into_buffer_arg(),
+            c as u32,
         );
         out
     }
@@ -410,6 +426,7 @@ impl FoldBackend for CubeBackend {
             g.into_buffer_arg(),
             dm.clone().into_buffer_arg(),
             dw.clone().into_buffer_arg(),
+            c as u32,
         );
         (dm, dw)
     }
@@ -435,6 +452,7 @@ impl FoldBackend for CubeBackend {
             out.clone().into_buffer_arg(),
             momentum,
             unbias,
+            c as u32,
         );
         out
     }
