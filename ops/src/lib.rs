@@ -13,4 +13,4 @@ pub mod network;
 pub mod qconfig;
 pub mod quant;
 
-pub use qdarts_kernels::devices::seeded;
+pub use qdarts_kernels::devices::{random, seeded};

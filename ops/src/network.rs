@@ -4,6 +4,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, Tensor};
+use qdarts_kernels::devices::random;
 
 use crate::candidates::{
     ConvShape, Ctx, QFactorizedReduce, QStdConv, QTensor, QuantSites, quantize_bias,
@@ -84,11 +85,12 @@ impl QLinear {
     /// PyTorch's Linear initialisation (uniform ±1/sqrt(in)).
     pub fn new(c_in: usize, c_out: usize, ctx: &Ctx) -> Result<Self, SpecError> {
         let b = 1.0 / (c_in as f64).sqrt();
-        // Drawn now (not lazily at the first forward), in construction order.
+        // Drawn now (not lazily at the first forward), in construction order, on the host
+        // (the same numbers on every backend).
         let u = Distribution::Uniform(-b, b);
         Ok(QLinear {
-            weight: Param::from_tensor(Tensor::random([c_out, c_in], u, ctx.device)),
-            bias: Param::from_tensor(Tensor::random([c_out], u, ctx.device)),
+            weight: Param::from_tensor(random([c_out, c_in], u, ctx.device)),
+            bias: Param::from_tensor(random([c_out], u, ctx.device)),
             wq: ctx.quantizer(Site::Weight, "weight", c_out)?,
         })
     }

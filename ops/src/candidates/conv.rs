@@ -75,8 +75,9 @@ impl QConv {
         let fan_in = shape.c_in / shape.groups * shape.kernel[0] * shape.kernel[1];
         let bound = 1.0 / (fan_in as f64).sqrt();
         // Drawn now, not lazily at the first forward as burn's Initializer does, so that a
-        // caller that seeds the device gets its draws in construction order.
-        let weight = Param::from_tensor(Tensor::random(
+        // caller that seeds the device gets its draws in construction order; on the host, so
+        // that every backend gets the same numbers.
+        let weight = Param::from_tensor(qdarts_kernels::devices::random(
             [shape.c_out, shape.c_in / shape.groups, shape.kernel[0], shape.kernel[1]],
             Distribution::Uniform(-bound, bound),
             ctx.device,

@@ -8,6 +8,7 @@ use qdarts_data::Rng;
 use qdarts_engine::{RunError, read_f32};
 use qdarts_genotypes::edge_count;
 use qdarts_ops::candidates::EdgeBits;
+use qdarts_ops::random;
 
 use crate::selection::{CellProjection, Projection, Trial};
 
@@ -172,12 +173,8 @@ impl Alphas {
     pub fn new(nodes: usize, ops: usize, device: &Device) -> Self {
         let init = || {
             Param::from_tensor(
-                Tensor::<2>::random(
-                    [edge_count(nodes), ops],
-                    Distribution::Normal(0.0, 1.0),
-                    device,
-                )
-                .mul_scalar(1e-3),
+                random::<2>([edge_count(nodes), ops], Distribution::Normal(0.0, 1.0), device)
+                    .mul_scalar(1e-3),
             )
         };
         Alphas {
@@ -210,12 +207,8 @@ impl Alphas {
     pub fn with_edge_normalization(mut self, device: &Device) -> Self {
         let init = || {
             Param::from_tensor(
-                Tensor::<1>::random(
-                    [edge_count(self.nodes)],
-                    Distribution::Normal(0.0, 1.0),
-                    device,
-                )
-                .mul_scalar(1e-3),
+                random::<1>([edge_count(self.nodes)], Distribution::Normal(0.0, 1.0), device)
+                    .mul_scalar(1e-3),
             )
         };
         self.edge_normal = Some(init());
