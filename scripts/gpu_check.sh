@@ -200,8 +200,10 @@ if [ "$dry" = 0 ] && [ -x "$tchbin" ] && [ -f "${tchbin%-tch}-tch.torch" ]; then
 fi
 
 failed=0
-# The carried test executables: every device of their build (flex, wgpu, cuda; tch for the
-# -tch ones). The cuda build's tests need a GPU: without one they are not run.
+# The carried test executables, once per device of their build (flex, wgpu, cuda; tch for the
+# -tch ones), each run limited to that backend (QDARTS_TEST_BACKENDS) so that one backend's
+# failure does not hide another's. The cuda build's tests need a GPU: without one they are not
+# run.
 for t in "$artefacts"/golden* "$artefacts"/fused* "$artefacts"/reduce* "$artefacts"/quant_kernels* \
   "$artefacts"/batch_norm* "$artefacts"/optim* "$artefacts"/relu*; do
   [ -x "$t" ] && wanted tests || continue
@@ -210,7 +212,12 @@ for t in "$artefacts"/golden* "$artefacts"/fused* "$artefacts"/reduce* "$artefac
     [ "$dry" = 1 ] || printf '%s\t%s\t%s\n' "$name" "skip" "0" >> "$out/steps.tsv"
     continue
   fi
-  run "$name" env QDARTS_GOLDEN_DIR=ops/tests/golden "$t" --test-threads=1 || failed=1
+  devices=(flex wgpu cuda)
+  [[ "$name" == *tch* ]] && devices=(flex tch)
+  for d in "${devices[@]}"; do
+    run "$name-$d" env QDARTS_GOLDEN_DIR=ops/tests/golden QDARTS_TEST_BACKENDS="$d" \
+      QDARTS_REQUIRE_CUDA=1 "$t" --test-threads=1 || failed=1
+  done
 done
 
 shape=(--batch "$batch" --layers "$layers" --init-channels "$channels")
