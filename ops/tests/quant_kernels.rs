@@ -42,11 +42,19 @@ fn divides_exactly(d: &Device) -> bool {
     let (a, b) = (normal(1 << 14, 91), normal(1 << 14, 92));
     let q =
         vals(Tensor::<1>::from_floats(a.as_slice(), d).div(Tensor::from_floats(b.as_slice(), d)));
-    let exact = q.iter().zip(a.iter().zip(&b)).all(|(q, (x, y))| q.to_bits() == (x / y).to_bits());
-    if !exact {
-        eprintln!("note: this backend's f32 division is not correctly rounded");
-    }
-    exact
+    q.iter().zip(a.iter().zip(&b)).all(|(q, (x, y))| q.to_bits() == (x / y).to_bits())
+}
+
+/// The compiled devices, each with whether it divides exactly (probed once).
+fn devices_and_division() -> Vec<(&'static str, Device, bool)> {
+    let all = devices().into_iter().map(|(name, d)| {
+        let exact = divides_exactly(&d);
+        if !exact {
+            eprintln!("note: {name}'s f32 division is not correctly rounded");
+        }
+        (name, d, exact)
+    });
+    all.collect()
 }
 
 /// The observers under test: `(name, kind, signed, symmetric)`.
@@ -183,16 +191,17 @@ fn the_observer_kernels_give_the_expressions_grids_and_states_bit_for_bit() {
     let _serial = serial();
     let flex = Device::flex();
     let mut checked = 0;
+    let backends = devices_and_division();
     for (name, kind, signed, symmetric) in kinds() {
         for case in Case::ALL {
             let spec = QuantSpec::with(8, signed, symmetric, case.granularity(), kind).unwrap();
             let reference = bits(&run(&flex, &spec, case, false));
-            for (backend, d) in devices() {
+            for &(backend, ref d, exact) in &backends {
+                let d = d.clone();
                 let what = format!("{name}, {case:?} on {backend}");
                 let expressions = bits(&run(&d, &spec, case, false));
                 let kernels = bits(&run(&d, &spec, case, true));
                 checked += 1;
-                let exact = divides_exactly(&d);
                 let moving = kind != ObserverKind::AbsMax && kind != ObserverKind::MinMax;
                 if moving && (backend == "cuda" || !exact) {
                     // A moving average's `a·r + b` may be one fused multiply-add there (CUDA;
@@ -209,7 +218,7 @@ fn the_observer_kernels_give_the_expressions_grids_and_states_bit_for_bit() {
             }
         }
     }
-    assert_eq!(checked, kinds().len() * Case::ALL.len() * devices().len(), "comparisons");
+    assert_eq!(checked, kinds().len() * Case::ALL.len() * backends.len(), "comparisons");
 }
 
 /// Within a few ulps (a zero point within 1), for the fused multiply-adds of CUDA and the
@@ -306,6 +315,7 @@ fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
     let _serial = serial();
     let (b, unit) = bias_case();
     let flex = Device::flex().autodiff();
+    let backends = devices_and_division();
     for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
         let run = |d: &Device, kernel: bool| {
             let bt = Tensor::<1>::from_floats(b.as_slice(), d).require_grad();
@@ -317,8 +327,9 @@ fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
         };
         let reference = run(&flex, false);
         assert_eq!(reference.1, unit, "{round:?}: the gradient passes straight through");
-        for (backend, d) in devices() {
-            let d = d.autodiff();
+        for (backend, d, exact) in &backends {
+            let (backend, exact) = (*backend, *exact);
+            let d = d.clone().autodiff();
             let kernel = run(&d, true);
             if backend == "cuda" {
                 // `q·s − b` may be one fused multiply-add there.
@@ -332,7 +343,7 @@ fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
                     run(&d, false).0,
                     "{backend} {round:?}: kernel and expressions"
                 );
-                if divides_exactly(&d) {
+                if exact {
                     assert_eq!(kernel.0, reference.0, "{backend} {round:?}: against flex");
                 } else {
                     // `b / unit` a few ulps off: a tie may round to the other neighbour.
