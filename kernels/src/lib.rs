@@ -6,7 +6,8 @@
 //! branch on the backend:
 //!
 //! - [`depthwise_conv`], [`pointwise_conv`]: the convolutions of the separable and dilated
-//!   candidate ops (flex).
+//!   candidate ops (flex); [`direct_conv`]: every convolution, forward and backward (the
+//!   CubeCL runtimes).
 //! - [`pool2d`]: max and average pooling (flex).
 //! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex and the
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
@@ -34,6 +35,7 @@ pub mod batch_norm;
 pub mod bias;
 pub mod depthwise_conv;
 pub mod devices;
+pub mod direct_conv;
 pub mod fake_quant;
 mod lanes;
 pub mod launches;

@@ -11,10 +11,11 @@
 //!
 //! A stride `s` takes every `s`-th row and column first (a 1×1 window sees nothing else). Only
 //! the summation order differs from Burn's convolution (`tests/pointwise_conv.rs` holds the two
-//! together). Other backends and dtypes use Burn's `conv2d` ([`conv2d`] decides).
+//! together). Other convolutions, backends and dtypes go to [`crate::direct_conv::conv2d`] (the
+//! CubeCL backends' kernels, else Burn's `conv2d`; [`conv2d`] decides).
 
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{Tensor, module, s};
+use burn::tensor::{Tensor, s};
 
 /// Whether `options` and `weight` `[C_out, C_in / groups, kh, kw]` make a convolution this
 /// module computes as a matrix product.
@@ -28,10 +29,11 @@ pub fn is_pointwise(weight: &Tensor<4>, options: &ConvOptions<2>) -> bool {
 }
 
 /// Burn's `conv2d` without bias, except that a 1×1 convolution ([`is_pointwise`]) on flex f32
-/// is a batched matrix product.
+/// is a batched matrix product, and any convolution on a CubeCL backend runs
+/// [`crate::direct_conv`]'s kernels.
 pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
     if !is_pointwise(&weight, &options) || !crate::lanes::on_flex_f32(&x.device(), x.dtype()) {
-        return module::conv2d(x, weight, None, options);
+        return crate::direct_conv::conv2d(x, weight, options);
     }
     let [sh, sw] = options.stride;
     let x =

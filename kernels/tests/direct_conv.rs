@@ -1,0 +1,245 @@
+//! The CubeCL backends' convolution kernels against Burn's own `conv2d` on flex (forward, input
+//! gradient and weight gradient), on every CubeCL backend of the build, over the geometries of
+//! the DARTS candidates (depthwise, dilated, pointwise, strided), the stem's full convolution,
+//! grouped ones and odd sizes; inputs drawn on the host, so both sides see the same values.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, Device, Tensor, TensorData, module};
+use qdarts_kernels::depthwise_conv::conv2d;
+use qdarts_kernels::devices::compiled;
+use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::launches::counted;
+
+/// The launch counter sees every thread's launches: the tests of this file run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The CubeCL devices of this build (none in a flex-only build), with the lock that runs this
+/// file's tests one at a time.
+fn cube_devices() -> (std::sync::MutexGuard<'static, ()>, Vec<(&'static str, Device)>) {
+    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    (serial, cube_devices_now())
+}
+
+fn cube_devices_now() -> Vec<(&'static str, Device)> {
+    compiled().into_iter().filter(|(_, d)| direct_available(d, DType::F32)).collect()
+}
+
+/// Host-drawn normal values (xorshift, Box–Muller).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut uniform = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let (u, v) = (uniform(), uniform());
+            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+        })
+        .collect()
+}
+
+fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
+}
+
+/// Largest |a − b| relative to the largest |b| (at least 1).
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    n: usize,
+    ci: usize,
+    co: usize,
+    h: usize,
+    w: usize,
+    k: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+    seed: u64,
+}
+
+impl Case {
+    fn options(&self) -> ConvOptions<2> {
+        ConvOptions::new(self.stride, self.padding, self.dilation, self.groups)
+    }
+}
+
+/// Output, ∂x and ∂w of `conv` on `device` for `case`'s host-drawn input, weight and upstream
+/// gradient; `channels_last`: the input is a channels-last view rather than contiguous, and
+/// the weight a view with its taps transposed.
+fn run(
+    case: Case,
+    device: &Device,
+    channels_last: bool,
+    conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
+) -> [Vec<f32>; 3] {
+    let d = device.clone().autodiff();
+    let xs = [case.n, case.ci, case.h, case.w];
+    let ws = [case.co, case.ci / case.groups, case.k[0], case.k[1]];
+    let x = if channels_last {
+        let v = values(xs.iter().product(), case.seed);
+        let nhwc = Tensor::<4>::from_data(TensorData::new(v, [xs[0], xs[2], xs[3], xs[1]]), &d);
+        nhwc.permute([0, 3, 1, 2])
+    } else {
+        Tensor::<4>::from_data(TensorData::new(values(xs.iter().product(), case.seed), xs), &d)
+    };
+    let wv = values(ws.iter().product(), case.seed + 1);
+    let w = if channels_last {
+        // The weight as a strided view too: its taps transposed in memory.
+        let t = Tensor::<4>::from_data(TensorData::new(wv, [ws[0], ws[1], ws[3], ws[2]]), &d);
+        t.swap_dims(2, 3)
+    } else {
+        Tensor::<4>::from_data(TensorData::new(wv, ws), &d)
+    };
+    let (x, w) = (x.require_grad(), w.require_grad());
+    let y = conv(x.clone(), w.clone(), case.options());
+    let up = Tensor::<4>::from_data(
+        TensorData::new(values(y.dims().iter().product(), case.seed + 2), y.dims()),
+        &d,
+    );
+    let grads = y.clone().mul(up).sum().backward();
+    [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())]
+}
+
+/// `case` through the kernels on `device` against Burn's `conv2d` on flex.
+fn check(name: &str, device: &Device, case: Case, channels_last: bool) {
+    let burn = run(case, &Device::flex(), channels_last, |x, w, o| module::conv2d(x, w, None, o));
+    let ours = run(case, device, channels_last, conv2d);
+    for ((what, a), b) in ["output", "∂x", "∂w"].iter().zip(&ours).zip(&burn) {
+        assert_eq!(
+            a.len(),
+            b.len(),
+            "{name} {case:?}: {what} has {} values, Burn's {}",
+            a.len(),
+            b.len()
+        );
+        let e = rel_diff(a, b);
+        assert!(e < 2e-5, "{name} {case:?}: {what} differs by {e} (relative to the largest value)");
+    }
+}
+
+#[test]
+fn the_kernels_run_on_the_cubecl_backends_only() {
+    assert!(!direct_available(&Device::flex(), DType::F32));
+    let (_serial, devices) = cube_devices();
+    for (name, d) in devices {
+        assert!(direct_available(&d.clone().autodiff(), DType::F32), "{name}");
+        assert!(!direct_available(&d, DType::F64), "{name}");
+    }
+}
+
+#[test]
+fn the_darts_candidates_match_burns_convolution() {
+    let mut seed = 1;
+    let (_serial, devices) = cube_devices();
+    for (name, d) in devices {
+        // sep_conv / dil_conv's depthwise halves and their 1×1 convolutions, stride 1 and 2,
+        // on the default and DARTS sizes.
+        for (h, c) in [(28, 4), (7, 16), (32, 3)] {
+            for stride in [1, 2] {
+                for (k, dilation) in [(1, 1), (3, 1), (5, 1), (3, 2), (5, 2)] {
+                    let p = dilation * (k - 1) / 2;
+                    let groups = if k == 1 { 1 } else { c };
+                    seed += 1;
+                    let case = Case {
+                        n: 3,
+                        ci: c,
+                        co: c,
+                        h,
+                        w: h,
+                        k: [k, k],
+                        stride: [stride; 2],
+                        padding: [p, p],
+                        dilation: [dilation; 2],
+                        groups,
+                        seed,
+                    };
+                    check(name, &d, case, false);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn full_grouped_and_odd_convolutions_match_burns() {
+    let odd = |n, ci, co, h, w, k, stride, padding, dilation, groups, seed| Case {
+        n,
+        ci,
+        co,
+        h,
+        w,
+        k,
+        stride,
+        padding,
+        dilation,
+        groups,
+        seed,
+    };
+    let cases = [
+        // The stem: 3×3 over the image channels, C_out = 3·C.
+        odd(2, 3, 12, 9, 9, [3, 3], [1, 1], [1, 1], [1, 1], 1, 11),
+        // FactorizedReduce's strided 1×1, and a 1×1 that changes the channel count.
+        odd(2, 8, 4, 8, 8, [1, 1], [2, 2], [0, 0], [1, 1], 1, 12),
+        odd(1, 5, 7, 6, 4, [1, 1], [1, 1], [0, 0], [1, 1], 1, 13),
+        // Groups of several channels, a channel multiplier, no padding, uneven axes.
+        odd(2, 6, 9, 7, 5, [3, 3], [1, 1], [1, 1], [1, 1], 3, 14),
+        odd(2, 4, 8, 6, 7, [3, 2], [2, 1], [0, 1], [1, 2], 4, 15),
+        odd(3, 2, 3, 5, 9, [2, 4], [1, 3], [2, 0], [2, 1], 1, 16),
+    ];
+    let (_serial, devices) = cube_devices();
+    for (name, d) in devices {
+        for case in cases {
+            check(name, &d, case, false);
+        }
+    }
+}
+
+#[test]
+fn strided_inputs_and_weights_give_the_same_values() {
+    let (_serial, devices) = cube_devices();
+    for (name, d) in devices {
+        let case = Case {
+            n: 2,
+            ci: 6,
+            co: 6,
+            h: 10,
+            w: 10,
+            k: [3, 3],
+            stride: [1, 1],
+            padding: [2, 2],
+            dilation: [2, 2],
+            groups: 6,
+            seed: 21,
+        };
+        check(name, &d, case, true);
+        let full = Case { co: 4, k: [3, 2], padding: [1, 0], dilation: [1, 1], groups: 2, ..case };
+        check(name, &d, full, true);
+    }
+}
+
+#[test]
+fn a_forward_is_one_launch() {
+    let (_serial, devices) = cube_devices();
+    for (name, d) in devices {
+        let x =
+            Tensor::<4>::from_data(TensorData::new(values(2 * 4 * 8 * 8, 31), [2, 4, 8, 8]), &d);
+        let w = Tensor::<4>::from_data(TensorData::new(values(4 * 9, 32), [4, 1, 3, 3]), &d);
+        let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 4);
+        let (y, launches) = counted(&d, || conv2d(x.clone(), w.clone(), options.clone()));
+        assert_eq!(y.dims(), [2, 4, 8, 8], "{name}");
+        assert_eq!(launches, Some(1), "{name}: launches of a contiguous forward");
+    }
+}
