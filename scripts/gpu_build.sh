@@ -7,9 +7,9 @@
 #     qdarts          release binary with flex, wgpu and cuda (cuda through NVRTC: see
 #                     vendor/README.md), stripped;
 #     golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*, relu-*,
-#     direct_conv-*   the test executables of the same build: golden vectors, the fused
+#     direct_conv-*, scale-*  the test executables of the same build: golden vectors, the fused
 #                     fake-quant, row reductions, the observer and bias kernels, BatchNorm,
-#                     the optimizer, ReLU, the convolutions;
+#                     the optimizer, ReLU, the convolutions, the mixed op's scaling;
 #     qdarts-tch      with --tch: the LibTorch build (scripts/setup_torch.sh); it runs where the
 #                     same PyTorch's libraries are found (LD_LIBRARY_PATH), whose version
 #                     qdarts-tch.torch records; --tch-torch VERSION builds it against that
@@ -52,7 +52,7 @@ if [ "$tests" = 1 ]; then
   echo "== the kernels' test executables (flex, wgpu, cuda)" >&2
   # Same profile and features as the binary, so the build is shared.
   cargo test --release -p qdarts-ops -p qdarts-kernels --features wgpu,cuda --test golden --test fused \
-    --test reduce --test quant_kernels --test batch_norm --test optim --test relu --test direct_conv --no-run \
+    --test reduce --test quant_kernels --test batch_norm --test optim --test relu --test direct_conv --test scale --no-run \
     --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys

@@ -13,6 +13,8 @@
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
 //! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
+//! - [`scale`]: a mixed op's `w_i · op_i(x)`, with the gradient of `w_i` summed by whole cubes
+//!   (the CubeCL runtimes).
 //! - [`optim`]: the SGD update and a gradient's squared sum, one kernel each (the CubeCL
 //!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
@@ -46,3 +48,4 @@ pub mod pointwise_conv;
 pub mod pool2d;
 pub mod reduce;
 pub mod relu;
+pub mod scale;

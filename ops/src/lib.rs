@@ -14,3 +14,4 @@ pub mod qconfig;
 pub mod quant;
 
 pub use qdarts_kernels::devices::{random, seeded};
+pub use qdarts_kernels::scale::scale;

@@ -147,7 +147,7 @@ impl QMixedOp {
         for (i, op) in self.ops.iter().enumerate() {
             let probs = bits.map(|b| b.op(i));
             let y = op.forward_bits(x.clone(), probs.as_ref()).value;
-            let term = y.mul(w.clone().slice(i..i + 1).reshape([1, 1, 1, 1]));
+            let term = qdarts_kernels::scale::scale(y, w.clone().slice(i..i + 1));
             sum = Some(match sum {
                 Some(s) => s.add(term),
                 None => term,

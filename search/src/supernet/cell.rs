@@ -137,7 +137,7 @@ impl SearchCell {
                 let y = self.edges[k].forward_bits(h.clone(), weights[k].clone(), eb.as_ref());
                 terms.push(match edge {
                     // Off the edge's grid; the node's add requantizes the sum.
-                    Some(e) => QTensor::float(y.value.mul(e[k].clone().reshape([1, 1, 1, 1]))),
+                    Some(e) => QTensor::float(qdarts_ops::scale(y.value, e[k].clone())),
                     None => y,
                 });
                 k += 1;
