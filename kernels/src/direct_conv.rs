@@ -12,7 +12,7 @@
 //!   over the input channels `c` of the output's group `g` and the taps `t` (row-major);
 //! - input gradient: one thread per input, gathering `w[o, c, t] · ∂y[n, o, q]` over the
 //!   outputs `q` of each tap that read it and the group's output channels `o` (no atomics);
-//! - weight gradient: one cube of [`UNITS`] threads per weight, each thread summing a fixed
+//! - weight gradient: one cube of 256 threads per weight, each thread summing a fixed
 //!   stride of the `N·H'·W'` products, then a tree in shared memory, so the result does not
 //!   depend on thread timing.
 //!
