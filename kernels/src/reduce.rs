@@ -24,6 +24,7 @@ enum Op {
     Max,
     Min,
     Mean,
+    Sum,
 }
 
 /// Per-row maximum of `[R, L]`: `[R]`.
@@ -41,6 +42,17 @@ pub fn row_mean(rows: Tensor<2>) -> Tensor<1> {
     reduce(rows, Op::Mean)
 }
 
+/// The sum of every value of `x`, `[1]`: Burn's `sum` on flex and LibTorch (the same bits as
+/// before), the split reduction of one row on the CubeCL backends, where Burn's gives the whole
+/// tensor to one thread (a quantizer's error statistics sum whole activations).
+pub fn sum_all<const D: usize>(x: Tensor<D>) -> Tensor<1> {
+    if !on_cube(&x.device()) {
+        return x.sum();
+    }
+    let n = x.dims().iter().product();
+    reduce(x.reshape([1, n]), Op::Sum)
+}
+
 fn reduce(rows: Tensor<2>, op: Op) -> Tensor<1> {
     let [r, l] = rows.dims();
     if l < SPLIT_FROM || !on_cube(&rows.device()) {
@@ -48,6 +60,7 @@ fn reduce(rows: Tensor<2>, op: Op) -> Tensor<1> {
             Op::Max => rows.max_dim(1),
             Op::Min => rows.min_dim(1),
             Op::Mean => rows.mean_dim(1),
+            Op::Sum => rows.sum_dim(1),
         };
         return one.reshape([r]);
     }
@@ -61,7 +74,7 @@ fn reduce(rows: Tensor<2>, op: Op) -> Tensor<1> {
         out = match op {
             Op::Max => out.max_pair(tail),
             Op::Min => out.min_pair(tail),
-            Op::Mean => out.add(tail),
+            Op::Mean | Op::Sum => out.add(tail),
         };
     }
     match op {
@@ -75,6 +88,6 @@ fn along<const D: usize>(x: Tensor<D>, dim: usize, op: Op) -> Tensor<D> {
     match op {
         Op::Max => x.max_dim(dim),
         Op::Min => x.min_dim(dim),
-        Op::Mean => x.sum_dim(dim),
+        Op::Mean | Op::Sum => x.sum_dim(dim),
     }
 }

@@ -1,9 +1,10 @@
 //! The row reductions on every backend against the same reduction done on the host: max and
 //! min exactly, means to float32 rounding of an f64 sum, at lengths below, at and above the
-//! length where the GPU backends split a row in two stages, with and without a tail.
+//! length where the GPU backends split a row in two stages, with and without a tail; the sum of
+//! a whole tensor likewise, and bit for bit Burn's `sum` on flex.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use qdarts_kernels::reduce::{row_max, row_mean, row_min};
+use qdarts_kernels::reduce::{row_max, row_mean, row_min, sum_all};
 
 use qdarts_kernels::devices::compiled as devices;
 
@@ -58,6 +59,32 @@ fn row_reductions_match_the_host_on_every_backend() {
         for &(rows, len) in &[(1, 100), (3, 4095), (1, 4096), (2, 5000), (3, 12_345), (16, 65_536)]
         {
             check(name, &d, rows, len);
+        }
+    }
+}
+
+#[test]
+fn whole_tensor_sums_match_the_host_on_every_backend() {
+    for (name, d) in devices() {
+        // [2, 3, 5, 7] stays one pass; the others split, 3·40·41·17 with a tail.
+        for shape in [[2, 3, 5, 7], [4, 16, 8, 8], [3, 40, 41, 17]] {
+            let n: usize = shape.iter().product();
+            let v = values(1, n);
+            let x = Tensor::<4>::from_data(TensorData::new(v.clone(), shape), &d);
+            let got = host(sum_all(x.clone()));
+            assert_eq!(got.len(), 1, "{name}: {shape:?}");
+            let want: f64 = v.iter().map(|&a| a as f64).sum();
+            let mass: f64 = v.iter().map(|&a| a.abs() as f64).sum();
+            let err = (got[0] as f64 - want).abs();
+            assert!(
+                err <= 1e-6 * mass,
+                "{name}: sum of {shape:?}: {} against {want} (f64)",
+                got[0]
+            );
+            if name == "flex" {
+                let burn = host(x.sum());
+                assert_eq!(got[0].to_bits(), burn[0].to_bits(), "flex keeps Burn's sum, {shape:?}");
+            }
         }
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::Tensor;
+use qdarts_kernels::reduce::sum_all;
 pub use qdarts_record::{QuantError, TensorRole};
 
 use super::error::SpecError;
@@ -78,11 +79,11 @@ impl Monitor {
         let x = x.clone().detach();
         let noise = x.clone().sub(out.clone().detach());
         s.last = Some(Recorded {
-            signal: x.clone().square().sum(),
-            noise: noise.square().sum(),
+            signal: sum_all(x.clone().square()),
+            noise: sum_all(noise.square()),
             clipped: match qz {
-                Some(qz) => qz.in_range.clone().bool_not().float().sum(),
-                None => quantize(x.clone(), grid).in_range.bool_not().float().sum(),
+                Some(qz) => sum_all(qz.in_range.clone().bool_not().float()),
+                None => sum_all(quantize(x.clone(), grid).in_range.bool_not().float()),
             },
             numel: x.dims().iter().product(),
             step: grid.step.clone().detach(),
