@@ -1,5 +1,5 @@
-//! `y · w` for a one-value weight `w` `[1]` (a mixed op's `w_i · op_i(x)`), with a gradient of
-//! `w` that keeps a GPU busy, on the CubeCL backends.
+//! `y · w` for a one-value weight `w` `[1]` (a mixed op's `w_i · op_i(x)`, a per-tensor LSQ
+//! step's gradient term), with a gradient of `w` that keeps a GPU busy, on the CubeCL backends.
 //!
 //! As Burn's broadcast product, the gradient of `w` is `Σ ∂out ⊙ y` over the whole activation,
 //! and Burn's CubeCL backends, built without CubeCL's autotune, reduce it with one thread: on an
@@ -26,12 +26,12 @@ pub fn scale_available(device: &Device, dtype: DType) -> bool {
     crate::lanes::on_cube(device) && dtype == DType::F32
 }
 
-/// `y · w` with `w` `[1]` broadcast over `y`: `y.mul(w.reshape([1, 1, 1, 1]))`, as this module's
-/// kernels where [`scale_available`].
-pub fn scale(y: Tensor<4>, w: Tensor<1>) -> Tensor<4> {
+/// `y · w` with `w` `[1]` broadcast over `y` (any rank): `y.mul(w.reshape([1; D]))`, as this
+/// module's kernels where [`scale_available`].
+pub fn scale<const D: usize>(y: Tensor<D>, w: Tensor<1>) -> Tensor<D> {
     assert_eq!(w.dims(), [1], "scale: the weight must hold one value");
     if !scale_available(&y.device(), y.dtype()) {
-        return y.mul(w.reshape([1, 1, 1, 1]));
+        return y.mul(w.reshape([1; D]));
     }
     #[cfg(feature = "cube")]
     {

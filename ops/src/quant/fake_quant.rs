@@ -159,6 +159,21 @@ fn zero_with_grad<const D: usize>(p: Tensor<D>, coef: Tensor<D>) -> Tensor<D> {
     p.clone().sub(p.detach()).mul(coef)
 }
 
+/// [`zero_with_grad`] of a quantizer parameter `p` (`[1]`, or `[C]` along `axis`) broadcast
+/// over `coef`. A per-tensor one's gradient sums `∂out ⊙ coef` over the whole tensor:
+/// [`qdarts_kernels::scale::scale`] computes it by whole cubes on the CubeCL backends, where
+/// Burn's broadcast product gives it to one thread (the same product elsewhere).
+fn zero_with_param_grad<const D: usize>(
+    p: Tensor<1>,
+    axis: Option<usize>,
+    coef: Tensor<D>,
+) -> Tensor<D> {
+    if axis.is_none() && p.dims() == [1] {
+        return qdarts_kernels::scale::scale(coef, p.clone().sub(p.detach()));
+    }
+    zero_with_grad(broadcast_param::<D>(p, axis), coef)
+}
+
 /// Fake-quantizes a sum the way integer kernels add: every operand is rounded onto the output
 /// grid on its own (rescaled with its own multiplier), then the integers are added once with the
 /// zero point and clamped. The straight-through gradient reaches every operand where the clamped
@@ -342,12 +357,10 @@ pub fn fake_quant_learnable<const D: usize>(
         out = out.add(zero_with_grad(x, inside.float()));
     }
     if lg.scale.is_autodiff() {
-        let s = broadcast_param::<D>(lg.scale.clone(), lg.axis);
-        out = out.add(zero_with_grad(s, ds));
+        out = out.add(zero_with_param_grad(lg.scale.clone(), lg.axis, ds));
     }
     if lg.zero_point.is_autodiff() {
-        let z = broadcast_param::<D>(lg.zero_point.clone(), lg.axis);
-        out = out.add(zero_with_grad(z, dz));
+        out = out.add(zero_with_param_grad(lg.zero_point.clone(), lg.axis, dz));
     }
     (out, qz)
 }
