@@ -21,8 +21,9 @@
 //!
 //! Only the summation order differs from Burn's convolution (`tests/depthwise_conv.rs` holds the two
 //! together). Other convolutions go to [`crate::pointwise_conv::conv2d`] (a 1×1 convolution is a
-//! matrix product there, anything else Burn's `conv2d`), as do other backends and dtypes
-//! ([`conv2d`] decides).
+//! matrix product there on flex; on the CubeCL backends every convolution runs
+//! [`crate::direct_conv`]'s kernels; anything else Burn's `conv2d`), as do other backends and
+//! dtypes ([`conv2d`] decides).
 
 use burn::backend::AutodiffBackend;
 use burn::backend::autodiff::Autodiff;
