@@ -234,7 +234,9 @@ mod cube {
                 p.input,
                 g.output
             );
-            assert!(g.groups > 0 && ci % g.groups == 0 && co % g.groups == 0, "{OP}: groups");
+            let divides =
+                g.groups > 0 && ci.is_multiple_of(g.groups) && co.is_multiple_of(g.groups);
+            assert!(divides, "{OP}: groups");
             Sizes {
                 n: u(n),
                 ci: u(ci),
@@ -327,7 +329,8 @@ mod cube {
     /// output channels and the taps whose output `q` reads `(y, x)`: `q·s + t·d − pad = (y, x)`.
     /// One thread per input.
     #[cube(launch)]
-    #[allow(clippy::too_many_arguments)]
+    // `is_multiple_of` is not a CubeCL operation: the kernel tests divisibility with `%`.
+    #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
     fn x_backward_kernel(
         grad: &[f32],
         wt: &Tensor<f32>,
