@@ -7,9 +7,11 @@
 #     qdarts          release binary with flex, wgpu and cuda (cuda through NVRTC: see
 #                     vendor/README.md), stripped;
 #     golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*, relu-*,
-#     direct_conv-*, scale-*  the test executables of the same build: golden vectors, the fused
+#     direct_conv-*, scale-*, memory-*
+#                     the test executables of the same build: golden vectors, the fused
 #                     fake-quant, row reductions, the observer and bias kernels, BatchNorm,
-#                     the optimizer, ReLU, the convolutions, the mixed op's scaling;
+#                     the optimizer, ReLU, the convolutions, the mixed op's scaling, the
+#                     memory pools;
 #     qdarts-tch      with --tch: the LibTorch build (scripts/setup_torch.sh); it runs where the
 #                     same PyTorch's libraries are found (LD_LIBRARY_PATH), whose version
 #                     qdarts-tch.torch records; --tch-torch VERSION builds it against that
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
       tch=1; torch_args=(--torch "$2"); shift 2 ;;
     --debs) debs=1; shift ;;
     --no-tests) tests=0; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +54,7 @@ if [ "$tests" = 1 ]; then
   echo "== the kernels' test executables (flex, wgpu, cuda)" >&2
   # Same profile and features as the binary, so the build is shared.
   cargo test --release -p qdarts-ops -p qdarts-kernels --features wgpu,cuda --test golden --test fused \
-    --test reduce --test quant_kernels --test batch_norm --test optim --test relu --test direct_conv --test scale --no-run \
+    --test reduce --test quant_kernels --test batch_norm --test optim --test relu --test direct_conv --test scale --test memory --no-run \
     --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys

@@ -10,7 +10,7 @@
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
 #        one binary), optionally qdarts-tch (LibTorch) and the kernels' test executables
 #        (golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*, relu-*,
-#        direct_conv-*, scale-*).
+#        direct_conv-*, scale-*, memory-*).
 #   LIST: comma-separated, of cuda, wgpu, tch (default: all three).
 #   PY:  a Python with torch (CUDA build on a GPU), numpy and safetensors (default: python3).
 #   --out DIR: logs, CSVs and the table (default: a new folder under results/).
@@ -206,7 +206,7 @@ failed=0
 # failure does not hide another's. The cuda build's tests need a GPU: without one they are not
 # run.
 for t in "$artefacts"/golden* "$artefacts"/fused* "$artefacts"/reduce* "$artefacts"/quant_kernels* \
-  "$artefacts"/batch_norm* "$artefacts"/optim* "$artefacts"/relu* "$artefacts"/direct_conv* "$artefacts"/scale*; do
+  "$artefacts"/batch_norm* "$artefacts"/optim* "$artefacts"/relu* "$artefacts"/direct_conv* "$artefacts"/scale* "$artefacts"/memory*; do
   [ -x "$t" ] && wanted tests || continue
   name="test-$(basename "$t")"
   if [ -z "$gpu" ] && [[ "$name" != *tch* ]]; then

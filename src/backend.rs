@@ -5,6 +5,8 @@ use std::sync::OnceLock;
 use anyhow::{Result, bail};
 use burn::tensor::Device;
 use clap::ValueEnum;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+use qdarts_kernels::memory::GpuRuntime;
 
 /// Which device of the backend: `--device cpu` or `--device cuda:N`. Chosen once per process,
 /// from the command line, before any device is made.
@@ -180,15 +182,23 @@ impl Backend {
         }
     }
 
+    /// The device, not yet started. The CubeCL runtimes get exclusive memory pages (see
+    /// `qdarts_kernels::memory`): a supernet's step spends less host time in them.
     fn device_unchecked(self) -> Result<Device> {
         match self {
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Device::flex()),
             #[cfg(feature = "wgpu")]
-            Backend::Wgpu => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+            Backend::Wgpu => {
+                qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::WgpuDefault);
+                Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
+            }
             #[cfg(feature = "cuda")]
             Backend::Cuda => match self.chosen_device() {
-                Some(DeviceChoice::Cuda(n)) => Ok(Device::cuda(n)),
+                Some(DeviceChoice::Cuda(n)) => {
+                    qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::Cuda);
+                    Ok(Device::cuda(n))
+                }
                 other => bail!("--backend cuda cannot run on {other:?}"),
             },
             #[cfg(feature = "tch")]

@@ -25,7 +25,7 @@
 //!   own).
 //!
 //! [`devices`] lists the backends compiled into a build; [`launches`] counts the kernels a
-//! piece of work launches on the CubeCL runtimes. Each kernel's test file holds it
+//! piece of work launches on the CubeCL runtimes; [`memory`] picks the runtimes' memory pools. Each kernel's test file holds it
 //! against the Burn operation it replaces (`observe` and `bias`: `qdarts-ops`'s
 //! `tests/quant_kernels.rs`, against the quantizers' expressions).
 
@@ -41,6 +41,7 @@ pub mod direct_conv;
 pub mod fake_quant;
 mod lanes;
 pub mod launches;
+pub mod memory;
 pub mod observe;
 pub mod optim;
 pub mod plane;

@@ -59,12 +59,23 @@ pub struct RuntimeOptions {
     pub memory_config: MemoryConfiguration,
 }
 
+/// The memory configuration of the CUDA devices this process starts, when not the default.
+static MEMORY_CONFIG: std::sync::OnceLock<MemoryConfiguration> = std::sync::OnceLock::new();
+
+/// Sets the memory configuration of every CUDA device that starts after this call (a device
+/// starts on its first use). Only the first call takes effect: `false` if one was made before.
+pub fn set_memory_configuration(config: MemoryConfiguration) -> bool {
+    MEMORY_CONFIG.set(config).is_ok()
+}
+
 #[derive(Debug, Clone)]
 pub struct CudaRuntime;
 
 impl DeviceService for CudaServer {
     fn init(device_id: cubecl_common::device::DeviceId) -> Self {
-        let options = RuntimeOptions::default();
+        let options = RuntimeOptions {
+            memory_config: MEMORY_CONFIG.get().cloned().unwrap_or_default(),
+        };
         let device = CudaDevice::from_id(device_id);
 
         // To get the supported WMMA features, and memory properties, we have to initialize the server immediately.
