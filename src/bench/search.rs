@@ -12,7 +12,7 @@ use qdarts_search::config::{Order, SearchConfig};
 use qdarts_search::step::{arch_step, build_optimizers, weight_step};
 use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
 
-use super::timing::{MemProbe, Timing};
+use super::timing::{MemProbe, Timing, sampled_pool_peak};
 
 /// A supernet shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +105,9 @@ pub fn preset_name(preset: Preset) -> &'static str {
 pub struct StepTimes {
     /// Seconds per step.
     pub time: Timing,
-    /// Peak memory seen during the timed steps (see [`MemProbe`]).
+    /// Peak memory: on flex, of the timed steps (see [`MemProbe`]); with a device pool, the
+    /// most it held after a timed step or while one more step ran (see
+    /// [`sampled_pool_peak`]).
     pub peak: Option<u64>,
     /// Warm-up and timed steps actually run.
     pub runs: (usize, usize),
@@ -162,6 +164,13 @@ fn time_steps_here(
         )
     };
     let (tb, vb) = (batch(), batch());
+    let mut step = |net: SearchNetwork, alphas: Alphas| {
+        let a =
+            arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None, 0.0);
+        let (n, _loss) = weight_step(net, &a, &mut w_optim, &tb, s.w_lr, &s);
+        settle_alphas(&a);
+        (a, n)
+    };
     let mut times = Vec::with_capacity(reps);
     let mut peak: Option<u64> = None;
     let mut launches = Vec::new();
@@ -178,21 +187,7 @@ fn time_steps_here(
         let timed = i >= warmup || over;
         let probe = MemProbe::start(device);
         let start = Instant::now();
-        let ((a, n), issued) = qdarts_kernels::launches::counted(device, || {
-            let a = arch_step(
-                &net,
-                alphas,
-                (&mut a_optim, &w_optim),
-                (&tb, &vb),
-                s.w_lr,
-                &s,
-                None,
-                0.0,
-            );
-            let (n, _loss) = weight_step(net, &a, &mut w_optim, &tb, s.w_lr, &s);
-            settle_alphas(&a);
-            (a, n)
-        });
+        let ((a, n), issued) = qdarts_kernels::launches::counted(device, || step(net, alphas));
         (alphas, net) = (a, n);
         let took = start.elapsed().as_secs_f64();
         last = Some(took);
@@ -203,6 +198,16 @@ fn time_steps_here(
         } else {
             warmed += 1;
         }
+    }
+    // A pool that returns pages during a step (exclusive pages) holds less after it than at
+    // its peak: one more step, untimed, with the pool read every millisecond meanwhile.
+    let room = match (deadline, last) {
+        (Some(d), Some(l)) => Instant::now() + Duration::from_secs_f64(l) <= d,
+        _ => true,
+    };
+    if room && device.memory_pool_usage().is_some() && !times.is_empty() {
+        let (_, sampled) = sampled_pool_peak(device, || step(net, alphas));
+        peak = peak.max(sampled);
     }
     let runs = (warmed, times.len());
     launches.sort_unstable();

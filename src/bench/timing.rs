@@ -4,7 +4,8 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use burn::tensor::{Device, Tensor};
@@ -80,6 +81,33 @@ impl MemProbe {
             device.memory_pool_usage().map(|u| u.bytes_reserved)
         }
     }
+}
+
+/// Runs `f` while another thread reads what the device's memory pool holds
+/// (`bytes_reserved`) every millisecond; returns `f`'s result and the most read, or `None`
+/// where the device has no pool. A sample, not a high-water mark: a peak held for less than
+/// a millisecond can be missed (a supernet's peak, its activations between the forward and the
+/// backward pass, lasts the backward pass).
+pub fn sampled_pool_peak<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut most = None::<u64>;
+            loop {
+                let done = stop.load(Ordering::Acquire);
+                if let Some(u) = device.memory_pool_usage() {
+                    most = most.max(Some(u.bytes_reserved));
+                }
+                if done {
+                    return most;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let out = f();
+        stop.store(true, Ordering::Release);
+        (out, sampler.join().unwrap_or(None))
+    })
 }
 
 /// Writes a header and one line per row, synced to disk.
