@@ -86,8 +86,8 @@ impl MemProbe {
 /// Runs `f` while another thread reads what the device's memory pool holds
 /// (`bytes_reserved`) every millisecond; returns `f`'s result and the most read, or `None`
 /// where the device has no pool. A sample, not a high-water mark: a peak held for less than
-/// a millisecond can be missed (a supernet's peak, its activations between the forward and the
-/// backward pass, lasts the backward pass).
+/// a millisecond can be missed (a supernet's peak, its activations at the end of the forward
+/// pass, falls only as the backward pass frees them).
 pub fn sampled_pool_peak<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
