@@ -89,3 +89,28 @@ fn no_adapter_is_a_clear_error() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!dir.exists(), "a run folder was made for a backend that never started");
 }
+
+/// `bench search` on wgpu reports the pool's peak: the device starts with exclusive pages,
+/// which go back during a step, so the peak is sampled through one more step (a sampler thread
+/// beside the step, which must neither block it nor be left running).
+#[test]
+fn bench_search_reports_a_sampled_peak_on_wgpu() {
+    let dir = common::scratch("wgpu-bench", "peak");
+    let csv = dir.join("bench.csv");
+    let out = common::qdarts()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--backend", "wgpu", "bench", "search", "--order", "first", "--quant", "float"])
+        .args(["--batch", "4", "--reps", "1", "--warmup", "0", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "peak_bytes").unwrap();
+    let row = text.lines().nth(1).unwrap();
+    let peak: u64 = row.split(',').nth(col).unwrap().parse().unwrap_or(0);
+    // The default supernet at batch 4 holds megabytes of weights and activations.
+    assert!(peak > 1 << 20, "peak {peak} bytes: {row}");
+}
