@@ -30,9 +30,10 @@ pub enum GpuRuntime {
 }
 
 /// Asks the runtime for exclusive pages (see the module docs) on the devices of `runtime` that
-/// start after this call. Returns whether the request took effect: `false` when the runtime is
-/// not compiled in, when a device of it already started (its pools are set), or, for wgpu, when
-/// no adapter could be opened (the device's own start then reports why).
+/// start after this call (a device that already started keeps its pools). Returns `false` when
+/// the runtime is not compiled in; for cuda, when the setting was made before (the first call
+/// wins); for wgpu, when the default adapter's device already started or no adapter could be
+/// opened (the device's own start then reports why).
 pub fn prefer_exclusive_pages(runtime: GpuRuntime) -> bool {
     match runtime {
         #[cfg(feature = "cuda")]
