@@ -13,8 +13,8 @@
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
 //! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
-//! - [`scale`]: a mixed op's `w_i · op_i(x)`, with the gradient of `w_i` summed by whole cubes
-//!   (the CubeCL runtimes).
+//! - [`scale`]: a mixed op's `w_i · op_i(x)` and its running sum `acc + w_i · op_i(x)` in one
+//!   launch, with the gradient of `w_i` summed by whole cubes (the CubeCL runtimes).
 //! - [`optim`]: the SGD update and a gradient's squared sum, one kernel each (the CubeCL
 //!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward

@@ -147,11 +147,8 @@ impl QMixedOp {
         for (i, op) in self.ops.iter().enumerate() {
             let probs = bits.map(|b| b.op(i));
             let y = op.forward_bits(x.clone(), probs.as_ref()).value;
-            let term = qdarts_kernels::scale::scale(y, w.clone().slice(i..i + 1));
-            sum = Some(match sum {
-                Some(s) => s.add(term),
-                None => term,
-            });
+            // `sum + y · w[i]`: one launch on the CubeCL backends, no slice of `w`.
+            sum = Some(qdarts_kernels::scale::add_scaled(sum, y, w.clone(), i));
         }
         sum
     }
