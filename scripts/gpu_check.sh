@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [--artefacts DIR] [--backends LIST] [--python PY] [--out DIR]
 #                        [--reps N] [--rounds R] [--epochs N] [--limit N] [--batch B] [--layers L]
 #                        [--init-channels C] [--step-timeout S] [--skip LIST] [--kernels]
-#                        [--dry-run]
+#                        [--adaptive] [--dry-run]
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
 #        one binary), optionally qdarts-tch (LibTorch) and the kernels' test executables
 #        (golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*, relu-*,
@@ -27,6 +27,9 @@
 #        step (first order, float) after one warm-up, every kernel timed by CubeCL's profiling
 #        logger; scripts/cubecl_profile.py sums the timed step's launches per kernel into
 #        <backend>-kernels.txt (the whole log's if the step did not finish).
+#   --adaptive: also time cuda and wgpu with CubeCL's default memory pools (`--memory-pools
+#        adaptive`: less memory, more host time than the binary's exclusive pages), as rows
+#        of their own in every round.
 #   --dry-run: print the commands, run none.
 #
 # Per backend it runs: the golden-vector and kernel tests (the carried test executables, all
@@ -42,7 +45,7 @@ set -uo pipefail
 
 cd "$(dirname "$0")/.."
 artefacts=.gpu backends=cuda,wgpu,tch python=python3 out="" reps=3 epochs=1 limit=""
-batch=64 layers=8 channels=16 dry=0 step_timeout=900 skip="" rounds=3 kernels=0
+batch=64 layers=8 channels=16 dry=0 step_timeout=900 skip="" rounds=3 kernels=0 adaptive=0
 
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
@@ -63,6 +66,7 @@ while [ $# -gt 0 ]; do
     --step-timeout) need "$@"; posint "$1" "$2"; step_timeout="$2"; shift 2 ;;
     --skip) need "$@"; skip="$2"; shift 2 ;;
     --kernels) kernels=1; shift ;;
+    --adaptive) adaptive=1; shift ;;
     --dry-run) dry=1; shift ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -291,6 +295,9 @@ for b in "${list[@]}"; do
       --csv "$out/quant-$b.csv" || failed=1
   fi
   timed+=("$b $(printf '%q ' "${pre[@]}" "$exe" "${dev[@]}")")
+  if [ "$adaptive" = 1 ] && [ "$b" != tch ]; then
+    timed+=("$b-adaptive $(printf '%q ' "$exe" "${dev[@]}" --memory-pools adaptive)")
+  fi
 done
 
 # The timed rows, interleaved: each round runs PyTorch's four cases, then every backend's, so
@@ -360,7 +367,9 @@ for f in sorted(glob.glob(os.path.join(out, "step-*.csv"))):
     m = re.search(r"-r(\d+)\.csv$", f)
     rnd = int(m.group(1)) if m else 1
     for r in csv.DictReader(open(f)):
-        steps_by.setdefault((r["backend"], r["order"], r["quant"]), {})[rnd] = r
+        # The CubeCL backends' rows name their memory pools (--adaptive times both kinds).
+        backend = f"{r['backend']} ({r['pools']} pools)" if r.get("pools") else r["backend"]
+        steps_by.setdefault((backend, r["order"], r["quant"]), {})[rnd] = r
 def spread(xs, fmt):
     xs = sorted(xs)
     return f"{fmt(statistics.median(xs))} ({fmt(xs[0])}..{fmt(xs[-1])})" if xs else "-"

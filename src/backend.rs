@@ -42,6 +42,38 @@ impl DeviceChoice {
 
 static CHOSEN: OnceLock<DeviceChoice> = OnceLock::new();
 
+/// How the CubeCL runtimes (cuda, wgpu) pool GPU memory: `--memory-pools`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MemoryPools {
+    /// One page per allocation from size buckets: a supernet's step spends far less host time
+    /// allocating, at the cost of memory (each page at least its bucket's running average).
+    Exclusive,
+    /// CubeCL's default: allocations carved from shared pages, less memory, more host time per
+    /// allocation while thousands of tensors are alive.
+    Adaptive,
+}
+
+impl MemoryPools {
+    /// As written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryPools::Exclusive => "exclusive",
+            MemoryPools::Adaptive => "adaptive",
+        }
+    }
+}
+
+static POOLS: OnceLock<MemoryPools> = OnceLock::new();
+
+/// The pools a started device serves its allocations from, as its pool report shows them
+/// (exclusive pages list no pool that carves shared pages): `None` without a CubeCL pool
+/// (flex, tch).
+pub fn pools_in_use(device: &Device) -> Option<MemoryPools> {
+    device.memory_pool_usage()?;
+    let shared = device.memory_pool_report().is_some_and(|r| !r.is_empty());
+    Some(if shared { MemoryPools::Adaptive } else { MemoryPools::Exclusive })
+}
+
 /// A compute backend, chosen at run time among those compiled in (cargo features).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -104,6 +136,29 @@ impl Backend {
         Ok(())
     }
 
+    /// Checks `--memory-pools` against this backend and keeps it for every later
+    /// [`Backend::device`] in this process. Called once, from `main`, before any device is made.
+    pub fn choose_pools(self, pools: Option<MemoryPools>) -> Result<()> {
+        let Some(pools) = pools else { return Ok(()) };
+        if !matches!(self, Backend::Cuda | Backend::Wgpu) {
+            bail!(
+                "--memory-pools {} does not go with --backend {}: it chooses the CubeCL \
+                 runtimes' GPU memory pools (--backend cuda or wgpu)",
+                pools.name(),
+                self.name()
+            );
+        }
+        if POOLS.set(pools).is_err() && POOLS.get() != Some(&pools) {
+            bail!("--memory-pools was chosen twice in one process");
+        }
+        Ok(())
+    }
+
+    /// The pools asked for: `--memory-pools`, else exclusive pages.
+    pub fn chosen_pools(self) -> MemoryPools {
+        POOLS.get().copied().unwrap_or(MemoryPools::Exclusive)
+    }
+
     /// The device in use: `--device`, else the backend's default.
     pub fn chosen_device(self) -> Option<DeviceChoice> {
         CHOSEN.get().copied().or_else(|| self.default_device())
@@ -120,9 +175,14 @@ impl Backend {
         }
     }
 
-    /// `--device` as given, for a child process of the same backend (a local sweep's trials).
+    /// `--device` and `--memory-pools` as given, for a child process of the same backend (a
+    /// local sweep's trials).
     pub fn device_args(self) -> Vec<String> {
-        CHOSEN.get().map_or_else(Vec::new, |d| vec!["--device".into(), d.name()])
+        let mut args = CHOSEN.get().map_or_else(Vec::new, |d| vec!["--device".into(), d.name()]);
+        if let Some(p) = POOLS.get() {
+            args.extend(["--memory-pools".into(), p.name().into()]);
+        }
+        args
     }
 
     /// The device of this backend, started and checked with a one-element tensor; an error
@@ -183,20 +243,27 @@ impl Backend {
     }
 
     /// The device, not yet started. The CubeCL runtimes get exclusive memory pages (see
-    /// `qdarts_kernels::memory`): a supernet's step spends less host time in them.
+    /// `qdarts_kernels::memory`), in which a supernet's step spends less host time, unless
+    /// `--memory-pools adaptive` keeps CubeCL's default.
     fn device_unchecked(self) -> Result<Device> {
+        #[cfg(any(feature = "wgpu", feature = "cuda"))]
+        let exclusive = self.chosen_pools() == MemoryPools::Exclusive;
         match self {
             #[cfg(feature = "flex")]
             Backend::Flex => Ok(Device::flex()),
             #[cfg(feature = "wgpu")]
             Backend::Wgpu => {
-                qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::WgpuDefault);
+                if exclusive {
+                    qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::WgpuDefault);
+                }
                 Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda => match self.chosen_device() {
                 Some(DeviceChoice::Cuda(n)) => {
-                    qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::Cuda);
+                    if exclusive {
+                        qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::Cuda);
+                    }
                     Ok(Device::cuda(n))
                 }
                 other => bail!("--backend cuda cannot run on {other:?}"),

@@ -40,6 +40,11 @@ struct Cli {
     /// [default: cpu for flex and tch, cuda:0 for cuda, wgpu's own choice of adapter].
     #[arg(long, global = true, value_name = "DEVICE")]
     device: Option<String>,
+    /// GPU memory pools of `--backend cuda` and `wgpu`: `exclusive` (one page per allocation,
+    /// faster, more memory) or `adaptive` (CubeCL's default: shared pages, less memory)
+    /// [default: exclusive].
+    #[arg(long, global = true, value_enum, value_name = "POOLS")]
+    memory_pools: Option<backend::MemoryPools>,
     #[command(subcommand)]
     command: Command,
 }
@@ -314,6 +319,9 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     if let Err(e) = cli.backend.choose_device(cli.device.as_deref()) {
+        return finish(Err(e));
+    }
+    if let Err(e) = cli.backend.choose_pools(cli.memory_pools) {
         return finish(Err(e));
     }
     let result = match cli.command {

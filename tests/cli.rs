@@ -248,6 +248,13 @@ fn device_flags_are_checked_against_the_backend() {
         (&["--device", "cuda:-1"], 1, "expected `cpu`, `cuda` or `cuda:N`"),
         (&["--backend", "wgpu", "--device", "cpu"], 1, "wgpu"),
         (&["--device", "--backend", "flex"], 2, "a value is required"),
+        (
+            &["--memory-pools", "adaptive"],
+            1,
+            "--memory-pools adaptive does not go with --backend flex",
+        ),
+        (&["--backend", "tch", "--memory-pools", "exclusive"], 1, "does not go with --backend tch"),
+        (&["--memory-pools", "shared"], 2, "invalid value 'shared'"),
     ] {
         let out = qdarts().args(args).args(["bench", "quant"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -113,4 +113,31 @@ fn bench_search_reports_a_sampled_peak_on_wgpu() {
     let peak: u64 = row.split(',').nth(col).unwrap().parse().unwrap_or(0);
     // The default supernet at batch 4 holds megabytes of weights and activations.
     assert!(peak > 1 << 20, "peak {peak} bytes: {row}");
+    // The binary's default, as the started device's pool report shows it.
+    let pools = header.iter().position(|h| *h == "pools").unwrap();
+    assert_eq!(row.split(',').nth(pools), Some("exclusive"), "{row}");
+}
+
+#[test]
+fn memory_pools_adaptive_keeps_cubecls_default_pools_on_wgpu() {
+    let dir = common::scratch("wgpu-bench", "adaptive");
+    let csv = dir.join("bench.csv");
+    let out = common::qdarts()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--backend", "wgpu", "--memory-pools", "adaptive", "bench", "search"])
+        .args(["--order", "first", "--quant", "float", "--batch", "2", "--reps", "1"])
+        .args(["--warmup", "0", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("on wgpu (adaptive memory pools)"), "{stdout}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let pools = header.iter().position(|h| *h == "pools").unwrap();
+    let row = text.lines().nth(1).unwrap();
+    // Read from the device's pool report, not from the flag: shared pages are listed there.
+    assert_eq!(row.split(',').nth(pools), Some("adaptive"), "{row}");
 }

@@ -278,9 +278,14 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             let request = SearchRequest { shape, batch, layers, init_channels, order, quant };
             let cases = request.cases()?;
             let device = backend.device()?;
+            let pools = crate::backend::pools_in_use(&device);
+            let pools_name = pools.map_or("", |p| p.name());
+            let on = match pools {
+                Some(p) => format!("{} ({} memory pools)", backend.label(), p.name()),
+                None => backend.label(),
+            };
             println!(
-                "seconds per search step (architecture step + weight step) on {}, median of {reps} after {warmup} warm-up",
-                backend.label()
+                "seconds per search step (architecture step + weight step) on {on}, median of {reps} after {warmup} warm-up"
             );
             println!(
                 "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10} {:>10} {:>9}",
@@ -317,7 +322,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     launches
                 );
                 rows.push(format!(
-                    "{},{},{},{},{},{:.4},{:.4},{:.4},{},{},{}",
+                    "{},{},{},{},{},{:.4},{:.4},{:.4},{},{},{},{pools_name}",
                     backend.label(),
                     sh.name,
                     sh.describe(),
@@ -335,7 +340,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 timing::write_csv(
                     &path,
                     "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes,peak_rss_bytes,\
-                     launches",
+                     launches,pools",
                     rows,
                 )
                 .with_context(|| format!("writing {}", path.display()))?;
