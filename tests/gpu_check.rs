@@ -103,6 +103,43 @@ fn a_dry_run_interleaves_pytorch_and_each_backend_round_by_round() {
 }
 
 #[test]
+fn a_dry_run_with_adaptive_times_the_default_pools_beside_exclusive_pages() {
+    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-pools-{}", std::process::id()));
+    let a = artefacts(&dir);
+    let o = gpu_check(&[
+        "--artefacts",
+        &a,
+        "--dry-run",
+        "--adaptive",
+        "--rounds",
+        "2",
+        "--backends",
+        "wgpu,tch",
+        "--skip",
+        "tests,parity,search,quant,torch",
+        "--out",
+        "/tmp/qdarts-gpu-check-pools",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let steps: Vec<String> = text(&o)
+        .lines()
+        .filter(|l| l.contains("bench search --shape darts"))
+        .map(|l| l.trim_end().to_string())
+        .collect();
+    // Each round: wgpu with the binary's pools, then with CubeCL's default; tch has no CubeCL
+    // pools to choose (and no tch binary here).
+    assert_eq!(steps.len(), 4, "{}", text(&o));
+    for (k, l) in steps.iter().enumerate() {
+        let (round, adaptive) = (k / 2 + 1, k % 2 == 1);
+        assert_eq!(l.contains("--backend wgpu --memory-pools adaptive bench"), adaptive, "{l}");
+        let csv = if adaptive { "wgpu-adaptive" } else { "wgpu" };
+        let want = format!("--csv /tmp/qdarts-gpu-check-pools/step-{csv}-r{round}.csv");
+        assert!(l.ends_with(&want), "{l}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn a_dry_run_with_kernels_profiles_one_default_step_in_a_folder_of_its_own() {
     let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-kern-{}", std::process::id()));
     let a = artefacts(&dir);
