@@ -155,6 +155,7 @@ impl Backend {
     }
 
     /// The pools asked for: `--memory-pools`, else exclusive pages.
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn chosen_pools(self) -> MemoryPools {
         POOLS.get().copied().unwrap_or(MemoryPools::Exclusive)
     }
