@@ -352,7 +352,7 @@ mod cube {
     ) {
         let i = ABSOLUTE_POS;
         if i < n as usize {
-            acc[i] = acc[i] + read(y, i, y_strided) * w[index as usize];
+            acc[i] += read(y, i, y_strided) * w[index as usize];
         }
     }
 
