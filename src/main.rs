@@ -145,6 +145,10 @@ enum Command {
         /// Fixture folders (each with spec.json and expected.safetensors), or a folder of them.
         #[arg(default_value = "search/tests/fixtures/parity")]
         fixtures: Vec<PathBuf>,
+        /// Also write what qdarts computed, `<DIR>/<fixture>/qdarts.safetensors` (the names of
+        /// expected.safetensors), to look into a difference tensor by tensor.
+        #[arg(long, value_name = "DIR")]
+        write_outputs: Option<PathBuf>,
     },
     /// Expand a sweep file (a grid or list over config keys, and seeds) into numbered trials
     /// in results/<sweep>/; write Slurm / Kubernetes files that run them, or run them here.
@@ -411,7 +415,9 @@ fn main() -> ExitCode {
         Command::DumpStep { preset, out, with_outputs } => {
             search_cmd::dump_step(preset.into(), &out, with_outputs, cli.backend)
         }
-        Command::Parity { fixtures } => search_cmd::parity(&fixtures, cli.backend),
+        Command::Parity { fixtures, write_outputs } => {
+            search_cmd::parity(&fixtures, write_outputs.as_deref(), cli.backend)
+        }
         Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
         Command::Compare { runs, baseline, csv, plot } => {
             compare_cmd::compare(&runs, &baseline, csv.as_deref(), plot.as_deref())

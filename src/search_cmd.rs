@@ -177,7 +177,7 @@ pub fn dump_step(
 
 /// Runs `qdarts parity`: every fixture folder's step on `backend`, against its expected
 /// outputs; an error when a quantity is off its bound.
-pub fn parity(fixtures: &[PathBuf], backend: Backend) -> Result<()> {
+pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backend) -> Result<()> {
     use qdarts_search::parity::{compare, compute, read_inputs};
     let mut dirs = Vec::new();
     for f in fixtures {
@@ -203,6 +203,15 @@ pub fn parity(fixtures: &[PathBuf], backend: Backend) -> Result<()> {
         let (spec, state) = read_inputs(dir, &device)
             .with_context(|| format!("reading fixture {}", dir.display()))?;
         let ours = compute(&spec, state)?;
+        if let Some(root) = write_outputs {
+            let name = dir.file_name().map_or_else(|| "fixture".into(), |n| n.to_os_string());
+            let out = root.join(name);
+            std::fs::create_dir_all(&out)
+                .with_context(|| format!("--write-outputs: creating {}", out.display()))?;
+            let path = out.join("qdarts.safetensors");
+            qdarts_engine::tensors::write(&path, &ours, &Default::default())
+                .with_context(|| format!("--write-outputs: writing {}", path.display()))?;
+        }
         let expected = dir.join("expected.safetensors");
         let (reference, _) = qdarts_engine::tensors::read(&expected)
             .with_context(|| format!("reading {}", expected.display()))?;

@@ -274,13 +274,25 @@ fn device_flags_are_checked_against_the_backend() {
 
 #[test]
 fn parity_runs_the_fixtures_on_the_chosen_backend() {
-    let out = qdarts().arg("parity").output().unwrap();
+    let d = scratch("parity-outputs");
+    let out = qdarts().arg("parity").arg("--write-outputs").arg(&d).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("2 fixture(s) within bounds on flex"), "{text}");
     for quantity in ["first", "second.hessian", "alphas_after", "loss"] {
         assert!(text.contains(quantity), "{quantity} missing:\n{text}");
     }
+    // What qdarts computed, under the reference's names.
+    for fixture in ["float", "tensorrt"] {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("search/tests/fixtures/parity");
+        let (expected, _) =
+            qdarts_engine::tensors::read(&fixtures.join(fixture).join("expected.safetensors"))
+                .unwrap();
+        let (ours, _) =
+            qdarts_engine::tensors::read(&d.join(fixture).join("qdarts.safetensors")).unwrap();
+        assert!(expected.keys().eq(ours.keys()), "{fixture}: names differ from the reference's");
+    }
+    let _ = std::fs::remove_dir_all(&d);
     let out = qdarts().args(["parity", "/nonexistent-fixtures"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
