@@ -24,6 +24,10 @@ Under fake quantization every second-order pass runs on a copy of the network: t
 the training batch updates the copy's observers, which then stay frozen, and the passes at
 w ± ε·dw hold each quantizer's rounding and clipping as it was at w (x·mask + offset), so the
 difference is the straight-through surrogate's mixed Hessian and not a count of rounding flips.
+The kinks that read a held tensor are held with it: a ReLU keeps the mask of the value at w
+(a value at exactly 0 stays blocked on both sides) and a max pool the element it picked at w, so
+the difference tends to the exact Hessian-vector product of the piece autograd differentiates
+at w (double backward) instead of adding one O(1)/2ε term per value sitting at a kink.
 
 Commands:
   fixtures --out DIR [--inputs DIR]
@@ -75,12 +79,13 @@ DEFAULT_INPUTS = os.path.join(HERE, "..", "search", "tests", "fixtures", "parity
 class Grid:
     """A quantization grid: x -> clamp(round(x*mult) + zp, qmin, qmax), back as (q - zp)*step."""
 
-    def __init__(self, mult, step, zp, qmin, qmax, axis, held=False):
+    def __init__(self, mult, step, zp, qmin, qmax, axis, held=False, at_w=None):
         self.mult, self.step, self.zp = mult, step, zp
         self.qmin, self.qmax, self.axis = qmin, qmax, axis
         # The grid of a held quantizer: the roundings that follow from it (an integer average,
-        # an int32 bias) are left out too.
-        self.held = held
+        # an int32 bias) are left out too, and the kinks that read its output (ReLU, max
+        # pooling) decide on `at_w`, that output at w.
+        self.held, self.at_w = held, at_w
 
     @staticmethod
     def from_step(step, zp, qmin, qmax, axis=None):
@@ -92,9 +97,9 @@ class Grid:
         t = t.clamp_min(EPS)
         return Grid((1.0 / t) * bin_cnt, t / bin_cnt, torch.zeros_like(t), qmin, qmax, axis)
 
-    def detached(self, held=False):
+    def detached(self, held=False, at_w=None):
         d = lambda t: t.detach()
-        return Grid(d(self.mult), d(self.step), d(self.zp), self.qmin, self.qmax, self.axis, held)
+        return Grid(d(self.mult), d(self.step), d(self.zp), self.qmin, self.qmax, self.axis, held, at_w)
 
     def bc(self, p, ndim):
         shape = [1] * ndim
@@ -174,17 +179,19 @@ class Quantizer:
     def _replay(self, x):
         if self.hold != "replay" or self.kept is None:
             return None
-        mask, offset, g = self.kept
+        mask, offset, at_w, g = self.kept
         if mask.numel() != x.numel():
             return None
-        return x * mask.reshape(x.shape) + offset.reshape(x.shape), g.detached(held=True)
+        held = g.detached(held=True, at_w=at_w.reshape(x.shape))
+        return x * mask.reshape(x.shape) + offset.reshape(x.shape), held
 
     def _record(self, x, out, g):
         if self.hold == "record":
             xd = x.detach()
             _, inside = quantize(xd, g)
             mask = inside.float()
-            self.kept = (mask.reshape(-1), (out.detach() - xd * mask).reshape(-1), g.detached())
+            at_w = out.detach().reshape(-1)
+            self.kept = (mask.reshape(-1), (out.detach() - xd * mask).reshape(-1), at_w, g.detached())
 
     def __call__(self, x):
         held = self._replay(x)
@@ -219,6 +226,24 @@ class Quantizer:
             out = out + (x - x.detach()) * mask
         self._record(total, out, g)
         return out, g
+
+
+def relu_held(x):
+    """ReLU of (value, grid); on a held grid with the mask of the value at w."""
+    v, g = x
+    if g is not None and g.held:
+        return v * (g.at_w > 0).float()
+    return F.relu(v)
+
+
+def max_pool_held(x, k, stride, padding):
+    """Max pooling of (value, grid); on a held grid each window takes the element it took at w
+    (the first maximum in row-major order) and that element's value now."""
+    v, g = x
+    if g is not None and g.held:
+        _, idx = F.max_pool2d(g.at_w, k, stride, padding, return_indices=True)
+        return v.flatten(2).gather(2, idx.flatten(2)).reshape(idx.shape)
+    return F.max_pool2d(v, k, stride, padding)
 
 
 def maybe(q, x):
@@ -336,7 +361,7 @@ class StdConv(Net):
         self.act = act(quant, f"{name}.act")
 
     def __call__(self, x):
-        y, unit = self.conv.with_unit(F.relu(x[0]), x[1])
+        y, unit = self.conv.with_unit(relu_held(x), x[1])
         return maybe(self.act, self.bn(y, unit))
 
 
@@ -351,7 +376,7 @@ class DilConv(Net):
         self.act = act(quant, f"{name}.act")
 
     def __call__(self, x):
-        y, g = maybe(self.dw_act, self.dw(F.relu(x[0])))
+        y, g = maybe(self.dw_act, self.dw(relu_held(x)))
         y, unit = self.pw.with_unit(y, g)
         return maybe(self.act, self.bn(y, unit))
 
@@ -378,7 +403,7 @@ class PoolBN(Net):
         c = v.shape[1]
         unit = None if g is None or g.held else torch.ones(c) * g.step.detach()
         if self.kind == "max":
-            pooled = F.max_pool2d(v, 3, self.stride, 1)
+            pooled = max_pool_held(x, 3, self.stride, 1)
         else:
             avg = F.avg_pool2d(v, 3, self.stride, 1, count_include_pad=False)
             if g is None or g.held:
@@ -414,7 +439,7 @@ class FactorizedReduce(Net):
         self.act = act(quant, f"{name}.act")
 
     def __call__(self, x):
-        v = F.relu(x[0])
+        v = relu_held(x)
         y1, u1 = self.conv1.with_unit(v, x[1])
         y2, u2 = self.conv2.with_unit(v[:, :, 1:, 1:], x[1])
         unit = None if u1 is None or u2 is None else torch.cat([u1, u2])

@@ -20,7 +20,11 @@
 //! set of grids and none of them moves an observer. The `w±` passes hold each quantizer's
 //! rounding and clipping as it was in the pass at `w` (see [`qdarts_ops::quant::hold`]), so
 //! the central difference is the mixed Hessian of the straight-through surrogate the gradients
-//! already use, not a count of rounding flips divided by 2ε. Weights are quantized on their own
+//! already use, not a count of rounding flips divided by 2ε. The ReLUs and max pools that read
+//! a held tensor keep the mask and the maxima they had at `w` as well (the step to `w±` moves
+//! activations by a few grid steps, and a value at exactly 0 or a tie would otherwise add an
+//! O(1)/2ε term): the difference is then the Hessian-vector product of the piece autograd
+//! differentiates at `w`, and it converges as ε shrinks. Weights are quantized on their own
 //! current values throughout. With the `float` preset this is DARTS' computation exactly.
 //!
 //! Nothing is mutated: `w'` and `w±` are new modules; the real network's weights, BatchNorm
@@ -252,9 +256,23 @@ pub fn second_order(
 pub fn second_order_parts(
     net: &SearchNetwork,
     alphas: &Alphas,
+    batches: (&Batch, &Batch),
+    xi: f64,
+    w_optim: &Sgd,
+) -> (AlphaGrads, AlphaGrads) {
+    second_order_parts_at(net, alphas, batches, xi, w_optim, RADIUS)
+}
+
+/// [`second_order_parts`] with the central difference's radius `ε·‖v‖` given (DARTS:
+/// [`RADIUS`]): under fake quantization, with every rounding and kink held, the product
+/// hardly moves as the radius shrinks.
+pub fn second_order_parts_at(
+    net: &SearchNetwork,
+    alphas: &Alphas,
     (train, val): (&Batch, &Batch),
     xi: f64,
     w_optim: &Sgd,
+    radius: f64,
 ) -> (AlphaGrads, AlphaGrads) {
     // A copy with its own BatchNorm statistics and observers. At w on the training batch:
     // ∇w L_trn(w, α), and each quantizer's rounding, held for w±. The copy's observers see this
@@ -276,7 +294,7 @@ pub fn second_order_parts(
     let h = hessian_vector(
         &frozen,
         &dw,
-        RADIUS,
+        radius,
         |m| alpha_grad(m, alphas, train),
         |a, x, b, y| a.combine(x, b, y),
     );

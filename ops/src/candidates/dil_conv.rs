@@ -2,12 +2,12 @@
 //! (pt.darts `DilConv`; `dil_conv_3x3` has dilation 2, padding 2: a 5×5 receptive field).
 
 use burn::module::Module;
-use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{ConvChain, ConvShape, QConv};
 use crate::qconfig::Site;
+use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// ReLU – depthwise dilated conv – pointwise conv – BN.
@@ -79,7 +79,7 @@ impl QDilConv {
     /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
-        let y = self.dw.forward_mixed(relu(x.value), wp);
+        let y = self.dw.forward_mixed(relu_held(x.value, x.grid.as_ref()), wp);
         let y = quantize_site(&self.dw_act, &self.dw_act_mix, y, ap);
         let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref(), wp);
         let y = self.bn.forward_biased(y, unit);

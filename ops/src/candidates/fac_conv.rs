@@ -5,12 +5,12 @@
 //! the width, so the output is `H/s × W/s` as for every other op.
 
 use burn::module::Module;
-use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{ConvChain, ConvShape, QConv};
 use crate::qconfig::Site;
+use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// ReLU – Conv(k×1) – Conv(1×k) – BN.
@@ -82,7 +82,7 @@ impl QFacConv {
     /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
-        let y = self.conv1.forward_mixed(relu(x.value), wp);
+        let y = self.conv1.forward_mixed(relu_held(x.value, x.grid.as_ref()), wp);
         let y = quantize_site(&self.mid, &self.mid_mix, y, ap);
         let (y, unit) = self.conv2.forward_unit(y.value, y.grid.as_ref(), wp);
         let y = self.bn.forward_biased(y, unit);

@@ -3,12 +3,12 @@
 
 use burn::module::Module;
 use burn::tensor::Tensor;
-use qdarts_kernels::relu::relu;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{Bias, ConvShape, QConv};
 use crate::qconfig::Site;
+use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// Two offset strided 1×1 convs, concatenated, then BN.
@@ -62,7 +62,7 @@ impl QFactorizedReduce {
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
         let grid = x.grid.as_ref();
-        let x = relu(x.value);
+        let x = relu_held(x.value, grid);
         let [_, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
         let (y1, u1) = self.conv1.forward_unit(x, grid, wp);

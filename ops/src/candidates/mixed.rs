@@ -19,8 +19,8 @@ use qdarts_genotypes::Primitive;
 use super::CandidateOp;
 use super::common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, sites};
 use crate::qconfig::{QuantConfig, Site};
+use crate::quant::hold::{max_pool2d_held, narrow_channels};
 use crate::quant::{FakeQuantizer, SpecError};
-use qdarts_kernels::pool2d::max_pool2d;
 
 /// A weighted sum of candidate ops.
 #[derive(Module, Debug)]
@@ -119,11 +119,17 @@ impl QMixedOp {
         }
         let [n, c, _, _] = x.dims();
         let part = c / self.partial;
-        let head = QTensor { value: x.value.clone().slice([0..n, 0..part]), grid: x.grid };
+        let dims = x.dims();
+        let head = QTensor {
+            value: x.value.clone().slice([0..n, 0..part]),
+            grid: narrow_channels(x.grid.as_ref(), dims, 0, part),
+        };
         let mut rest = x.value.slice([0..n, part..c]);
         if self.stride > 1 {
             // Max pooling picks input values: the bypass stays on the input grid.
-            rest = max_pool2d(rest, MaxPoolOptions::new([2, 2]).with_stride([2, 2]));
+            let opts = MaxPoolOptions::new([2, 2]).with_stride([2, 2]);
+            let grid = narrow_channels(x.grid.as_ref(), dims, part, c - part);
+            rest = max_pool2d_held(rest, grid.as_ref(), opts);
         }
         let cat = match self.weighted_sum(head, weights, bits) {
             Some(y) => Tensor::cat(vec![y, rest], 1),

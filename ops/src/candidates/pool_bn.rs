@@ -12,8 +12,9 @@ use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::Bias;
 use crate::qconfig::Site;
 use crate::quant::fake_quant::broadcast_param;
+use crate::quant::hold::max_pool2d_held;
 use crate::quant::{FakeQuantizer, SpecError, round_with};
-use qdarts_kernels::pool2d::{avg_pool2d, max_pool2d};
+use qdarts_kernels::pool2d::avg_pool2d;
 
 /// Which pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +74,8 @@ impl QPoolBN {
         });
         let pooled = match self.kind {
             PoolKind::Max => {
-                max_pool2d(x.value, MaxPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]))
+                let opts = MaxPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]);
+                max_pool2d_held(x.value, x.grid.as_ref(), opts)
             }
             PoolKind::Avg => {
                 let mut opts = AvgPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]);

@@ -51,6 +51,10 @@ pub struct Grid {
     /// follow from it (an integer average, an int32 bias) are left out too, so that the held
     /// network is the straight-through surrogate throughout.
     pub held: bool,
+    /// With `held`, the values of the tensor this grid came with as they were at `w`
+    /// (flattened): the ReLU and max pooling that read it keep the choices they made there
+    /// ([`super::hold::relu_held`], [`super::hold::max_pool2d_held`]).
+    pub at_w: Option<Tensor<1>>,
 }
 
 impl Grid {
@@ -63,7 +67,17 @@ impl Grid {
         axis: Option<usize>,
     ) -> Self {
         let step = step.clamp_min(MIN_SCALE);
-        Grid { mult: step.clone().recip(), step, zero_point, qmin, qmax, round, axis, held: false }
+        Grid {
+            mult: step.clone().recip(),
+            step,
+            zero_point,
+            qmin,
+            qmax,
+            round,
+            axis,
+            held: false,
+            at_w: None,
+        }
     }
 
     /// A Paddle-style symmetric grid from an abs-max threshold `T` and `bin_cnt`.
@@ -86,6 +100,7 @@ impl Grid {
             round,
             axis,
             held: false,
+            at_w: None,
         }
     }
 }

@@ -244,6 +244,7 @@ impl ObserverState {
             round: spec.round(),
             axis,
             held: false,
+            at_w: None,
         })
     }
 
