@@ -339,13 +339,20 @@ fn group(name: &str) -> String {
 /// The bound of a group's relative difference under a preset.
 ///
 /// `float`: every quantity to 1e-4 of its largest value (f32 sums taken in another order differ
-/// by ~1e-7 relative; the second-order term divides such differences by 2ε ≈ 0.02/‖dw‖).
+/// by ~1e-7 relative; the second-order term divides such differences by 2ε ≈ 0.02/‖dw‖), but
+/// the Hessian-vector product to 1e-3: under the float preset it is DARTS' unheld central
+/// difference, and an activation within ε of a ReLU's kink or of a pooling tie sends an
+/// O(1)/2ε term to one side or the other by its last bits. PyTorch's own product moves by
+/// 9e-5 relative at one such event (5 of 10 one-ulp perturbations of the input images), and
+/// PyTorch 2.9.0 on an AMD EPYC is 1.5e-4 from the committed fixture (PyTorch 2.15, another
+/// machine); 1e-3 still catches a 1 % error.
 /// `tensorrt`: the same for what quantization does not touch (α after Adam, weights after
 /// SGD); 1e-3 for the α gradients and the statistics, because a value within f32 rounding of a
 /// rounding tie can land on the other integer in one implementation, moving that activation by
 /// one step; measured worst cases are about 30 times below these bounds.
 fn bound(preset: Preset, group: &str) -> f64 {
     match (preset, group) {
+        (Preset::Float, "second.hessian") => 1e-3,
         (Preset::Float, _) => 1e-4,
         (_, "alphas_after" | "net_after.weights" | "loss") => 1e-4,
         _ => 1e-3,
