@@ -58,50 +58,45 @@ pub struct Grid {
 }
 
 impl Grid {
-    /// A torch-style grid from a step (scale) and a zero point.
-    pub fn from_step(
-        step: Tensor<1>,
-        zero_point: Tensor<1>,
+    /// A grid from its multiplier, step and zero point (not held).
+    pub fn new(
+        [mult, step, zero_point]: [Tensor<1>; 3],
         (qmin, qmax): (i32, i32),
         round: RoundMode,
         axis: Option<usize>,
     ) -> Self {
+        Grid { mult, step, zero_point, qmin, qmax, round, axis, held: false, at_w: None }
+    }
+
+    /// A torch-style grid from a step (scale) and a zero point.
+    pub fn from_step(
+        step: Tensor<1>,
+        zero_point: Tensor<1>,
+        range: (i32, i32),
+        round: RoundMode,
+        axis: Option<usize>,
+    ) -> Self {
         let step = step.clamp_min(MIN_SCALE);
-        Grid {
-            mult: step.clone().recip(),
-            step,
-            zero_point,
-            qmin,
-            qmax,
-            round,
-            axis,
-            held: false,
-            at_w: None,
-        }
+        Grid::new([step.clone().recip(), step, zero_point], range, round, axis)
     }
 
     /// A Paddle-style symmetric grid from an abs-max threshold `T` and `bin_cnt`.
     pub fn from_threshold(
         threshold: Tensor<1>,
         bin_cnt: i32,
-        (qmin, qmax): (i32, i32),
+        range: (i32, i32),
         round: RoundMode,
         axis: Option<usize>,
     ) -> Self {
         let t = threshold.clamp_min(MIN_SCALE);
         let b = bin_cnt as f32;
         let zero_point = t.zeros_like();
-        Grid {
-            mult: t.clone().recip().mul_scalar(b),
-            step: t.div_scalar(b),
-            zero_point,
-            qmin,
-            qmax,
+        Grid::new(
+            [t.clone().recip().mul_scalar(b), t.div_scalar(b), zero_point],
+            range,
             round,
             axis,
-            held: false,
-            at_w: None,
-        }
+        )
     }
 }
 

@@ -235,17 +235,7 @@ impl ObserverState {
             _ => return None,
         };
         let Observed { mult, step, zero_point, .. } = observed;
-        Some(Grid {
-            mult,
-            step,
-            zero_point,
-            qmin: range.0,
-            qmax: range.1,
-            round: spec.round(),
-            axis,
-            held: false,
-            at_w: None,
-        })
+        Some(Grid::new([mult, step, zero_point], range, spec.round(), axis))
     }
 
     /// The stored abs-max threshold `T` (Paddle's `OutScale`), for the abs-max family.
