@@ -148,9 +148,9 @@ fn a_channel_slice_of_a_held_tensor_keeps_its_own_values_at_w() {
     let (_, _, out1, held, _, _) = held_plane();
     // Two channels: the plane and its negation (every mask flips).
     let both = Tensor::cat(vec![out1.clone(), out1.clone().neg()], 1);
-    let at_w = held.at_w.clone().unwrap();
+    let at_w = held.held.clone().unwrap();
     let grid = qdarts_ops::quant::Grid {
-        at_w: Some(Tensor::cat(vec![at_w.clone(), at_w.neg()], 0)),
+        held: Some(Tensor::cat(vec![at_w.clone(), at_w.neg()], 0)),
         ..held
     };
     let whole = vals(relu_held(both.clone(), Some(&grid)).reshape([-1]));

@@ -153,12 +153,13 @@ impl QConv {
         match (&self.wq, input) {
             (Some(q), Some(ig)) => {
                 let (w, g) = q.forward_with_grid(self.weight.val());
+                let held = g.is_held() || ig.is_held();
                 let c = w.dims()[0];
                 // `s_w·s_in`, one launch (a per-tensor weight grid's `[1]` broadcast to `[C]`).
                 let unit = g.step.detach().mul(ig.step.clone().detach());
                 let unit = if unit.dims()[0] == c { unit } else { unit.expand([c]) };
                 let y = conv2d(x, w, self.options());
-                let bias = (!g.held && !ig.held).then(|| Bias { unit, round: q.spec().round() });
+                let bias = (!held).then(|| Bias { unit, round: q.spec().round() });
                 (y, bias)
             }
             _ => (self.forward_mixed(x, probs), None),

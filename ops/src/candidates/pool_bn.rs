@@ -67,7 +67,7 @@ impl QPoolBN {
         let c = x.dims()[1];
         // The pooled values stay on the input's grid: one accumulator unit is its step.
         // The step broadcast to `[C]` as a view, no launch (it was `ones([C])·step`: two).
-        let unit = x.grid.as_ref().filter(|g| !g.held).map(|g| {
+        let unit = x.grid.as_ref().filter(|g| !g.is_held()).map(|g| {
             let step = g.step.clone().detach();
             let unit = if step.dims()[0] == c { step } else { step.expand([c]) };
             Bias { unit, round: g.round }
@@ -85,7 +85,7 @@ impl QPoolBN {
                     // and their halves are exact in f32) and round once, as the integer pool
                     // does; a float average of the dequantized values would break its ties at
                     // random. Straight-through gradient of the float average.
-                    Some(grid) if !grid.held => {
+                    Some(grid) if !grid.is_held() => {
                         let mult = broadcast_param::<4>(grid.mult.clone().detach(), grid.axis);
                         let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
                         let q = round_with(x.value.clone().detach().mul(mult), grid.round);

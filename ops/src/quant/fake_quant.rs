@@ -47,14 +47,13 @@ pub struct Grid {
     pub round: RoundMode,
     /// Channel axis of per-channel parameters.
     pub axis: Option<usize>,
-    /// The grid of a quantizer whose rounding is held (see [`super::hold`]): the roundings that
-    /// follow from it (an integer average, an int32 bias) are left out too, so that the held
-    /// network is the straight-through surrogate throughout.
-    pub held: bool,
-    /// With `held`, the values of the tensor this grid came with as they were at `w`
-    /// (flattened): the ReLU and max pooling that read it keep the choices they made there
-    /// ([`super::hold::relu_held`], [`super::hold::max_pool2d_held`]).
-    pub at_w: Option<Tensor<1>>,
+    /// On the grid of a quantizer whose rounding is held (see [`super::hold`]), the values of
+    /// the tensor it came with as they were at `w` (flattened): the roundings that follow from
+    /// it (an integer average, an int32 bias) are left out, so that the held network is the
+    /// straight-through surrogate throughout, and the ReLU and max pooling that read it keep
+    /// the choices they made at `w` ([`super::hold::relu_held`],
+    /// [`super::hold::max_pool2d_held`]). `None` on every other grid.
+    pub held: Option<Tensor<1>>,
 }
 
 impl Grid {
@@ -65,7 +64,12 @@ impl Grid {
         round: RoundMode,
         axis: Option<usize>,
     ) -> Self {
-        Grid { mult, step, zero_point, qmin, qmax, round, axis, held: false, at_w: None }
+        Grid { mult, step, zero_point, qmin, qmax, round, axis, held: None }
+    }
+
+    /// Whether this is the grid of a held quantizer ([`Grid::held`]).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
     }
 
     /// A torch-style grid from a step (scale) and a zero point.

@@ -23,7 +23,7 @@
 //! of the weights moved PyTorch's own Hessian-vector product by up to 21 %, of the input images
 //! by up to 0.9 %). Held, the
 //! ReLU keeps the mask and the pool the element it had at `w`, read off the held grid's
-//! [`Grid::at_w`]: that is the piece autograd differentiates at `w`, and the central difference
+//! [`Grid::held`]: that is the piece autograd differentiates at `w`, and the central difference
 //! then agrees with the exact Hessian-vector product of that piece (double backward).
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,7 +34,7 @@ use burn::tensor::{Bool, Tensor};
 use qdarts_kernels::pool2d::max_pool2d;
 use qdarts_kernels::relu::relu;
 
-use super::fake_quant::{Grid, broadcast_param, quantize};
+use super::fake_quant::{Grid, quantize};
 
 /// What a quantizer does with its rounding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,22 +121,7 @@ impl Hold {
         }
         let mask = mask.clone().reshape(dims).float();
         let out = x.clone().mul(mask).add(offset.clone().reshape(dims));
-        Some((out, Grid { held: true, at_w: Some(at_w.clone()), ..grid.clone() }))
-    }
-}
-
-/// The values at `w` of `x`, a tensor on a held grid: the grid's [`Grid::at_w`] (or, where a
-/// grid was held without them, `x`'s own nearest grid values, the same as long as `x` moved
-/// less than half a step). Detached.
-fn values_at_w(x: &Tensor<4>, grid: &Grid) -> Tensor<4> {
-    let dims = x.dims();
-    match &grid.at_w {
-        Some(v) if v.dims()[0] == dims.iter().product::<usize>() => v.clone().reshape(dims),
-        _ => {
-            let zp = broadcast_param::<4>(grid.zero_point.clone().detach(), grid.axis);
-            let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
-            quantize(x.clone(), grid).q.sub(zp).mul(step)
-        }
+        Some((out, Grid { held: Some(at_w.clone()), ..grid.clone() }))
     }
 }
 
@@ -145,8 +130,8 @@ fn values_at_w(x: &Tensor<4>, grid: &Grid) -> Tensor<4> {
 /// (as ReLU's derivative at 0 is), one that was positive stays open; otherwise `relu(x)`.
 pub fn relu_held(x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
     match grid {
-        Some(g) if g.held => {
-            let mask = values_at_w(&x, g).greater_elem(0.0).float();
+        Some(Grid { held: Some(at_w), .. }) => {
+            let mask = at_w.clone().reshape(x.dims()).greater_elem(0.0).float();
             x.mul(mask)
         }
         _ => relu(x),
@@ -158,8 +143,8 @@ pub fn relu_held(x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
 /// strict `>` scan picks), with that element's value now; otherwise the max pool.
 pub fn max_pool2d_held(x: Tensor<4>, grid: Option<&Grid>, options: MaxPoolOptions<2>) -> Tensor<4> {
     match grid {
-        Some(g) if g.held => {
-            let (_, idx) = max_pool2d_with_indices(values_at_w(&x, g), options);
+        Some(Grid { held: Some(at_w), .. }) => {
+            let (_, idx) = max_pool2d_with_indices(at_w.clone().reshape(x.dims()), options);
             let [n, c, h, w] = x.dims();
             let [_, _, oh, ow] = idx.dims();
             x.reshape([n, c, h * w]).gather(2, idx.reshape([n, c, oh * ow])).reshape([n, c, oh, ow])
@@ -168,7 +153,7 @@ pub fn max_pool2d_held(x: Tensor<4>, grid: Option<&Grid>, options: MaxPoolOption
     }
 }
 
-/// The held grid of channels `start..start + len` of a `[N, C, H, W]` tensor on `grid`: its
+/// The grid of channels `start..start + len` of a `[N, C, H, W]` tensor on `grid`: held, its
 /// values at `w` cut the same way (a per-tensor grid is the same for every channel).
 pub fn narrow_channels(
     grid: Option<&Grid>,
@@ -177,10 +162,6 @@ pub fn narrow_channels(
     len: usize,
 ) -> Option<Grid> {
     let g = grid?;
-    let at_w = g
-        .at_w
-        .as_ref()
-        .filter(|v| v.dims()[0] == dims.iter().product::<usize>())
-        .map(|v| v.clone().reshape(dims).narrow(1, start, len).reshape([-1]));
-    Some(Grid { at_w, ..g.clone() })
+    let held = g.held.as_ref().map(|v| v.clone().reshape(dims).narrow(1, start, len).reshape([-1]));
+    Some(Grid { held, ..g.clone() })
 }
