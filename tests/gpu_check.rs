@@ -36,6 +36,21 @@ fn artefacts(dir: &Path) -> String {
     dir.to_str().expect("utf-8 path").to_string()
 }
 
+/// `gpu_check.sh --artefacts <a stand-in> --dry-run ARGS --out /tmp/qdarts-gpu-check-TAG`, which
+/// must exit 0: what it prints.
+fn dry_run(tag: &str, args: &[&str]) -> String {
+    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-{tag}-{}", std::process::id()));
+    let a = artefacts(&dir);
+    let out = format!("/tmp/qdarts-gpu-check-{tag}");
+    let mut all = vec!["--artefacts", a.as_str(), "--dry-run"];
+    all.extend_from_slice(args);
+    all.extend(["--out", out.as_str()]);
+    let o = gpu_check(&all);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    text(&o)
+}
+
 #[test]
 fn bad_arguments_exit_2_naming_the_argument() {
     let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-args-{}", std::process::id()));
@@ -63,23 +78,8 @@ fn bad_arguments_exit_2_naming_the_argument() {
 
 #[test]
 fn a_dry_run_interleaves_pytorch_and_each_backend_round_by_round() {
-    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-dry-{}", std::process::id()));
-    let a = artefacts(&dir);
-    let o = gpu_check(&[
-        "--artefacts",
-        &a,
-        "--dry-run",
-        "--rounds",
-        "2",
-        "--backends",
-        "cuda,wgpu",
-        "--skip",
-        "search,quant",
-        "--out",
-        "/tmp/qdarts-gpu-check-dry",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let lines: Vec<String> = text(&o).lines().map(str::to_string).collect();
+    let t = dry_run("dry", &["--rounds", "2", "--backends", "cuda,wgpu", "--skip", "search,quant"]);
+    let lines: Vec<String> = t.lines().map(str::to_string).collect();
     let order: Vec<&str> = lines
         .iter()
         .filter_map(|l| {
@@ -94,41 +94,35 @@ fn a_dry_run_interleaves_pytorch_and_each_backend_round_by_round() {
         .collect();
     // Without a GPU, cuda is only checked to refuse; each round: PyTorch's four cases, then wgpu.
     let round = ["torch", "torch", "torch", "torch", "wgpu"];
-    assert_eq!(order, [round, round].concat(), "{}", text(&o));
-    assert!(lines.iter().any(|l| l.contains("--backend cuda parity")), "{}", text(&o));
+    assert_eq!(order, [round, round].concat(), "{t}");
+    assert!(lines.iter().any(|l| l.contains("--backend cuda parity")), "{t}");
     assert!(lines.iter().any(|l| l.contains("--csv /tmp/qdarts-gpu-check-dry/step-wgpu-r2.csv")));
     assert!(!lines.iter().any(|l| l.contains(" search --set")), "search was skipped");
     assert!(!lines.iter().any(|l| l.contains("bench quant")), "quant was skipped");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn a_dry_run_with_adaptive_times_the_default_pools_beside_exclusive_pages() {
-    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-pools-{}", std::process::id()));
-    let a = artefacts(&dir);
-    let o = gpu_check(&[
-        "--artefacts",
-        &a,
-        "--dry-run",
-        "--adaptive",
-        "--rounds",
-        "2",
-        "--backends",
-        "wgpu,tch",
-        "--skip",
-        "tests,parity,search,quant,torch",
-        "--out",
-        "/tmp/qdarts-gpu-check-pools",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let steps: Vec<String> = text(&o)
+    let t = dry_run(
+        "pools",
+        &[
+            "--adaptive",
+            "--rounds",
+            "2",
+            "--backends",
+            "wgpu,tch",
+            "--skip",
+            "tests,parity,search,quant,torch",
+        ],
+    );
+    let steps: Vec<String> = t
         .lines()
         .filter(|l| l.contains("bench search --shape darts"))
         .map(|l| l.trim_end().to_string())
         .collect();
     // Each round: wgpu with the binary's pools, then with CubeCL's default; tch has no CubeCL
     // pools to choose (and no tch binary here).
-    assert_eq!(steps.len(), 4, "{}", text(&o));
+    assert_eq!(steps.len(), 4, "{t}");
     for (k, l) in steps.iter().enumerate() {
         let (round, adaptive) = (k / 2 + 1, k % 2 == 1);
         assert_eq!(l.contains("--backend wgpu --memory-pools adaptive bench"), adaptive, "{l}");
@@ -136,30 +130,17 @@ fn a_dry_run_with_adaptive_times_the_default_pools_beside_exclusive_pages() {
         let want = format!("--csv /tmp/qdarts-gpu-check-pools/step-{csv}-r{round}.csv");
         assert!(l.ends_with(&want), "{l}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn a_dry_run_with_kernels_profiles_one_default_step_in_a_folder_of_its_own() {
-    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-kern-{}", std::process::id()));
-    let a = artefacts(&dir);
-    let o = gpu_check(&[
-        "--artefacts",
-        &a,
-        "--dry-run",
-        "--kernels",
-        "--backends",
-        "wgpu",
-        "--skip",
-        "tests,parity,search,quant,step,torch",
-        "--out",
-        "/tmp/qdarts-gpu-check-kern",
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let all = text(&o);
+    let t = dry_run(
+        "kern",
+        &["--kernels", "--backends", "wgpu", "--skip", "tests,parity,search,quant,step,torch"],
+    );
     let profiled: Vec<&str> =
-        all.lines().map(str::trim_end).filter(|l| l.contains("bench search")).collect();
-    assert_eq!(profiled.len(), 1, "{}", text(&o));
+        t.lines().map(str::trim_end).filter(|l| l.contains("bench search")).collect();
+    assert_eq!(profiled.len(), 1, "{t}");
     let p = profiled[0];
     assert!(p.starts_with("env -C /tmp/qdarts-gpu-check-kern/kernels-wgpu "), "{p}");
     assert!(
@@ -168,7 +149,6 @@ fn a_dry_run_with_kernels_profiles_one_default_step_in_a_folder_of_its_own() {
         ),
         "{p}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `scripts/cubecl_profile.py` on a log written in CubeCL 0.11's formats at the "full" level
