@@ -90,54 +90,52 @@ fn no_adapter_is_a_clear_error() {
     assert!(!dir.exists(), "a run folder was made for a backend that never started");
 }
 
+/// `qdarts --backend wgpu GLOBAL bench search --order first --quant float --batch B --reps 1
+/// --warmup 0 --csv <file>`, which must succeed: its standard output and the CSV's header and
+/// first row.
+fn bench_on_wgpu(tag: &str, global: &[&str], batch: &str) -> (String, Vec<String>, String) {
+    let dir = common::scratch("wgpu-bench", tag);
+    let csv = dir.join("bench.csv");
+    let out = common::qdarts()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--backend", "wgpu"])
+        .args(global)
+        .args(["bench", "search", "--order", "first", "--quant", "float", "--batch", batch])
+        .args(["--reps", "1", "--warmup", "0", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let header = text.lines().next().unwrap().split(',').map(str::to_string).collect();
+    let row = text.lines().nth(1).unwrap().to_string();
+    (String::from_utf8_lossy(&out.stdout).to_string(), header, row)
+}
+
+/// The value of column `name` in a CSV row under `header`.
+fn column<'a>(header: &[String], row: &'a str, name: &str) -> Option<&'a str> {
+    let col = header.iter().position(|h| h == name).unwrap();
+    row.split(',').nth(col)
+}
+
 /// `bench search` on wgpu reports the pool's peak: the device starts with exclusive pages,
 /// which go back during a step, so the peak is sampled through one more step (a sampler thread
 /// beside the step, which must neither block it nor be left running).
 #[test]
 fn bench_search_reports_a_sampled_peak_on_wgpu() {
-    let dir = common::scratch("wgpu-bench", "peak");
-    let csv = dir.join("bench.csv");
-    let out = common::qdarts()
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--backend", "wgpu", "bench", "search", "--order", "first", "--quant", "float"])
-        .args(["--batch", "4", "--reps", "1", "--warmup", "0", "--csv"])
-        .arg(&csv)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&csv).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
-    let col = header.iter().position(|h| *h == "peak_bytes").unwrap();
-    let row = text.lines().nth(1).unwrap();
-    let peak: u64 = row.split(',').nth(col).unwrap().parse().unwrap_or(0);
+    let (_, header, row) = bench_on_wgpu("peak", &[], "4");
+    let peak: u64 = column(&header, &row, "peak_bytes").unwrap().parse().unwrap_or(0);
     // The default supernet at batch 4 holds megabytes of weights and activations.
     assert!(peak > 1 << 20, "peak {peak} bytes: {row}");
     // The binary's default, as the started device's pool report shows it.
-    let pools = header.iter().position(|h| *h == "pools").unwrap();
-    assert_eq!(row.split(',').nth(pools), Some("exclusive"), "{row}");
+    assert_eq!(column(&header, &row, "pools"), Some("exclusive"), "{row}");
 }
 
 #[test]
 fn memory_pools_adaptive_keeps_cubecls_default_pools_on_wgpu() {
-    let dir = common::scratch("wgpu-bench", "adaptive");
-    let csv = dir.join("bench.csv");
-    let out = common::qdarts()
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["--backend", "wgpu", "--memory-pools", "adaptive", "bench", "search"])
-        .args(["--order", "first", "--quant", "float", "--batch", "2", "--reps", "1"])
-        .args(["--warmup", "0", "--csv"])
-        .arg(&csv)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, header, row) = bench_on_wgpu("adaptive", &["--memory-pools", "adaptive"], "2");
     assert!(stdout.contains("on wgpu (adaptive memory pools)"), "{stdout}");
-    let text = std::fs::read_to_string(&csv).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
-    let pools = header.iter().position(|h| *h == "pools").unwrap();
-    let row = text.lines().nth(1).unwrap();
     // Read from the device's pool report, not from the flag: shared pages are listed there.
-    assert_eq!(row.split(',').nth(pools), Some("adaptive"), "{row}");
+    assert_eq!(column(&header, &row, "pools"), Some("adaptive"), "{row}");
 }
