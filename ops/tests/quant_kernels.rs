@@ -361,3 +361,47 @@ fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
         }
     }
 }
+
+#[test]
+fn a_fixed_range_gives_torch_ao_grid_once_derived_and_then_without_launches() {
+    let _serial = serial();
+    // The mixing weights' observer: unsigned 8-bit affine over [0, 1] (torch.ao's
+    // `FixedQParamsObserver` for a softmax: scale 1/255, zero point 0).
+    let spec = QuantSpec::with(
+        8,
+        false,
+        false,
+        Granularity::PerTensor,
+        ObserverKind::Fixed { min: 0.0, max: 1.0 },
+    )
+    .unwrap();
+    // Asymmetric over [-0.5, 1.5], per channel: scale 2/255, zero point round(0.5·255/2) = 64.
+    let wide = QuantSpec::with(
+        8,
+        false,
+        false,
+        Granularity::PerChannel { axis: 0 },
+        ObserverKind::Fixed { min: -0.5, max: 1.5 },
+    )
+    .unwrap();
+    for (backend, d) in devices() {
+        let x = Tensor::<1>::from_floats([0.1, 0.7, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0], &d);
+        let o = ObserverState::new(&spec, 1, &d).unwrap();
+        let first = o.grid(&spec, &x, true, false);
+        assert_eq!(vals(first.step.clone()), [1.0 / 255.0], "{backend}");
+        assert_eq!(vals(first.zero_point.clone()), [0.0], "{backend}");
+        assert_eq!(vals(first.mult.clone()), [(1.0_f32 / 255.0).recip()], "{backend}");
+        let (again, launches) = counted(&d, || o.grid(&spec, &x, true, false));
+        assert_eq!(vals(again.step), [1.0 / 255.0], "{backend}");
+        assert!(launches.is_none_or(|n| n == 0), "{backend}: {launches:?} launches");
+
+        // Another channel count is another grid.
+        let o = ObserverState::new(&wide, 3, &d).unwrap();
+        let x3 = Tensor::<2>::zeros([3, 4], &d);
+        let g = o.grid(&wide, &x3, false, false);
+        assert_eq!(vals(g.step), [2.0 / 255.0; 3], "{backend}");
+        assert_eq!(vals(g.zero_point), [64.0; 3], "{backend}");
+        let x2 = Tensor::<2>::zeros([2, 4], &d);
+        assert_eq!(vals(o.grid(&wide, &x2, false, false).zero_point), [64.0; 2], "{backend}");
+    }
+}

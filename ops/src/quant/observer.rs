@@ -12,6 +12,8 @@
 //! | `MinMax` | running min, max | torch.ao `calculate_qparams` |
 //! | `MovingAverageMinMax { c }` | moving min, max | torch.ao `calculate_qparams` |
 
+use std::sync::{Arc, Mutex};
+
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
@@ -95,7 +97,41 @@ pub struct FixedRange {
     pub min: f32,
     /// Largest value.
     pub max: f32,
+    /// The grid last derived from the range: it never changes, and deriving it is about 15
+    /// launches on a GPU (torch.ao's `calculate_qparams` as tensor expressions) at every forward
+    /// of every mixing-weight quantizer.
+    #[module(skip)]
+    grid: FixedGrid,
 }
+
+impl FixedRange {
+    /// The range `min..max`.
+    pub fn new(min: f32, max: f32) -> Self {
+        FixedRange { min, max, grid: FixedGrid::default() }
+    }
+
+    /// The grid of `c` channels on `device`, derived once per device and channel count.
+    fn grid(&self, spec: &QuantSpec, c: usize, axis: Option<usize>, device: &Device) -> Grid {
+        let mut cached = self.grid.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((d, n, g)) = &*cached
+            && d == device
+            && *n == c
+        {
+            return g.clone();
+        }
+        let lo = Tensor::<1>::full([c], self.min, device);
+        let hi = Tensor::<1>::full([c], self.max, device);
+        let (scale, zp) = qparams_from_min_max(lo, hi, spec);
+        let grid = Grid::from_step(scale, zp, spec.quant_range(), spec.round(), axis);
+        *cached = Some((device.clone(), c, grid.clone()));
+        grid
+    }
+}
+
+/// [`FixedRange`]'s derived grid with the device and channel count it is for; shared by the
+/// module's clones (the same range and spec give the same grid).
+#[derive(Debug, Clone, Default)]
+struct FixedGrid(Arc<Mutex<Option<(Device, usize, Grid)>>>);
 
 /// The threshold of the last tensor seen.
 #[derive(Module, Debug)]
@@ -179,7 +215,7 @@ impl ObserverState {
                     max: state(full(f32::NEG_INFINITY)),
                 })
             }
-            ObserverKind::Fixed { min, max } => ObserverState::Fixed(FixedRange { min, max }),
+            ObserverKind::Fixed { min, max } => ObserverState::Fixed(FixedRange::new(min, max)),
             ObserverKind::Lsq => return None,
         })
     }
@@ -362,10 +398,7 @@ impl ObserverState {
                     .copied()
                     .filter(|_| axis.is_some())
                     .unwrap_or(1);
-                let lo = Tensor::<1>::full([c], r.min, &device);
-                let hi = Tensor::<1>::full([c], r.max, &device);
-                let (scale, zp) = qparams_from_min_max(lo, hi, spec);
-                return Grid::from_step(scale, zp, spec.quant_range(), spec.round(), axis);
+                return r.grid(spec, c, axis, &device);
             }
         };
         Grid::from_threshold(threshold, spec.bin_cnt(), spec.grid_range(), spec.round(), axis)
