@@ -3,7 +3,9 @@
 //! folding of the statistics into the affine map's weight and shift.
 //!
 //! `qdarts_ops::candidates::QBatchNorm` fake-quantizes its folded weight between
-//! them, so they stay separate primitives:
+//! them, so they stay separate primitives; without that quantizer (and without affine
+//! parameters, as a DARTS search has them) the CubeCL backends differentiate the whole of it as
+//! one step, [`normalize`]:
 //!
 //! - [`statistics`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`
 //!   ([`moments`]: the two rows). Backward: `∂x = ∂μ/M + ∂σ²·2(x − μ)/M` with `M = N·H·W`.
@@ -187,6 +189,24 @@ pub trait FoldBackend: Backend {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// `x·w_c + b_c` where `m` are the batch statistics of `x` itself, `w = 1/sqrt(σ² + ε)` and
+    /// `b = −μ·w` plus a constant, all folded from `m` (see [`normalize`]): differentiated to
+    /// `x` alone, through `m` as well.
+    fn channel_normalize(
+        x: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// `∂x` of [`channel_normalize`](FoldBackend::channel_normalize) from `x`, `m`, `w` and `∂y`.
+    fn channel_normalize_backward(
+        x: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
     /// The running statistics `[2, C]` after one update (see [`running`]); `unbias` is
     /// `count/(count − 1)`.
     fn channel_running(
@@ -291,6 +311,59 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
         (Self::from_inner(dm), Self::from_inner(dw))
     }
 
+    fn channel_normalize(
+        x: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct NormalizeStep;
+
+        impl<B: Backend + FoldBackend> Backward<B, 1> for NormalizeStep {
+            /// `x`, `m` and `w`.
+            type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let (x, m, w) = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::channel_normalize_backward(x, m, w, grad)
+                });
+            }
+        }
+
+        let (m, w, b) = (m.into_primitive(), w.into_primitive(), b.into_primitive());
+        match NormalizeStep.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let xp = x.primitive().clone();
+                let out = B::channel_normalize(xp.clone(), m.clone(), w.clone(), b);
+                prep.finish((xp, m, w), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::channel_normalize(x.into_primitive(), m, w, b))
+            }
+        }
+    }
+
+    fn channel_normalize_backward(
+        x: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::from_inner(B::channel_normalize_backward(
+            x.into_primitive(),
+            m.into_primitive(),
+            w.into_primitive(),
+            grad.into_primitive(),
+        ))
+    }
+
     fn channel_running(
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
@@ -306,6 +379,41 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
             unbias,
         ))
     }
+}
+
+/// A training BatchNorm without affine parameters or a quantized multiplier, as one step
+/// backward: `x·w_c + b_c` for `x` `[N, C, H, W]`, where `m` `[2, C]` is [`statistics`] of `x`
+/// itself, `w = rstd(m, ε)` and `b = shift(m, w)` plus a constant (an int32 bias's rounding),
+/// each computed by this module's functions from `m` not differentiated. The gradient reaches
+/// `x` through `m` as well: the same value, operation for operation, as `affine(x, rstd(m),
+/// shift(m, rstd(m)))` with `m = statistics(x)` differentiated, in two launches backward
+/// (the sums `[Σ ∂y·x, Σ ∂y]`, then `∂x`) where that composition takes eight to ten (its five
+/// primitives' gradients, three sums of the gradients meeting at `x`, `m` and `w`, and at some
+/// channel counts copies of two rows of the sums).
+///
+/// # Panics
+/// Where [`fold_available`] is false for `x`.
+pub fn normalize(x: Tensor<4>, m: Tensor<2>, w: Tensor<1>, b: Tensor<1>) -> Tensor<4> {
+    assert!(
+        fold_available(&x.device(), x.dtype()),
+        "normalize: the CubeCL backends only (fold_available), not {:?}",
+        x.device()
+    );
+    #[cfg(feature = "cube")]
+    {
+        let autodiff = x.is_autodiff();
+        let (m, w, b) = (m.detach().inner(), w.detach().inner(), b.detach().inner());
+        let (m, w, b) =
+            if autodiff { (m.autodiff(), w.autodiff(), b.autodiff()) } else { (m, w, b) };
+        Tensor::from_dispatch(<burn::backend::Dispatch as FoldBackend>::channel_normalize(
+            x.into_dispatch(),
+            m.into_dispatch(),
+            w.into_dispatch(),
+            b.into_dispatch(),
+        ))
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!("fold_available is false without the CubeCL backends ({m:?}, {w:?}, {b:?})")
 }
 
 /// `x·w_c + b_c` for `x` `[N, C, H, W]` and `w`, `b` `[C]`.

@@ -2,7 +2,8 @@
 //! against the tensor expressions they replace, values and gradients, with `x` and `∂y`
 //! contiguous, channels-last and a channel slice, and the moments against an f64 computation on
 //! the host: on flex over many odd shapes, and on every backend of the build (the CubeCL ones
-//! run kernels of their own) over the search shapes and a few odd ones.
+//! run kernels of their own) over the search shapes and a few odd ones; on the CubeCL backends,
+//! `normalize` against the primitives it folds into one backward step.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -10,8 +11,11 @@
 use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use qdarts_kernels::batch_norm::{affine, moments, rstd, running, shift, statistics};
+use qdarts_kernels::batch_norm::{
+    affine, fold_available, moments, normalize, rstd, running, shift, statistics,
+};
 use qdarts_kernels::devices::compiled as devices;
+use qdarts_kernels::launches::counted;
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -241,5 +245,91 @@ fn moments_match_f64(d: &Device) {
             "channel {c}: variance {} vs {v}",
             var[c]
         );
+    }
+}
+
+/// A training BatchNorm without affine parameters, composed of the primitives with the
+/// statistics differentiated (`one_step` false) or as [`normalize`] (`one_step` true), a
+/// constant added to the shift (an int32 bias's rounding); its output and `∂x` under a fixed
+/// upstream gradient, and the launches of the backward pass.
+fn folded(
+    device: &Device,
+    dims: [usize; 4],
+    seed: u64,
+    layout: Layout,
+    one_step: bool,
+) -> [Vec<f32>; 3] {
+    let d = device.clone().autodiff();
+    let [n, c, h, w] = dims;
+    let host = Device::flex();
+    let (x, residual) = qdarts_kernels::devices::seeded(&host, seed, || {
+        let stored = match layout {
+            Layout::Contiguous => dims,
+            Layout::ChannelsLast => [n, h, w, c],
+            Layout::ChannelSlice => [n, c + 3, h, w],
+        };
+        (
+            Tensor::<4>::random(stored, Distribution::Normal(1.5, 2.0), &host),
+            Tensor::<1>::random([c], Distribution::Normal(0.0, 0.01), &host),
+        )
+    });
+    let x = Tensor::<4>::from_data(x.into_data(), &d);
+    let x = match layout {
+        Layout::Contiguous => x,
+        Layout::ChannelsLast => x.permute([0, 3, 1, 2]),
+        Layout::ChannelSlice => x.slice([0..n, 1..1 + c]),
+    };
+    let x = x.require_grad();
+    let residual = Tensor::<1>::from_data(residual.into_data(), &d);
+    let y = if one_step {
+        let m = statistics(x.clone().detach());
+        let w = rstd(m.clone(), 1e-5);
+        let b = shift(m.clone(), w.clone()).add(residual);
+        normalize(x.clone(), m, w, b)
+    } else {
+        let m = statistics(x.clone());
+        let w = rstd(m.clone(), 1e-5);
+        let b = shift(m, w.clone()).add(residual);
+        affine(x.clone(), w, b)
+    };
+    let up = y.clone().detach().mul_scalar(0.9).add_scalar(0.2).sin();
+    let loss = match layout {
+        Layout::Contiguous => y.clone().mul(up),
+        _ => y.clone().permute([0, 2, 3, 1]).mul(up.permute([0, 2, 3, 1])),
+    }
+    .sum();
+    let (g, launches) = counted(&d, || loss.backward());
+    let dx = vals(x.grad(&g).unwrap());
+    [vals(y), dx, launches.map(|l| l as f32).into_iter().collect()]
+}
+
+#[test]
+fn normalize_is_the_folded_batch_norm_in_one_backward_step() {
+    for (name, device) in devices() {
+        if !fold_available(&device, burn::tensor::DType::F32) {
+            continue;
+        }
+        for (k, dims) in
+            [[32, 4, 28, 28], [8, 16, 7, 7], [1, 3, 5, 7], [3, 2, 11, 4]].into_iter().enumerate()
+        {
+            for layout in [Layout::Contiguous, Layout::ChannelsLast, Layout::ChannelSlice] {
+                let what = format!("{name} {dims:?} {layout:?}");
+                let [y1, dx1, l1] = folded(&device, dims, k as u64 + 5, layout, true);
+                let [y0, dx0, l0] = folded(&device, dims, k as u64 + 5, layout, false);
+                assert_eq!(y1, y0, "{what}: output");
+                // The same operations in the same order; on CUDA a product and a sum may be
+                // contracted into one fused multiply-add in one kernel and not across two.
+                let e = rel_diff(&dx1, &dx0, 1e-30);
+                assert!(e <= 1e-6, "{what}: ∂x differs by {e}");
+                if !name.starts_with("cuda") {
+                    assert_eq!(dx1, dx0, "{what}: ∂x");
+                }
+                // The sums and ∂x, against the composition's eight or more: its five
+                // gradients, the three sums of the gradients meeting at `x`, `m` and `w`, and
+                // (at some channel counts) copies of the `[2, C]` sums' rows that the shift's
+                // and rstd's gradients read. The loss's own launches are on both sides.
+                assert!(l0[0] - l1[0] >= 6.0, "{what}: launches {l1:?} against {l0:?}");
+            }
+        }
     }
 }

@@ -164,6 +164,42 @@ fn moments_backward_kernel(
     }
 }
 
+/// A training BatchNorm's `∂x` in one pass, the composition of the affine map's, the shift's,
+/// the reciprocal deviation's and the moments' gradients operation for operation:
+/// `∂x = ∂y·w + (a + b·(x − μ))` with `a = −(w·S₁)/M`, `b = 2·(−½·(S₂ − μ·S₁)·w³)/M`, where
+/// `wb = [S₂, S₁] = [Σ ∂y·x, Σ ∂y]` and `w` is the reciprocal deviation the forward used.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn normalize_backward_kernel(
+    x: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    m: &[f32],
+    w: &[f32],
+    wb: &[f32],
+    out: &mut [f32],
+    plane: u32,
+    width: u32,
+    channels: u32,
+    count: f32,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let c = channel_of(i, plane, channels);
+        let (wc, mean) = (w[c], m[c]);
+        let (s2, s1) = (wb[c], wb[channels as usize + c]);
+        // shift's gradient (∂μ, and its part of ∂w), the affine map's ∂w beside it.
+        let d_mean = -(wc * s1);
+        let dw = s2 + -(mean * s1);
+        // rstd's gradient.
+        let d_var = -0.5f32 * dw * wc * wc * wc;
+        // moments' gradient, then the affine map's ∂x.
+        let a = d_mean / count;
+        let b = 2.0f32 * d_var / count;
+        let through_moments = a + b * (element(x, i, plane, width, channels) - mean);
+        out[i] = element(grad, i, plane, width, channels) * wc + through_moments;
+    }
+}
+
 /// `out_c = 1/sqrt(σ²_c + ε)` from `m = [μ, σ²]`.
 #[cube(launch)]
 fn rstd_kernel(m: &[f32], out: &mut [f32], epsilon: f32, channels: u32) {
@@ -429,6 +465,46 @@ impl FoldBackend for CubeBackend {
             c as u32,
         );
         (dm, dw)
+    }
+
+    fn channel_normalize(
+        x: CubeTensor,
+        _m: CubeTensor,
+        w: CubeTensor,
+        b: CubeTensor,
+    ) -> CubeTensor {
+        scale_shift(x, w, Some(b))
+    }
+
+    fn channel_normalize_backward(
+        x: CubeTensor,
+        m: CubeTensor,
+        w: CubeTensor,
+        grad: CubeTensor,
+    ) -> CubeTensor {
+        let (_, c, plane, width) = strided(&x);
+        let wb =
+            <CubeBackend as ChannelBackend>::channel_affine_wb_backward(x.clone(), grad.clone());
+        let (m, w) = (small(m), small(w));
+        let count = (x.meta.num_elements() / c.max(1) as usize) as f32;
+        let out = empty_like(&x);
+        let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
+        normalize_backward_kernel::launch(
+            &x.client,
+            cubes,
+            dim,
+            x.clone().into_tensor_arg(),
+            grad.into_tensor_arg(),
+            m.into_buffer_arg(),
+            w.into_buffer_arg(),
+            wb.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            plane,
+            width,
+            c,
+            count,
+        );
+        out
     }
 
     fn channel_running(

@@ -20,7 +20,9 @@ use super::conv::Bias;
 use crate::buffer::Buffer;
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
-use qdarts_kernels::batch_norm::{affine, rstd, running, shift, statistics};
+use qdarts_kernels::batch_norm::{
+    affine, fold_available, normalize, rstd, running, shift, statistics,
+};
 use qdarts_kernels::bias::{int32_residual, residual_available};
 
 /// PyTorch's BatchNorm2d defaults.
@@ -106,6 +108,23 @@ impl QBatchNorm {
     /// bias is fake-quantized at the derived scale `unit·w` (int32, straight-through), as the
     /// frozen model stores it, so that freeze changes no value.
     pub fn forward_biased(&self, x: Tensor<4>, bias: Option<Bias>) -> Tensor<4> {
+        if self.training.is_enabled()
+            && self.wq.is_none()
+            && self.gamma.is_none()
+            && self.beta.is_none()
+            && fold_available(&x.device(), x.dtype())
+        {
+            // The same values as below, differentiated as one step (`normalize`): on a GPU,
+            // six to eight launches fewer per BatchNorm backward.
+            let m = self.statistics(&x.clone().detach());
+            let w = rstd(m.clone(), EPSILON);
+            let b = shift(m.clone(), w.clone());
+            let b = match bias {
+                Some(Bias { unit, round }) => quantize_bias(b, unit.mul(w.clone()), round),
+                None => b,
+            };
+            return normalize(x, m, w, b);
+        }
         let (w, b) = self.folded(&x);
         let b = match bias {
             Some(Bias { unit, round }) => quantize_bias(b, unit.mul(w.clone().detach()), round),
