@@ -47,6 +47,55 @@ pub fn int32_residual(b: Tensor<1>, unit: Tensor<1>, ties_away: bool) -> Tensor<
     unreachable!("residual_available is false without the CubeCL backends ({ties_away})")
 }
 
+/// Whether [`int32_rounded`] runs for `b` and `factors` (the CubeCL backends, f32, one to three
+/// factors, each `[1]` or as long as `b`).
+pub fn rounded_available(b: &Tensor<1>, factors: &[Tensor<1>]) -> bool {
+    let c = b.dims()[0];
+    crate::lanes::on_cube(&b.device())
+        && b.dtype() == DType::F32
+        && (1..=3).contains(&factors.len())
+        && factors.iter().all(|f| {
+            f.dtype() == DType::F32
+                && (f.dims()[0] == c || f.dims()[0] == 1)
+                && f.device() == b.device()
+        })
+}
+
+/// `b + (b_q − b)`, [`int32_residual`] added back to `b` in the same launch, with the unit the
+/// product of `factors` in order (each `[1]`, broadcast, or per channel): the value of
+/// `b.add(int32_residual(b, f₀·f₁·f₂))`, without its two products and its sum as launches of
+/// their own. Not differentiated (for a bias folded from statistics that are not, as
+/// `batch_norm::normalize` takes it). Bit for bit that sum on Mesa's lavapipe for a bias within
+/// the int32 range; past it (`b_q` clamped, far from `b`) the sum in one kernel may come out as
+/// `b_q` itself, within a rounding at `b`'s magnitude.
+///
+/// # Panics
+/// Where [`rounded_available`] is false.
+pub fn int32_rounded(b: Tensor<1>, factors: &[Tensor<1>], ties_away: bool) -> Tensor<1> {
+    assert!(
+        rounded_available(&b, factors),
+        "int32_rounded: not available for {b:?} and {} factors",
+        factors.len()
+    );
+    #[cfg(feature = "cube")]
+    {
+        let b = b.detach().inner();
+        // Three operands whatever the count (the extension takes no lists): the unused ones
+        // repeat the first, and the kernel multiplies by `count` of them.
+        let f = |k: usize| factors.get(k).unwrap_or(&factors[0]).clone().detach().inner();
+        Tensor::<1>::from_dispatch(<burn::backend::Dispatch as BiasBackend>::int32_rounded(
+            b.into_dispatch(),
+            f(0).into_dispatch(),
+            f(1).into_dispatch(),
+            f(2).into_dispatch(),
+            factors.len() as u32,
+            ties_away,
+        ))
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!("rounded_available is false without the CubeCL backends ({ties_away})")
+}
+
 #[cfg(feature = "cube")]
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
@@ -58,6 +107,17 @@ pub trait BiasBackend: Backend {
     fn int32_residual(
         b: FloatTensor<Self>,
         unit: FloatTensor<Self>,
+        ties_away: bool,
+    ) -> FloatTensor<Self>;
+
+    /// `b + (b_q − b)` with the unit the product of the first `count` of `f0`, `f1`, `f2` (see
+    /// [`int32_rounded`]).
+    fn int32_rounded(
+        b: FloatTensor<Self>,
+        f0: FloatTensor<Self>,
+        f1: FloatTensor<Self>,
+        f2: FloatTensor<Self>,
+        count: u32,
         ties_away: bool,
     ) -> FloatTensor<Self>;
 }
@@ -93,6 +153,44 @@ mod cube {
         }
     }
 
+    /// `out = b + (b_q − b)` per element, the unit `|f₀·f₁·f₂|` (the factors past `factors`
+    /// unused, each read at its index modulo its length: a `[1]` factor is broadcast).
+    #[cube(launch)]
+    #[allow(clippy::too_many_arguments)]
+    fn rounded_kernel(
+        b: &[f32],
+        f0: &[f32],
+        f1: &[f32],
+        f2: &[f32],
+        out: &mut [f32],
+        n0: u32,
+        n1: u32,
+        n2: u32,
+        tiny: f32,
+        #[comptime] factors: u32,
+        #[comptime] ties_away: bool,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i < out.len() {
+            let i32 = i as u32;
+            let bi = b[i];
+            let mut unit = f0[(i32 % n0) as usize];
+            if factors > 1 {
+                unit *= f1[(i32 % n1) as usize];
+            }
+            if factors > 2 {
+                unit *= f2[(i32 % n2) as usize];
+            }
+            let step = f32::abs(unit);
+            let small = step < tiny;
+            let safe = select(small, 1.0, step);
+            let r = round_ties(bi / safe, ties_away);
+            let q = select(lt(r, INT_MIN), INT_MIN, select(lt(INT_MAX, r), INT_MAX, r));
+            let bq = select(small, bi, q * safe);
+            out[i] = bi + (bq - bi);
+        }
+    }
+
     /// −2³¹ and 2³¹ − 1 as f32 (the latter rounds to 2³¹, as in the expressions' clamp).
     const INT_MIN: f32 = -2_147_483_648.0;
     const INT_MAX: f32 = 2_147_483_648.0;
@@ -113,6 +211,39 @@ mod cube {
                 unit.into_buffer_arg(),
                 out.clone().into_buffer_arg(),
                 TINY_STEP,
+                ties_away,
+            );
+            out
+        }
+
+        fn int32_rounded(
+            b: CubeTensor,
+            f0: CubeTensor,
+            f1: CubeTensor,
+            f2: CubeTensor,
+            count: u32,
+            ties_away: bool,
+        ) -> CubeTensor {
+            let b = f32_contiguous(b, OP);
+            let factors = [f0, f1, f2].map(|f| f32_contiguous(f, OP));
+            let len = |k: usize| factors[k].meta.num_elements() as u32;
+            let arg = |k: usize| factors[k].clone().into_buffer_arg();
+            let out = empty_like(&b);
+            let (cubes, dim) = elementwise(&b.client, b.meta.num_elements());
+            rounded_kernel::launch(
+                &b.client,
+                cubes,
+                dim,
+                b.clone().into_buffer_arg(),
+                arg(0),
+                arg(1),
+                arg(2),
+                out.clone().into_buffer_arg(),
+                len(0),
+                len(1),
+                len(2),
+                TINY_STEP,
+                count,
                 ties_away,
             );
             out

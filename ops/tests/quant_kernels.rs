@@ -8,7 +8,8 @@
 //!   reduction, an all-zero tensor, and successive updates (so the moving averages start from
 //!   a stored state).
 //! - The int32 bias (`qdarts_kernels::bias`): ties, vanishing and negative units, values past
-//!   the int32 range, both roundings, and the straight-through gradient.
+//!   the int32 range, both roundings, and the straight-through gradient; the bias rounded and
+//!   added back in one launch with its unit as a product of one to three factors.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -16,6 +17,7 @@
 use std::sync::Mutex;
 
 use burn::tensor::{Device, Tensor};
+use qdarts_kernels::bias::{int32_rounded, rounded_available};
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::observe::{CHUNK, observe_available};
@@ -358,6 +360,59 @@ fn the_bias_kernel_gives_the_expressions_values_and_gradient() {
                 }
             }
             assert_eq!(kernel.1, reference.1, "{backend} {round:?}: gradient");
+        }
+    }
+}
+
+#[test]
+fn the_rounded_bias_kernel_is_the_sum_of_the_bias_and_its_rounding_in_one_launch() {
+    let _serial = serial();
+    let (b, unit) = bias_case();
+    let n = b.len();
+    // A conv's `s_w,c` (the case's units, some vanishing), the input's `[1]` step, then the
+    // BatchNorm's per-channel `w`; and the shorter products a pool (`[1]` step, `w`) and a
+    // factorized reduction (`[C]` unit, `w`) take.
+    let w: Vec<f32> = (0..n).map(|k| 0.4 + (k as f32 * 0.29).cos().abs() * 3.0).collect();
+    for (backend, d, _) in devices_and_division() {
+        let t = |v: &[f32]| Tensor::<1>::from_floats(v, &d);
+        let cases: [(&str, Vec<Tensor<1>>); 3] = [
+            ("conv", vec![t(&unit), t(&[0.37]), t(&w)]),
+            ("pool", vec![t(&[0.021]), t(&w)]),
+            ("reduce", vec![t(&unit)]),
+        ];
+        for (what, factors) in cases {
+            let bt = t(&b);
+            if !rounded_available(&bt, &factors) {
+                continue;
+            }
+            for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
+                let product = factors.iter().cloned().reduce(|u, f| u.mul(f)).unwrap();
+                let product = if product.dims()[0] == n { product } else { product.expand([n]) };
+                let expected = vals(quantize_bias_with(bt.clone(), product, round, false));
+                let ties_away = round == RoundMode::TiesAwayFromZero;
+                let (got, launches) =
+                    counted(&d, || vals(int32_rounded(bt.clone(), &factors, ties_away)));
+                assert_eq!(launches, Some(1), "{backend} {what} {round:?}");
+                // Bit for bit the expressions' `b + (b_q − b)` (on CUDA within a fused
+                // multiply-add of `q·s − b`).
+                let mut same = 0;
+                for (k, (x, y)) in got.iter().zip(&expected).enumerate() {
+                    same += usize::from(x.to_bits() == y.to_bits());
+                    let off = (x - y).abs();
+                    // A bias past the int32 range (`b_q` far from `b`): `b + (b_q − b)` is
+                    // `b_q` within a rounding at `b`'s magnitude, and in one kernel a shader
+                    // compiler may fold the sum (Mesa's lavapipe does: up to 56 off at
+                    // |b| ≈ 1.3e9, `b_q` ≈ 1e8).
+                    let clamped = matches!(k % 8, 2 | 3);
+                    let bound = if clamped { 1.2e-7 * b[k].abs() } else { 0.0 };
+                    let cuda = backend == "cuda" && off <= 1e-6 * y.abs().max(1.0);
+                    assert!(
+                        off <= bound || cuda,
+                        "{backend} {what} {round:?} [{k}]: {x} against {y}"
+                    );
+                }
+                eprintln!("{backend} {what} {round:?}: {same} of {n} bit for bit");
+            }
         }
     }
 }

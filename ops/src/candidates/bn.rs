@@ -23,7 +23,7 @@ use crate::quant::{RoundMode, round_with};
 use qdarts_kernels::batch_norm::{
     affine, fold_available, normalize, rstd, running, shift, statistics,
 };
-use qdarts_kernels::bias::{int32_residual, residual_available};
+use qdarts_kernels::bias::{int32_residual, int32_rounded, residual_available, rounded_available};
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;
@@ -120,14 +120,28 @@ impl QBatchNorm {
             let w = rstd(m.clone(), EPSILON);
             let b = shift(m.clone(), w.clone());
             let b = match bias {
-                Some(Bias { unit, round }) => quantize_bias(b, unit.mul(w.clone()), round),
+                Some(bias) => {
+                    let mut factors = bias.factors.clone();
+                    factors.push(w.clone());
+                    if rounded_available(&b, &factors) {
+                        // The unit's products, the rounding and the sum in one launch.
+                        let ties_away = bias.round == RoundMode::TiesAwayFromZero;
+                        int32_rounded(b, &factors, ties_away)
+                    } else {
+                        let c = b.dims()[0];
+                        quantize_bias(b, bias.unit(c).mul(w.clone()), bias.round)
+                    }
+                }
                 None => b,
             };
             return normalize(x, m, w, b);
         }
         let (w, b) = self.folded(&x);
         let b = match bias {
-            Some(Bias { unit, round }) => quantize_bias(b, unit.mul(w.clone().detach()), round),
+            Some(bias) => {
+                let unit = bias.unit(b.dims()[0]);
+                quantize_bias(b, unit.mul(w.clone().detach()), bias.round)
+            }
             None => b,
         };
         affine(x, w, b)

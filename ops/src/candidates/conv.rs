@@ -45,13 +45,29 @@ impl ConvShape {
 }
 
 /// The derived quantization of a bias added to an integer accumulator: one accumulator unit per
-/// channel (`s_in·s_w,c`, detached) and the rounding.
+/// channel (`s_w,c·s_in`, detached) as the factors of its product, and the rounding.
 #[derive(Debug, Clone)]
 pub struct Bias {
-    /// Value of one accumulator unit, `[C]`.
-    pub unit: Tensor<1>,
+    /// The factors of one accumulator unit, multiplied in order, each `[C]` or `[1]` (the
+    /// same for every channel): kept apart so that a kernel can take the product where it is
+    /// used, rather than a launch per product.
+    pub factors: Vec<Tensor<1>>,
     /// Rounding of `bias/unit`.
     pub round: RoundMode,
+}
+
+impl Bias {
+    /// One accumulator unit per channel, `[channels]`: the factors' product (a `[1]` product
+    /// broadcast as a view).
+    ///
+    /// # Panics
+    /// Without factors.
+    pub fn unit(&self, channels: usize) -> Tensor<1> {
+        let mut factors = self.factors.iter().cloned();
+        let first = factors.next().expect("a bias unit has one factor at least");
+        let unit = factors.fold(first, |u, f| u.mul(f));
+        if unit.dims()[0] == channels { unit } else { unit.expand([channels]) }
+    }
 }
 
 /// Conv2d without bias whose weight is fake-quantized per output channel.
@@ -154,12 +170,10 @@ impl QConv {
             (Some(q), Some(ig)) => {
                 let (w, g) = q.forward_with_grid(self.weight.val());
                 let held = g.is_held() || ig.is_held();
-                let c = w.dims()[0];
-                // `s_w·s_in`, one launch (a per-tensor weight grid's `[1]` broadcast to `[C]`).
-                let unit = g.step.detach().mul(ig.step.clone().detach());
-                let unit = if unit.dims()[0] == c { unit } else { unit.expand([c]) };
+                // `s_w·s_in`, multiplied where it is used.
+                let factors = vec![g.step.detach(), ig.step.clone().detach()];
                 let y = conv2d(x, w, self.options());
-                let bias = (!held).then(|| Bias { unit, round: q.spec().round() });
+                let bias = (!held).then(|| Bias { factors, round: q.spec().round() });
                 (y, bias)
             }
             _ => (self.forward_mixed(x, probs), None),

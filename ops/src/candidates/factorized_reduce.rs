@@ -69,7 +69,11 @@ impl QFactorizedReduce {
         let (y2, u2) = self.conv2.forward_unit(shifted, grid, wp);
         let unit = match (u1, u2) {
             (Some(a), Some(b)) => {
-                Some(Bias { unit: Tensor::cat(vec![a.unit, b.unit], 0), round: a.round })
+                let (c1, c2) = (y1.dims()[1], y2.dims()[1]);
+                Some(Bias {
+                    factors: vec![Tensor::cat(vec![a.unit(c1), b.unit(c2)], 0)],
+                    round: a.round,
+                })
             }
             _ => None,
         };

@@ -64,14 +64,12 @@ impl QPoolBN {
     /// - x: `[N, C, H, W]`; output: `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
         let s = [self.stride; 2];
-        let c = x.dims()[1];
         // The pooled values stay on the input's grid: one accumulator unit is its step.
-        // The step broadcast to `[C]` as a view, no launch (it was `ones([C])·step`: two).
-        let unit = x.grid.as_ref().filter(|g| !g.is_held()).map(|g| {
-            let step = g.step.clone().detach();
-            let unit = if step.dims()[0] == c { step } else { step.expand([c]) };
-            Bias { unit, round: g.round }
-        });
+        let unit = x
+            .grid
+            .as_ref()
+            .filter(|g| !g.is_held())
+            .map(|g| Bias { factors: vec![g.step.clone().detach()], round: g.round });
         let pooled = match self.kind {
             PoolKind::Max => {
                 let opts = MaxPoolOptions::new([3, 3]).with_stride(s).with_padding([1, 1]);
