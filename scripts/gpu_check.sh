@@ -24,9 +24,10 @@
 #   --step-timeout S: stop any one step after S seconds and count it failed (default 900).
 #   --skip LIST: comma-separated steps left out, of tests, parity, search, quant, step, torch.
 #   --kernels: also profile the CubeCL backends' kernels (cuda, wgpu): one default-shape
-#        step (first order, float) after one warm-up, every kernel timed by CubeCL's profiling
-#        logger; scripts/cubecl_profile.py sums the timed step's launches per kernel into
-#        <backend>-kernels.txt (the whole log's if the step did not finish).
+#        step (first order, float, then tensorrt) after one warm-up, every kernel timed by
+#        CubeCL's profiling logger; scripts/cubecl_profile.py sums the timed step's launches
+#        per kernel into <backend>-<quant>-kernels.txt (the whole log's if the step did not
+#        finish).
 #   --adaptive: also time cuda and wgpu with CubeCL's default memory pools (`--memory-pools
 #        adaptive`: less memory, more host time than the binary's exclusive pages), as rows
 #        of their own in every round.
@@ -270,25 +271,27 @@ for b in "${list[@]}"; do
       ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
   fi
   if [ "$kernels" = 1 ] && [ "$b" != tch ]; then
-    # CubeCL reads cubecl.toml from the working directory: a folder of its own holds one that
-    # turns the profiling logger on, and the step runs there (every path absolute).
-    kdir="$out/kernels-$b" klog="$out/kernels-$b.log"
-    if [ "$dry" = 0 ]; then
-      mkdir -p "$kdir" && kdir="$(cd "$kdir" && pwd)" && klog="$kdir.log"
-      printf '[profiling.logger]\nlevel = "full"\nappend = false\nfile = "%s"\n' "$klog" \
-        > "$kdir/cubecl.toml"
-    fi
-    kexe="$exe"
-    [ "$dry" = 1 ] || kexe="$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")"
-    steps=(--steps 2 --drop-first 1)
-    run "$b-kernels" env -C "$kdir" "$kexe" "${dev[@]}" bench search --shape default \
-      --order first --quant float --reps 1 --warmup 1 || { failed=1; steps=(); }
-    # A step stopped by --step-timeout still leaves the launches it timed: summed, without a
-    # per-step column.
-    if [ "$dry" = 0 ] && [ -s "$klog" ]; then
-      "$python" scripts/cubecl_profile.py "$klog" "${steps[@]}" --csv "$out/kernels-$b.csv" \
-        > "$out/$b-kernels.txt" 2>&1 || failed=1
-    fi
+    for q in float tensorrt; do
+      # CubeCL reads cubecl.toml from the working directory: a folder of its own holds one
+      # that turns the profiling logger on, and the step runs there (every path absolute).
+      kdir="$out/kernels-$b-$q" klog="$out/kernels-$b-$q.log"
+      if [ "$dry" = 0 ]; then
+        mkdir -p "$kdir" && kdir="$(cd "$kdir" && pwd)" && klog="$kdir.log"
+        printf '[profiling.logger]\nlevel = "full"\nappend = false\nfile = "%s"\n' "$klog" \
+          > "$kdir/cubecl.toml"
+      fi
+      kexe="$exe"
+      [ "$dry" = 1 ] || kexe="$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")"
+      steps=(--steps 2 --drop-first 1)
+      run "$b-$q-kernels" env -C "$kdir" "$kexe" "${dev[@]}" bench search --shape default \
+        --order first --quant "$q" --reps 1 --warmup 1 || { failed=1; steps=(); }
+      # A step stopped by --step-timeout still leaves the launches it timed: summed, without
+      # a per-step column.
+      if [ "$dry" = 0 ] && [ -s "$klog" ]; then
+        "$python" scripts/cubecl_profile.py "$klog" "${steps[@]}" \
+          --csv "$out/kernels-$b-$q.csv" > "$out/$b-$q-kernels.txt" 2>&1 || failed=1
+      fi
+    done
   fi
   if wanted quant; then
     run "$b-quant" "${pre[@]}" "$exe" "${dev[@]}" bench quant --reps "$reps" \
@@ -406,8 +409,9 @@ for (backend, order, quant), rows in sorted(steps_by.items()):
 for f in sorted(glob.glob(os.path.join(out, "*-kernels.txt"))):
     lines = open(f).read().splitlines()
     print()
-    print(f"Kernel time of {os.path.basename(f)[:-len('-kernels.txt')]}, one default-shape step "
-          "(first order, float) after its warm-up, per kernel (scripts/cubecl_profile.py):")
+    backend, quant = os.path.basename(f)[:-len('-kernels.txt')].rsplit("-", 1)
+    print(f"Kernel time of {backend}, one default-shape step (first order, {quant}) after its "
+          "warm-up, per kernel (scripts/cubecl_profile.py):")
     print()
     print("```")
     print("\n".join(lines[:18]))

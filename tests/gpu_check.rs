@@ -133,22 +133,22 @@ fn a_dry_run_with_adaptive_times_the_default_pools_beside_exclusive_pages() {
 }
 
 #[test]
-fn a_dry_run_with_kernels_profiles_one_default_step_in_a_folder_of_its_own() {
+fn a_dry_run_with_kernels_profiles_a_float_and_a_tensorrt_step_in_folders_of_their_own() {
     let t = dry_run(
         "kern",
         &["--kernels", "--backends", "wgpu", "--skip", "tests,parity,search,quant,step,torch"],
     );
     let profiled: Vec<&str> =
         t.lines().map(str::trim_end).filter(|l| l.contains("bench search")).collect();
-    assert_eq!(profiled.len(), 1, "{t}");
-    let p = profiled[0];
-    assert!(p.starts_with("env -C /tmp/qdarts-gpu-check-kern/kernels-wgpu "), "{p}");
-    assert!(
-        p.ends_with(
-            "--backend wgpu bench search --shape default --order first --quant float --reps 1 --warmup 1"
-        ),
-        "{p}"
-    );
+    assert_eq!(profiled.len(), 2, "{t}");
+    for (p, quant) in profiled.iter().zip(["float", "tensorrt"]) {
+        let folder = format!("env -C /tmp/qdarts-gpu-check-kern/kernels-wgpu-{quant} ");
+        assert!(p.starts_with(&folder), "{p}");
+        let step = format!(
+            "--backend wgpu bench search --shape default --order first --quant {quant} --reps 1 --warmup 1"
+        );
+        assert!(p.ends_with(&step), "{p}");
+    }
 }
 
 /// `scripts/cubecl_profile.py` on a log written in CubeCL 0.11's formats at the "full" level
