@@ -17,6 +17,13 @@ use qdarts_kernels::batch_norm::{
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 
+/// Held by every test here: the launch count sees every thread of the process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
 }
@@ -178,6 +185,7 @@ fn check(dims: [usize; 4], seed: u64) -> Result<(), String> {
 
 #[test]
 fn the_kernels_match_the_tensor_expressions_on_every_backend() {
+    let _serial = serial();
     let shapes = [[32, 4, 28, 28], [32, 16, 7, 7], [1, 3, 5, 7], [5, 7, 1, 1], [3, 2, 11, 4]];
     for (name, device) in devices() {
         for (k, dims) in shapes.into_iter().enumerate() {
@@ -191,6 +199,7 @@ fn the_kernels_match_the_tensor_expressions_on_every_backend() {
 
 #[test]
 fn the_kernels_match_the_tensor_expressions_on_the_search_shapes() {
+    let _serial = serial();
     for (k, dims) in
         [[32, 4, 28, 28], [32, 8, 14, 14], [32, 16, 7, 7], [8, 16, 32, 32]].into_iter().enumerate()
     {
@@ -200,6 +209,7 @@ fn the_kernels_match_the_tensor_expressions_on_the_search_shapes() {
 
 #[test]
 fn the_kernels_match_the_tensor_expressions_on_odd_shapes() {
+    let _serial = serial();
     // Planes shorter than one 8-lane block, sizes that leave remainders, one image, one
     // channel.
     let strategy = ((1usize..=5, 1usize..=7), (1usize..=11, 1usize..=11), any::<u64>(), 0usize..3);
@@ -217,6 +227,7 @@ fn the_kernels_match_the_tensor_expressions_on_odd_shapes() {
 
 #[test]
 fn the_moments_match_an_f64_computation() {
+    let _serial = serial();
     for (name, device) in devices() {
         eprintln!("{name}");
         moments_match_f64(&device);
@@ -305,6 +316,7 @@ fn folded(
 
 #[test]
 fn normalize_is_the_folded_batch_norm_in_one_backward_step() {
+    let _serial = serial();
     for (name, device) in devices() {
         if !fold_available(&device, burn::tensor::DType::F32) {
             continue;
