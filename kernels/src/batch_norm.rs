@@ -10,7 +10,8 @@
 //! - [`statistics`]: `[mean, biased variance]` of every channel of `[N, C, H, W]`, as `[2, C]`
 //!   ([`moments`]: the two rows). Backward: `∂x = ∂μ/M + ∂σ²·2(x − μ)/M` with `M = N·H·W`.
 //! - [`rstd`] `1/sqrt(σ² + ε)`, [`shift`] `−μ·w` and [`running`] (the running-statistics
-//!   update), each from the `[2, C]` statistics.
+//!   update), each from the `[2, C]` statistics; [`fold`]: the statistics and these three at
+//!   once (one launch on the CubeCL backends), none differentiated, for [`normalize`].
 //! - [`affine`]: `y = x·w_c + b_c`. Backward: `∂x = ∂y·w_c`, `∂w_c = Σ ∂y·x`, `∂b_c = Σ ∂y`.
 //!
 //! As tensor expressions these are a dozen passes over the activation forward and backward
@@ -142,8 +143,7 @@ pub fn running(
     momentum: f64,
     count: usize,
 ) -> (Tensor<1>, Tensor<1>) {
-    let count = count as f64;
-    let unbias = count / (count - 1.0).max(1.0);
+    let unbias = unbias(count);
     let m = m.detach();
     #[cfg(feature = "cube")]
     if fold_available(&m.device(), m.dtype()) {
@@ -165,10 +165,79 @@ pub fn running(
     )
 }
 
+/// Bessel's correction `count/(count − 1)` of a variance over `count` values (1 for one value).
+fn unbias(count: usize) -> f64 {
+    let count = count as f64;
+    count / (count - 1.0).max(1.0)
+}
+
+/// What a training BatchNorm without affine parameters computes from its batch before it
+/// normalizes: see [`fold`].
+#[derive(Debug, Clone)]
+pub struct Folded {
+    /// [`statistics`] of the batch, `[2, C]`.
+    pub statistics: Tensor<2>,
+    /// [`rstd`] of them, `[C]`.
+    pub weight: Tensor<1>,
+    /// [`shift`] of them and the weight, `[C]`.
+    pub shift: Tensor<1>,
+    /// The running mean after [`running`]'s update, `[C]`.
+    pub mean: Tensor<1>,
+    /// The running (unbiased) variance after the update, `[C]`.
+    pub var: Tensor<1>,
+}
+
+/// [`statistics`] of `x` `[N, C, H, W]`, [`rstd`] and [`shift`] of them and [`running`]'s
+/// update of the running `mean` and `var` `[C]`, none differentiated (`x` is read detached;
+/// [`normalize`] differentiates `x` through the statistics): on the CubeCL backends one launch
+/// where these are four, by the same arithmetic, so the same values bit for bit
+/// (`tests/batch_norm.rs`); elsewhere those four functions.
+pub fn fold(x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>, epsilon: f64, momentum: f64) -> Folded {
+    let [n, _, h, w] = x.dims();
+    let count = n * h * w;
+    let x = x.detach();
+    #[cfg(feature = "cube")]
+    if fold_available(&x.device(), x.dtype()) {
+        let (m, w, b, mean, var) = <burn::backend::Dispatch as FoldBackend>::channel_fold(
+            x.into_dispatch(),
+            mean.detach().into_dispatch(),
+            var.detach().into_dispatch(),
+            epsilon as f32,
+            momentum as f32,
+            unbias(count) as f32,
+        );
+        let [weight, shift, mean, var] = [w, b, mean, var].map(Tensor::from_dispatch);
+        return Folded { statistics: Tensor::from_dispatch(m), weight, shift, mean, var };
+    }
+    let m = statistics(x);
+    let weight = rstd(m.clone(), epsilon);
+    let shift = shift(m.clone(), weight.clone());
+    let (mean, var) = running(mean, var, m.clone(), momentum, count);
+    Folded { statistics: m, weight, shift, mean, var }
+}
+
 /// The per-channel folding of a BatchNorm's statistics (see [`fold_available`]); CubeCL only.
 #[cfg(feature = "cube")]
 #[backend_extension(Cube, Autodiff)]
 pub trait FoldBackend: Backend {
+    /// The statistics `m` `[2, C]` of `x` `[N, C, H, W]`, `w` and `b` `[C]` folded from them
+    /// and the running mean and variance `[C]` after one update, in one launch (see [`fold`]);
+    /// not differentiated.
+    fn channel_fold(
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        epsilon: f32,
+        momentum: f32,
+        unbias: f32,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
     /// `1/sqrt(σ² + ε)` from `m` `[2, C]`: `[C]`.
     fn channel_rstd(m: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self>;
 
@@ -220,6 +289,32 @@ pub trait FoldBackend: Backend {
 
 #[cfg(feature = "cube")]
 impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B, C> {
+    fn channel_fold(
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        epsilon: f32,
+        momentum: f32,
+        unbias: f32,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let (m, w, b, mean, var) = B::channel_fold(
+            x.into_primitive(),
+            mean.into_primitive(),
+            var.into_primitive(),
+            epsilon,
+            momentum,
+            unbias,
+        );
+        let [m, w, b, mean, var] = [m, w, b, mean, var].map(Self::from_inner);
+        (m, w, b, mean, var)
+    }
+
     fn channel_rstd(m: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct RstdStep;

@@ -2,8 +2,9 @@
 //! against the tensor expressions they replace, values and gradients, with `x` and `∂y`
 //! contiguous, channels-last and a channel slice, and the moments against an f64 computation on
 //! the host: on flex over many odd shapes, and on every backend of the build (the CubeCL ones
-//! run kernels of their own) over the search shapes and a few odd ones; on the CubeCL backends,
-//! `normalize` against the primitives it folds into one backward step.
+//! run kernels of their own) over the search shapes and a few odd ones; `fold` against the four
+//! functions it does at once; on the CubeCL backends, `normalize` against the primitives it
+//! folds into one backward step.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -12,7 +13,7 @@ use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use qdarts_kernels::batch_norm::{
-    affine, fold_available, moments, normalize, rstd, running, shift, statistics,
+    affine, fold, fold_available, moments, normalize, rstd, running, shift, statistics,
 };
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
@@ -341,6 +342,91 @@ fn normalize_is_the_folded_batch_norm_in_one_backward_step() {
                 // (at some channel counts) copies of the `[2, C]` sums' rows that the shift's
                 // and rstd's gradients read. The loss's own launches are on both sides.
                 assert!(l0[0] - l1[0] >= 6.0, "{what}: launches {l1:?} against {l0:?}");
+            }
+        }
+    }
+}
+
+/// `fold` of a batch `dims` laid out as `layout` and seeded running statistics, or the four
+/// functions it stands for; the five results and the launches they took.
+fn folded_batch(
+    device: &Device,
+    dims: [usize; 4],
+    seed: u64,
+    layout: Layout,
+    at_once: bool,
+) -> ([Vec<f32>; 5], Option<u64>) {
+    let d = device.clone().autodiff();
+    let [n, c, h, w] = dims;
+    let host = Device::flex();
+    let (x, mean, var) = qdarts_kernels::devices::seeded(&host, seed, || {
+        let stored = match layout {
+            Layout::Contiguous => dims,
+            Layout::ChannelsLast => [n, h, w, c],
+            Layout::ChannelSlice => [n, c + 3, h, w],
+        };
+        (
+            Tensor::<4>::random(stored, Distribution::Normal(-0.7, 3.0), &host),
+            Tensor::<1>::random([c], Distribution::Normal(0.0, 1.0), &host),
+            Tensor::<1>::random([c], Distribution::Uniform(0.5, 2.0), &host),
+        )
+    });
+    let x = Tensor::<4>::from_data(x.into_data(), &d);
+    let x = match layout {
+        Layout::Contiguous => x,
+        Layout::ChannelsLast => x.permute([0, 3, 1, 2]),
+        Layout::ChannelSlice => x.slice([0..n, 1..1 + c]),
+    }
+    .require_grad();
+    let mean = Tensor::<1>::from_data(mean.into_data(), &d);
+    let var = Tensor::<1>::from_data(var.into_data(), &d);
+    let (outs, launches) = counted(&d, || {
+        if at_once {
+            let f = fold(x.clone(), mean, var, 1e-5, 0.1);
+            [f.statistics.reshape([2 * c]), f.weight, f.shift, f.mean, f.var]
+        } else {
+            let m = statistics(x.clone().detach());
+            let wt = rstd(m.clone(), 1e-5);
+            let b = shift(m.clone(), wt.clone());
+            let (rm, rv) = running(mean, var, m.clone(), 0.1, n * h * w);
+            [m.reshape([2 * c]), wt, b, rm, rv]
+        }
+    });
+    for o in &outs {
+        assert!(!o.is_require_grad(), "fold's results are constants");
+    }
+    (outs.map(vals), launches)
+}
+
+#[test]
+fn fold_is_the_statistics_rstd_shift_and_running_update_in_one_launch() {
+    let _serial = serial();
+    for (name, device) in devices() {
+        for (k, dims) in [[32, 4, 28, 28], [8, 16, 7, 7], [1, 3, 5, 7], [3, 2, 11, 4], [1, 5, 1, 1]]
+            .into_iter()
+            .enumerate()
+        {
+            for layout in [Layout::Contiguous, Layout::ChannelsLast, Layout::ChannelSlice] {
+                let what = format!("{name} {dims:?} {layout:?}");
+                let (at_once, l1) = folded_batch(&device, dims, k as u64 + 40, layout, true);
+                let (apart, l0) = folded_batch(&device, dims, k as u64 + 40, layout, false);
+                let parts = ["statistics", "weight", "shift", "running mean", "running var"];
+                for ((a, b), part) in at_once.iter().zip(&apart).zip(parts) {
+                    // The same functions of the same values; on CUDA a product and a sum may
+                    // be contracted into one fused multiply-add in one kernel and not in
+                    // another.
+                    let e = rel_diff(a, b, 1e-30);
+                    assert!(e <= 1e-6, "{what}: {part} differs by {e}");
+                    if !name.starts_with("cuda") {
+                        assert_eq!(a, b, "{what}: {part}");
+                    }
+                }
+                if fold_available(&device, burn::tensor::DType::F32) {
+                    // One, against the moments, rstd, shift and running kernels (and, on
+                    // some backends, slices of the running update's two rows).
+                    assert_eq!(l1, Some(1), "{what}: launches");
+                    assert!(l0 >= Some(4), "{what}: launches apart {l0:?}");
+                }
             }
         }
     }

@@ -51,8 +51,37 @@ fn channel_of(i: usize, plane: u32, channels: u32) -> usize {
     ((i as u32 / plane) % channels) as usize
 }
 
-/// `out = [mean, biased variance]` `[2, C]`, one cube per channel: the mean first, then the
-/// centred squares about it (a one-pass `E[x²] − E[x]²` would lose the variance of offset data).
+/// The mean and biased variance of channel `ch` of `x`, summed by the cube: the mean first,
+/// then the centred squares about it (a one-pass `E[x²] − E[x]²` would lose the variance of
+/// offset data).
+#[cube]
+fn channel_moments(
+    x: &Tensor<f32>,
+    shared: &mut Shared<[f32]>,
+    ch: u32,
+    images: u32,
+    plane: u32,
+    width: u32,
+) -> (f32, f32) {
+    let count = images * plane;
+    let mut sum = 0.0f32;
+    let mut j = UNIT_POS_X;
+    while j < count {
+        sum += x[offset(x, j / plane, ch, j % plane, width)];
+        j += CUBE_DIM_X;
+    }
+    let mean = cube_sum(shared, sum) / count as f32;
+    let mut squares = 0.0f32;
+    let mut j = UNIT_POS_X;
+    while j < count {
+        let d = x[offset(x, j / plane, ch, j % plane, width)] - mean;
+        squares += d * d;
+        j += CUBE_DIM_X;
+    }
+    (mean, cube_sum(shared, squares) / count as f32)
+}
+
+/// `out = [mean, biased variance]` `[2, C]`, one cube per channel.
 #[cube(launch)]
 fn moments_kernel(
     x: &Tensor<f32>,
@@ -64,25 +93,48 @@ fn moments_kernel(
 ) {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let ch = CUBE_POS_X;
-    let count = images * plane;
-    let mut sum = 0.0f32;
-    let mut j = UNIT_POS_X;
-    while j < count {
-        sum += x[offset(x, j / plane, ch, j % plane, width)];
-        j += CUBE_DIM_X;
-    }
-    let mean = cube_sum(&mut shared, sum) / count as f32;
-    let mut squares = 0.0f32;
-    let mut j = UNIT_POS_X;
-    while j < count {
-        let d = x[offset(x, j / plane, ch, j % plane, width)] - mean;
-        squares += d * d;
-        j += CUBE_DIM_X;
-    }
-    let var = cube_sum(&mut shared, squares) / count as f32;
+    let (mean, var) = channel_moments(x, &mut shared, ch, images, plane, width);
     if UNIT_POS_X == 0 {
         out[ch as usize] = mean;
         out[(CUBE_COUNT_X + ch) as usize] = var;
+    }
+}
+
+/// [`moments_kernel`] with, per channel, what [`rstd_kernel`], [`shift_kernel`] and
+/// [`running_kernel`] compute from the moments, by the same functions: `m = [μ, σ²]`,
+/// `w = 1/sqrt(σ² + ε)`, `b = −μ·w` and the running statistics `mean'` and `var'` (each its
+/// own buffer: rows of one `[2, C]` would take a slicing launch each to separate).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn moments_fold_kernel(
+    x: &Tensor<f32>,
+    mean: &[f32],
+    var: &[f32],
+    m: &mut [f32],
+    w: &mut [f32],
+    b: &mut [f32],
+    running_mean: &mut [f32],
+    running_var: &mut [f32],
+    images: u32,
+    plane: u32,
+    width: u32,
+    epsilon: f32,
+    momentum: f32,
+    unbias: f32,
+    #[comptime] units: usize,
+) {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let ch = CUBE_POS_X;
+    let (mu, sigma2) = channel_moments(x, &mut shared, ch, images, plane, width);
+    if UNIT_POS_X == 0 {
+        let (c, channels) = (ch as usize, CUBE_COUNT_X as usize);
+        m[c] = mu;
+        m[channels + c] = sigma2;
+        let wc = rstd_of(sigma2, epsilon);
+        w[c] = wc;
+        b[c] = shift_of(mu, wc);
+        running_mean[c] = running_mean_of(mean[c], mu, momentum);
+        running_var[c] = running_var_of(var[c], sigma2, momentum, unbias);
     }
 }
 
@@ -200,12 +252,38 @@ fn normalize_backward_kernel(
     }
 }
 
+/// `1/sqrt(σ² + ε)`.
+#[cube]
+fn rstd_of(sigma2: f32, epsilon: f32) -> f32 {
+    1.0f32 / f32::sqrt(sigma2 + epsilon)
+}
+
+/// `−μ·w`.
+#[cube]
+fn shift_of(mu: f32, w: f32) -> f32 {
+    -(mu * w)
+}
+
+/// `(1 − k)·mean + k·μ` with `k` the momentum.
+#[cube]
+fn running_mean_of(mean: f32, mu: f32, momentum: f32) -> f32 {
+    let keep = 1.0f32 - momentum;
+    mean * keep + mu * momentum
+}
+
+/// `(1 − k)·var + k·σ²·unbias` with `k` the momentum.
+#[cube]
+fn running_var_of(var: f32, sigma2: f32, momentum: f32, unbias: f32) -> f32 {
+    let keep = 1.0f32 - momentum;
+    var * keep + sigma2 * unbias * momentum
+}
+
 /// `out_c = 1/sqrt(σ²_c + ε)` from `m = [μ, σ²]`.
 #[cube(launch)]
 fn rstd_kernel(m: &[f32], out: &mut [f32], epsilon: f32, channels: u32) {
     let c = ABSOLUTE_POS;
     if c < channels as usize {
-        out[c] = 1.0f32 / f32::sqrt(m[channels as usize + c] + epsilon);
+        out[c] = rstd_of(m[channels as usize + c], epsilon);
     }
 }
 
@@ -215,7 +293,7 @@ fn rstd_backward_kernel(m: &[f32], grad: &[f32], out: &mut [f32], epsilon: f32, 
     let c = ABSOLUTE_POS;
     let channels = channels as usize;
     if c < channels {
-        let w = 1.0f32 / f32::sqrt(m[channels + c] + epsilon);
+        let w = rstd_of(m[channels + c], epsilon);
         out[c] = 0.0f32;
         out[channels + c] = -0.5f32 * grad[c] * w * w * w;
     }
@@ -226,7 +304,7 @@ fn rstd_backward_kernel(m: &[f32], grad: &[f32], out: &mut [f32], epsilon: f32, 
 fn shift_kernel(m: &[f32], w: &[f32], out: &mut [f32], channels: u32) {
     let c = ABSOLUTE_POS;
     if c < channels as usize {
-        out[c] = -(m[c] * w[c]);
+        out[c] = shift_of(m[c], w[c]);
     }
 }
 
@@ -264,9 +342,8 @@ fn running_kernel(
     let c = ABSOLUTE_POS;
     let channels = channels as usize;
     if c < channels {
-        let keep = 1.0f32 - momentum;
-        out[c] = mean[c] * keep + m[c] * momentum;
-        out[channels + c] = var[c] * keep + m[channels + c] * unbias * momentum;
+        out[c] = running_mean_of(mean[c], m[c], momentum);
+        out[channels + c] = running_var_of(var[c], m[channels + c], momentum, unbias);
     }
 }
 
@@ -392,6 +469,43 @@ impl ChannelBackend for CubeBackend {
 }
 
 impl FoldBackend for CubeBackend {
+    fn channel_fold(
+        x: CubeTensor,
+        mean: CubeTensor,
+        var: CubeTensor,
+        epsilon: f32,
+        momentum: f32,
+        unbias: f32,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        let (n, c, plane, width) = strided(&x);
+        let (mean, var) = (small(mean), small(var));
+        let m = empty_shaped(&x, vec![2, c as usize]);
+        let [w, b, running_mean, running_var] =
+            [(); 4].map(|()| empty_shaped(&x, vec![c as usize]));
+        let (cubes, dim) = per_channel(c);
+        moments_fold_kernel::launch(
+            &x.client,
+            cubes,
+            dim,
+            x.clone().into_tensor_arg(),
+            mean.into_buffer_arg(),
+            var.into_buffer_arg(),
+            m.clone().into_buffer_arg(),
+            w.clone().into_buffer_arg(),
+            b.clone().into_buffer_arg(),
+            running_mean.clone().into_buffer_arg(),
+            running_var.clone().into_buffer_arg(),
+            n,
+            plane,
+            width,
+            epsilon,
+            momentum,
+            unbias,
+            UNITS as usize,
+        );
+        (m, w, b, running_mean, running_var)
+    }
+
     fn channel_rstd(m: CubeTensor, epsilon: f32) -> CubeTensor {
         let m = small(m);
         let c = m.meta.num_elements() / 2;
