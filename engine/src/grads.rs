@@ -5,7 +5,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
-use qdarts_kernels::optim::squared_sum;
+use qdarts_kernels::optim::squared_sum_onto;
 use qdarts_record::NanSite;
 
 use crate::config::InjectSite;
@@ -33,11 +33,7 @@ struct SquaredNorm<'a> {
 impl ModuleVisitor for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.grads.get::<D>(param.id) {
-            let sq = squared_sum(g);
-            self.sum = Some(match self.sum.take() {
-                Some(acc) => acc.add(sq),
-                None => sq,
-            });
+            self.sum = Some(squared_sum_onto(self.sum.take(), g));
         }
     }
 }

@@ -7,15 +7,15 @@
 //! thread timing on a GPU). A DARTS supernet has hundreds of parameters, so on the CubeCL
 //! backends each is one kernel here ([`step_available`]): the update one thread per element
 //! writing the parameter and its momentum buffer, the squared sum one cube summing in a fixed
-//! order. Elsewhere (flex, LibTorch) they are the expressions, operation for operation as
+//! order and adding the sum onto the norm's running total ([`squared_sum_onto`]). Elsewhere (flex, LibTorch) they are the expressions, operation for operation as
 //! Burn's `Sgd` and PyTorch's `torch.optim.SGD` order them. On CUDA the kernel's `a·b + c` may
 //! be contracted into one fused multiply-add: its last bit may differ from the expressions'.
 //! `tests/optim.rs` holds the two together on every backend of the build.
 
 use burn::tensor::{DType, Device, Tensor};
 
-/// Whether [`sgd_update`] and [`squared_sum`] run this module's kernels for tensors on
-/// `device` with this dtype (the CubeCL backends, f32).
+/// Whether [`sgd_update`] and [`squared_sum`] ([`squared_sum_onto`]) run this module's kernels
+/// for tensors on `device` with this dtype (the CubeCL backends, f32).
 pub fn step_available(device: &Device, dtype: DType) -> bool {
     crate::lanes::on_cube(device) && dtype == DType::F32
 }
@@ -61,13 +61,31 @@ pub fn sgd_update<const D: usize>(
 
 /// `Σ g²` over every element of `g`: `[1]`.
 pub fn squared_sum<const D: usize>(g: Tensor<D>) -> Tensor<1> {
+    squared_sum_onto(None, g)
+}
+
+/// `acc + Σ g²` (`Σ g²` without `acc`), `[1]`: a running sum over many tensors (the global
+/// gradient norm's) in one launch per tensor on the CubeCL backends, where a sum and an add
+/// would be two; the same f32 add of the same sum.
+pub fn squared_sum_onto<const D: usize>(acc: Option<Tensor<1>>, g: Tensor<D>) -> Tensor<1> {
     #[cfg(feature = "cube")]
-    if step_available(&g.device(), g.dtype()) {
+    if step_available(&g.device(), g.dtype())
+        && acc.as_ref().is_none_or(|a| step_available(&a.device(), a.dtype()))
+    {
+        let has_acc = acc.is_some();
+        // Without a sum, `g` stands in for it (not read).
+        let acc = acc.map_or_else(|| g.clone().into_dispatch(), |a| a.detach().into_dispatch());
         return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::squared_sum(
             g.into_dispatch(),
+            acc,
+            has_acc,
         ));
     }
-    g.square().sum()
+    let sq = g.square().sum();
+    match acc {
+        Some(acc) => acc.add(sq),
+        None => sq,
+    }
 }
 
 #[cfg(feature = "cube")]
@@ -91,8 +109,12 @@ pub trait StepBackend: Backend {
         lr: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `Σ g²`: `[1]`.
-    fn squared_sum(g: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `acc[0] + Σ g²`, or `Σ g²` without `has_acc` (`acc` is then not read): `[1]`.
+    fn squared_sum(
+        g: FloatTensor<Self>,
+        acc: FloatTensor<Self>,
+        has_acc: bool,
+    ) -> FloatTensor<Self>;
 }
 
 #[cfg(feature = "cube")]
@@ -136,10 +158,17 @@ mod cube {
         }
     }
 
-    /// `out[0] = Σ g²` over the `n` elements of `g`: each unit a fixed stride of them, then a
-    /// tree in shared memory.
+    /// `out[0] = Σ g²` over the `n` elements of `g` (`before[0] + Σ g²` with `has_acc`): each unit
+    /// a fixed stride of them, then a tree in shared memory.
     #[cube(launch)]
-    fn squared_sum_kernel(g: &Tensor<f32>, out: &mut [f32], n: u32, #[comptime] units: usize) {
+    fn squared_sum_kernel(
+        g: &Tensor<f32>,
+        before: &[f32],
+        out: &mut [f32],
+        n: u32,
+        #[comptime] units: usize,
+        #[comptime] has_acc: bool,
+    ) {
         let mut shared = Shared::<[f32]>::new_slice(units);
         let mut acc = 0.0f32;
         let mut j = UNIT_POS_X as usize;
@@ -150,7 +179,11 @@ mod cube {
         }
         let total = cube_sum(&mut shared, acc);
         if UNIT_POS_X == 0 {
-            out[0] = total;
+            if has_acc {
+                out[0] = before[0] + total;
+            } else {
+                out[0] = total;
+            }
         }
     }
 
@@ -195,8 +228,9 @@ mod cube {
             (out, v)
         }
 
-        fn squared_sum(g: CubeTensor) -> CubeTensor {
+        fn squared_sum(g: CubeTensor, acc: CubeTensor, has_acc: bool) -> CubeTensor {
             let g = f32_strided(g, OP);
+            let acc = if has_acc { f32_contiguous(acc, OP) } else { g.clone() };
             let n = g.meta.num_elements() as u32;
             let out = empty_shaped(&g, vec![1]);
             squared_sum_kernel::launch(
@@ -204,9 +238,11 @@ mod cube {
                 CubeCount::new_1d(1),
                 CubeDim::new_1d(UNITS),
                 g.clone().into_tensor_arg(),
+                acc.into_buffer_arg(),
                 out.clone().into_buffer_arg(),
                 n,
                 UNITS as usize,
+                has_acc,
             );
             out
         }

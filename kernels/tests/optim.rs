@@ -1,4 +1,4 @@
-//! The optimizer kernels (`sgd_update`, `squared_sum`) on every backend of the build against
+//! The optimizer kernels (`sgd_update`, `squared_sum`, `squared_sum_onto`) on every backend of the build against
 //! the tensor expressions they replace (Burn's and PyTorch's SGD order) and against the same
 //! arithmetic on the host, with gradients laid out channels-last as the convolutions leave them.
 
@@ -7,7 +7,15 @@
 
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_kernels::devices::compiled as devices;
-use qdarts_kernels::optim::{sgd_update, squared_sum};
+use qdarts_kernels::launches::counted;
+use qdarts_kernels::optim::{sgd_update, squared_sum, squared_sum_onto};
+
+/// Held by every test here: the launch count sees every thread of the process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -57,6 +65,7 @@ fn host_sgd(
 
 #[test]
 fn the_sgd_update_matches_the_expressions_and_the_host_on_every_backend() {
+    let _serial = serial();
     let hyper = (3e-4f32, 0.9f32, 0.025f32);
     for (name, d) in devices() {
         for (k, dims) in
@@ -103,6 +112,7 @@ fn the_sgd_update_matches_the_expressions_and_the_host_on_every_backend() {
 
 #[test]
 fn the_squared_sum_matches_an_f64_sum_and_repeats_bit_for_bit_on_every_backend() {
+    let _serial = serial();
     for (name, d) in devices() {
         for (k, dims) in [[64, 32, 3, 3], [16, 8, 5, 5], [3, 1, 1, 1]].into_iter().enumerate() {
             let (_, g, _) = draw(&d, dims, 60 + k as u64);
@@ -117,6 +127,39 @@ fn the_squared_sum_matches_an_f64_sum_and_repeats_bit_for_bit_on_every_backend()
             for _ in 0..3 {
                 assert_eq!(vals(squared_sum(g.clone()))[0].to_bits(), got[0].to_bits(), "{name}");
             }
+        }
+    }
+}
+
+#[test]
+fn a_running_squared_sum_is_the_sum_plus_each_tensors_squared_sum_in_one_launch_each() {
+    let _serial = serial();
+    for (name, d) in devices() {
+        let tensors: Vec<Tensor<4>> = [[8, 4, 3, 3], [3, 1, 1, 1], [16, 8, 5, 5]]
+            .into_iter()
+            .enumerate()
+            .map(|(k, dims)| draw(&d, dims, 80 + k as u64).1)
+            .collect();
+        let (running, launches) = counted(&d, || {
+            let mut acc: Option<Tensor<1>> = None;
+            for g in &tensors {
+                acc = Some(squared_sum_onto(acc, g.clone()));
+            }
+            vals(acc.unwrap())
+        });
+        // The same f32 sums added in the same order, as tensors.
+        let mut want: Option<Tensor<1>> = None;
+        for g in &tensors {
+            let sq = squared_sum(g.clone());
+            want = Some(match want {
+                Some(acc) => acc.add(sq),
+                None => sq,
+            });
+        }
+        let want = vals(want.unwrap());
+        assert_eq!(running[0].to_bits(), want[0].to_bits(), "{name}: {running:?} vs {want:?}");
+        if let Some(n) = launches {
+            assert_eq!(n, 3, "{name}: one launch per tensor");
         }
     }
 }
