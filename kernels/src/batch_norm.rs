@@ -222,7 +222,8 @@ pub fn fold(x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>, epsilon: f64, momentu
 pub trait FoldBackend: Backend {
     /// The statistics `m` `[2, C]` of `x` `[N, C, H, W]`, `w` and `b` `[C]` folded from them
     /// and the running mean and variance `[C]` after one update, in one launch (see [`fold`]);
-    /// not differentiated.
+    /// not differentiated. (Five tensors spelled out: the extension macro reads the tuple.)
+    #[allow(clippy::type_complexity)]
     fn channel_fold(
         x: FloatTensor<Self>,
         mean: FloatTensor<Self>,
@@ -289,6 +290,7 @@ pub trait FoldBackend: Backend {
 
 #[cfg(feature = "cube")]
 impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B, C> {
+    #[allow(clippy::type_complexity)]
     fn channel_fold(
         x: FloatTensor<Self>,
         mean: FloatTensor<Self>,
