@@ -62,6 +62,26 @@ enum Layout {
     ChannelSlice,
 }
 
+impl Layout {
+    /// The dims of the stored tensor that [`Layout::view`] makes `[N, C, H, W]` `dims` of.
+    fn stored(self, [n, c, h, w]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Layout::Contiguous => [n, c, h, w],
+            Layout::ChannelsLast => [n, h, w, c],
+            Layout::ChannelSlice => [n, c + 3, h, w],
+        }
+    }
+
+    /// `[N, C, H, W]` `dims` viewed in the stored tensor `x`.
+    fn view(self, x: Tensor<4>, [n, c, _, _]: [usize; 4]) -> Tensor<4> {
+        match self {
+            Layout::Contiguous => x,
+            Layout::ChannelsLast => x.permute([0, 3, 1, 2]),
+            Layout::ChannelSlice => x.slice([0..n, 1..1 + c]),
+        }
+    }
+}
+
 /// A BatchNorm as `QBatchNorm` computes it: `affine(x, w, b)` with `w = γ/sqrt(var + ε)` and
 /// `b = β − mean·w`, the statistics folded by [`rstd`] and [`shift`] (`ours`) or by the tensor
 /// expressions; its output, the gradients of x, γ and β under a fixed upstream gradient, and
@@ -80,11 +100,7 @@ fn batch_norm(
     let (x, gamma, beta) = qdarts_kernels::devices::seeded(&host, seed, || {
         // An offset mean, so that centring matters.
         let normal = Distribution::Normal(1.5, 2.0);
-        let stored = match layout {
-            Layout::Contiguous => dims,
-            Layout::ChannelsLast => [n, h, w, c],
-            Layout::ChannelSlice => [n, c + 3, h, w],
-        };
+        let stored = layout.stored(dims);
         (
             Tensor::<4>::random(stored, normal, &host),
             Tensor::<1>::random([c], Distribution::Normal(1.0, 0.3), &host),
@@ -92,11 +108,7 @@ fn batch_norm(
         )
     });
     let x = Tensor::<4>::from_data(x.into_data(), &d);
-    let x = match layout {
-        Layout::Contiguous => x,
-        Layout::ChannelsLast => x.permute([0, 3, 1, 2]),
-        Layout::ChannelSlice => x.slice([0..n, 1..1 + c]),
-    };
+    let x = layout.view(x, dims);
     let gamma = Tensor::<1>::from_data(gamma.into_data(), &d);
     let beta = Tensor::<1>::from_data(beta.into_data(), &d);
     let (x, gamma, beta) = (x.require_grad(), gamma.require_grad(), beta.require_grad());
@@ -272,25 +284,17 @@ fn folded(
     one_step: bool,
 ) -> [Vec<f32>; 3] {
     let d = device.clone().autodiff();
-    let [n, c, h, w] = dims;
+    let c = dims[1];
     let host = Device::flex();
     let (x, residual) = qdarts_kernels::devices::seeded(&host, seed, || {
-        let stored = match layout {
-            Layout::Contiguous => dims,
-            Layout::ChannelsLast => [n, h, w, c],
-            Layout::ChannelSlice => [n, c + 3, h, w],
-        };
+        let stored = layout.stored(dims);
         (
             Tensor::<4>::random(stored, Distribution::Normal(1.5, 2.0), &host),
             Tensor::<1>::random([c], Distribution::Normal(0.0, 0.01), &host),
         )
     });
     let x = Tensor::<4>::from_data(x.into_data(), &d);
-    let x = match layout {
-        Layout::Contiguous => x,
-        Layout::ChannelsLast => x.permute([0, 3, 1, 2]),
-        Layout::ChannelSlice => x.slice([0..n, 1..1 + c]),
-    };
+    let x = layout.view(x, dims);
     let x = x.require_grad();
     let residual = Tensor::<1>::from_data(residual.into_data(), &d);
     let y = if one_step {
@@ -360,11 +364,7 @@ fn folded_batch(
     let [n, c, h, w] = dims;
     let host = Device::flex();
     let (x, mean, var) = qdarts_kernels::devices::seeded(&host, seed, || {
-        let stored = match layout {
-            Layout::Contiguous => dims,
-            Layout::ChannelsLast => [n, h, w, c],
-            Layout::ChannelSlice => [n, c + 3, h, w],
-        };
+        let stored = layout.stored(dims);
         (
             Tensor::<4>::random(stored, Distribution::Normal(-0.7, 3.0), &host),
             Tensor::<1>::random([c], Distribution::Normal(0.0, 1.0), &host),
@@ -372,12 +372,7 @@ fn folded_batch(
         )
     });
     let x = Tensor::<4>::from_data(x.into_data(), &d);
-    let x = match layout {
-        Layout::Contiguous => x,
-        Layout::ChannelsLast => x.permute([0, 3, 1, 2]),
-        Layout::ChannelSlice => x.slice([0..n, 1..1 + c]),
-    }
-    .require_grad();
+    let x = layout.view(x, dims).require_grad();
     let mean = Tensor::<1>::from_data(mean.into_data(), &d);
     let var = Tensor::<1>::from_data(var.into_data(), &d);
     let (outs, launches) = counted(&d, || {
