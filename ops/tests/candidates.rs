@@ -239,6 +239,86 @@ fn mixed_op_with_one_hot_weights_equals_the_selected_op_within_one_step() {
     });
 }
 
+/// The mixed op's candidates share one ReLU of the edge's input; the definition runs each
+/// candidate on its own (its own ReLU, as pt.darts' ops do). Two modules from one seed, the
+/// same input and mixing weights: the same output bit for bit (float and tensorrt, whose
+/// observers then see the same tensors), and the same gradients of the input, the mixing
+/// weights and every parameter up to the order of the sums.
+#[test]
+fn mixed_op_sharing_one_relu_is_each_candidate_on_its_own() {
+    let ad = dev().autodiff();
+    for preset in [None, Some(Preset::Tensorrt)] {
+        let cfg = preset.map_or_else(QuantConfig::float, QuantConfig::preset);
+        for stride in [1, 2] {
+            let name = format!("{preset:?} stride {stride}");
+            let build = || {
+                seeded(|| {
+                    QMixedOp::new(&Primitive::ALL, 4, stride, &cfg, "cells.1.edges.0", &ad).unwrap()
+                })
+            };
+            let (shared, alone) = (build(), build());
+            let (x, w) = seeded(|| {
+                let x = input([2, 4, 8, 8], &ad);
+                let w = Tensor::<1>::random([Primitive::ALL.len()], Distribution::Default, &ad);
+                (x, w)
+            });
+
+            let (x1, w1) = (x.clone().require_grad(), w.clone().require_grad());
+            let out1 = shared.forward(QTensor::float(x1.clone()), w1.clone()).value;
+            let g1 = out1.clone().square().sum().backward();
+
+            let (x2, w2) = (x.require_grad(), w.require_grad());
+            let wq = alone.mix.as_ref().map_or(w2.clone(), |q| q.forward(w2.clone()));
+            let mut sum: Option<Tensor<4>> = None;
+            for (i, op) in alone.ops.iter().enumerate() {
+                let y = op.forward(QTensor::float(x2.clone())).value;
+                let wi = wq.clone().slice(i..i + 1).reshape([1, 1, 1, 1]);
+                sum = Some(match sum {
+                    None => y.mul(wi),
+                    Some(acc) => acc.add(y.mul(wi)),
+                });
+            }
+            let out2 = qdarts_ops::candidates::quantize_opt(&alone.act, sum.unwrap()).value;
+            let g2 = out2.clone().square().sum().backward();
+
+            let within = |what: &str, a: Vec<f64>, b: Vec<f64>, rel: f64| {
+                assert_eq!(a.len(), b.len(), "{name}: {what}");
+                let scale = b.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+                let d = a.iter().zip(&b).fold(0f64, |d, (p, q)| d.max((p - q).abs()));
+                assert!(d <= rel * scale, "{name}: {what} differs by {d} (largest {scale})");
+            };
+            within("output", nd(out1), nd(out2), 0.0);
+            let near = |what: &str, a, b| within(what, a, b, 1e-5);
+            near("input gradient", nd(x1.grad(&g1).unwrap()), nd(x2.grad(&g2).unwrap()));
+            near("mixing-weight gradient", nd(w1.grad(&g1).unwrap()), nd(w2.grad(&g2).unwrap()));
+            let (p1, p2) = (param_grads(&shared, &g1), param_grads(&alone, &g2));
+            assert_eq!(p1.len(), p2.len(), "{name}: parameters");
+            assert!(!p1.is_empty());
+            for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
+                near(&format!("parameter {i} gradient"), a, b);
+            }
+        }
+    }
+}
+
+/// The gradient of every float parameter of `m`, in visiting order.
+fn param_grads(m: &impl Module, grads: &Gradients) -> Vec<Vec<f64>> {
+    struct Collect<'a> {
+        grads: &'a Gradients,
+        out: Vec<Vec<f64>>,
+    }
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if let Some(g) = p.val().grad(self.grads) {
+                self.out.push(nd(g));
+            }
+        }
+    }
+    let mut c = Collect { grads, out: Vec::new() };
+    m.visit(&mut c);
+    c.out
+}
+
 #[test]
 fn every_quantizer_reports_under_a_unique_stable_path() {
     seeded(|| {

@@ -5,6 +5,7 @@ use burn::module::{Flag, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, Tensor};
 
 use crate::qconfig::{QuantConfig, Site};
+use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, Grid, QuantError, SpecError, TensorRole};
 
 /// An activation and the grid its values lie on (`None`: float).
@@ -25,6 +26,12 @@ impl QTensor {
     /// The activation's shape.
     pub fn dims(&self) -> [usize; 4] {
         self.value.dims()
+    }
+
+    /// The ReLU of the activation, on its grid (a ReLU of values on a grid is on it: the grid
+    /// holds 0); on a held grid with the mask at `w` ([`relu_held`]).
+    pub fn relu(self) -> QTensor {
+        QTensor { value: relu_held(self.value, self.grid.as_ref()), grid: self.grid }
     }
 }
 

@@ -7,7 +7,6 @@ use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{ConvChain, ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// ReLU – depthwise dilated conv – pointwise conv – BN.
@@ -78,8 +77,13 @@ impl QDilConv {
 
     /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        self.forward_relued(x.relu(), bits)
+    }
+
+    /// [`forward_bits`](Self::forward_bits) from the ReLU of its input ([`QTensor::relu`]).
+    pub fn forward_relued(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
-        let y = self.dw.forward_mixed(relu_held(x.value, x.grid.as_ref()), wp);
+        let y = self.dw.forward_mixed(x.value, wp);
         let y = quantize_site(&self.dw_act, &self.dw_act_mix, y, ap);
         let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref(), wp);
         let y = self.bn.forward_biased(y, unit);

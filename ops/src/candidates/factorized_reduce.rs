@@ -8,7 +8,6 @@ use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{Bias, ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
 
 /// Two offset strided 1×1 convs, concatenated, then BN.
@@ -60,9 +59,14 @@ impl QFactorizedReduce {
 
     /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        self.forward_relued(x.relu(), bits)
+    }
+
+    /// [`forward_bits`](Self::forward_bits) from the ReLU of its input ([`QTensor::relu`]).
+    pub fn forward_relued(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
         let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
         let grid = x.grid.as_ref();
-        let x = relu_held(x.value, grid);
+        let x = x.value;
         let [_, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
         let (y1, u1) = self.conv1.forward_unit(x, grid, wp);

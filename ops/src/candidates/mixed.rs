@@ -138,7 +138,8 @@ impl QMixedOp {
         quantize_opt(&self.act, channel_shuffle(cat, self.partial))
     }
 
-    /// `Σ_i w_i · op_i(x)` with the mixing weights fake-quantized (`None` without candidates).
+    /// `Σ_i w_i · op_i(x)` with the mixing weights fake-quantized (`None` without candidates);
+    /// the candidates that start with a ReLU share one ([`CandidateOp::forward_shared`]).
     fn weighted_sum(
         &self,
         x: QTensor,
@@ -150,9 +151,10 @@ impl QMixedOp {
             None => weights,
         };
         let mut sum: Option<Tensor<4>> = None;
+        let mut relued = None;
         for (i, op) in self.ops.iter().enumerate() {
             let probs = bits.map(|b| b.op(i));
-            let y = op.forward_bits(x.clone(), probs.as_ref()).value;
+            let y = op.forward_shared(&x, &mut relued, probs.as_ref()).value;
             // `sum + y · w[i]`: one launch on the CubeCL backends, no slice of `w`.
             sum = Some(qdarts_kernels::scale::add_scaled(sum, y, w.clone(), i));
         }

@@ -164,6 +164,29 @@ impl CandidateOp {
         }
     }
 
+    /// [`forward_bits`](Self::forward_bits) for a candidate of an edge whose candidates share
+    /// `relued`, the ReLU of `x` computed by the first one that starts with it (as the
+    /// separable, dilated and factorized convolutions do): the same values as
+    /// [`forward_bits`](Self::forward_bits), one ReLU (and one ReLU backward) per edge rather
+    /// than one per candidate, and one ReLU output kept for the backward.
+    pub fn forward_shared(
+        &self,
+        x: &QTensor,
+        relued: &mut Option<QTensor>,
+        bits: Option<&BitProbs>,
+    ) -> QTensor {
+        let mut relu = || relued.get_or_insert_with(|| x.clone().relu()).clone();
+        match self {
+            CandidateOp::Reduce(op) => op.forward_relued(relu(), bits),
+            CandidateOp::Sep(op) => op.forward_relued(relu(), bits),
+            CandidateOp::Dil(op) => op.forward_relued(relu(), bits),
+            CandidateOp::Fac(op) => op.forward_relued(relu(), bits),
+            CandidateOp::Zero(_) | CandidateOp::Pool(_) | CandidateOp::Identity(_) => {
+                self.forward_bits(x.clone(), bits)
+            }
+        }
+    }
+
     /// Multiply-accumulates (of its convolutions; pooling and BN are not counted) and conv
     /// weights per image on an `h×w` input.
     pub fn cost(&self, h: usize, w: usize) -> OpCost {

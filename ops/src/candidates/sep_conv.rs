@@ -44,7 +44,12 @@ impl QSepConv {
 
     /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        self.op2.forward_bits(self.op1.forward_bits(x, bits), bits)
+        self.forward_relued(x.relu(), bits)
+    }
+
+    /// [`forward_bits`](Self::forward_bits) from the ReLU of its input ([`QTensor::relu`]).
+    pub fn forward_relued(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
+        self.op2.forward_bits(self.op1.forward_relued(x, bits), bits)
     }
 }
 
