@@ -198,16 +198,8 @@ pub fn fold(x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>, epsilon: f64, momentu
     let x = x.detach();
     #[cfg(feature = "cube")]
     if fold_available(&x.device(), x.dtype()) {
-        let (m, w, b, mean, var) = <burn::backend::Dispatch as FoldBackend>::channel_fold(
-            x.into_dispatch(),
-            mean.detach().into_dispatch(),
-            var.detach().into_dispatch(),
-            epsilon as f32,
-            momentum as f32,
-            unbias(count) as f32,
-        );
-        let [weight, shift, mean, var] = [w, b, mean, var].map(Tensor::from_dispatch);
-        return Folded { statistics: Tensor::from_dispatch(m), weight, shift, mean, var };
+        let (f0, f1) = (mean.clone(), var.clone());
+        return cube_fold(x, [mean, var], [f0, f1], 0, epsilon, momentum, false);
     }
     let m = statistics(x);
     let weight = rstd(m.clone(), epsilon);
@@ -216,21 +208,108 @@ pub fn fold(x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>, epsilon: f64, momentu
     Folded { statistics: m, weight, shift, mean, var }
 }
 
+/// Whether [`fold_rounded`] runs for `x` and the bias unit's `factors`: where
+/// [`fold_available`], with one or two f32 factors, each `[1]` or `[C]`, on `x`'s device.
+pub fn fold_rounded_available(x: &Tensor<4>, factors: &[Tensor<1>]) -> bool {
+    let c = x.dims()[1];
+    fold_available(&x.device(), x.dtype())
+        && (1..=2).contains(&factors.len())
+        && factors.iter().all(|f| {
+            f.dtype() == DType::F32
+                && (f.dims()[0] == c || f.dims()[0] == 1)
+                && f.device() == x.device()
+        })
+}
+
+/// [`fold`] with its shift rounded as an int32 bias on an accumulator whose unit is the
+/// product of `factors` and the folded weight, in the same launch: the shift is
+/// `bias::int32_rounded(shift, factors ++ [weight], ties_away)` bit for bit, one launch
+/// where that is two.
+///
+/// # Panics
+/// Where [`fold_rounded_available`] is false.
+pub fn fold_rounded(
+    x: Tensor<4>,
+    mean: Tensor<1>,
+    var: Tensor<1>,
+    epsilon: f64,
+    momentum: f64,
+    factors: &[Tensor<1>],
+    ties_away: bool,
+) -> Folded {
+    assert!(
+        fold_rounded_available(&x, factors),
+        "fold_rounded: not available for {:?} with {} factors",
+        x.device(),
+        factors.len()
+    );
+    #[cfg(feature = "cube")]
+    {
+        let autodiff = x.is_autodiff();
+        // The factors as the same kind of tensor as `x` (the extension dispatches on it).
+        let f = |k: usize| {
+            let f = factors.get(k).unwrap_or(&factors[0]).clone().detach().inner();
+            if autodiff { f.autodiff() } else { f }
+        };
+        let count = factors.len() as u32;
+        cube_fold(x.detach(), [mean, var], [f(0), f(1)], count, epsilon, momentum, ties_away)
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!(
+        "fold_available is false without the CubeCL backends ({mean:?}, {var:?}, {epsilon}, \
+         {momentum}, {ties_away})"
+    )
+}
+
+/// The one launch of [`fold`] and [`fold_rounded`] (`factors` 0: the shift unrounded).
+#[cfg(feature = "cube")]
+fn cube_fold(
+    x: Tensor<4>,
+    [mean, var]: [Tensor<1>; 2],
+    [f0, f1]: [Tensor<1>; 2],
+    factors: u32,
+    epsilon: f64,
+    momentum: f64,
+    ties_away: bool,
+) -> Folded {
+    let [n, _, h, w] = x.dims();
+    let (m, w, b, mean, var) = <burn::backend::Dispatch as FoldBackend>::channel_fold(
+        x.into_dispatch(),
+        mean.detach().into_dispatch(),
+        var.detach().into_dispatch(),
+        f0.into_dispatch(),
+        f1.into_dispatch(),
+        factors,
+        epsilon as f32,
+        momentum as f32,
+        unbias(n * h * w) as f32,
+        ties_away,
+    );
+    let [weight, shift, mean, var] = [w, b, mean, var].map(Tensor::from_dispatch);
+    Folded { statistics: Tensor::from_dispatch(m), weight, shift, mean, var }
+}
+
 /// The per-channel folding of a BatchNorm's statistics (see [`fold_available`]); CubeCL only.
 #[cfg(feature = "cube")]
 #[backend_extension(Cube, Autodiff)]
 pub trait FoldBackend: Backend {
     /// The statistics `m` `[2, C]` of `x` `[N, C, H, W]`, `w` and `b` `[C]` folded from them
     /// and the running mean and variance `[C]` after one update, in one launch (see [`fold`]);
-    /// not differentiated. (Five tensors spelled out: the extension macro reads the tuple.)
-    #[allow(clippy::type_complexity)]
+    /// not differentiated; with `factors` 1 or 2, `b` rounded as an int32 bias whose unit is
+    /// the product of the first `factors` of `f0`, `f1` and `w` (see [`fold_rounded`]). (Five
+    /// tensors spelled out: the extension macro reads the tuple.)
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn channel_fold(
         x: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
+        f0: FloatTensor<Self>,
+        f1: FloatTensor<Self>,
+        factors: u32,
         epsilon: f32,
         momentum: f32,
         unbias: f32,
+        ties_away: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -290,14 +369,18 @@ pub trait FoldBackend: Backend {
 
 #[cfg(feature = "cube")]
 impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B, C> {
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn channel_fold(
         x: FloatTensor<Self>,
         mean: FloatTensor<Self>,
         var: FloatTensor<Self>,
+        f0: FloatTensor<Self>,
+        f1: FloatTensor<Self>,
+        factors: u32,
         epsilon: f32,
         momentum: f32,
         unbias: f32,
+        ties_away: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -309,9 +392,13 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
             x.into_primitive(),
             mean.into_primitive(),
             var.into_primitive(),
+            f0.into_primitive(),
+            f1.into_primitive(),
+            factors,
             epsilon,
             momentum,
             unbias,
+            ties_away,
         );
         let [m, w, b, mean, var] = [m, w, b, mean, var].map(Self::from_inner);
         (m, w, b, mean, var)

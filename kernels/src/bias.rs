@@ -123,7 +123,7 @@ pub trait BiasBackend: Backend {
 }
 
 #[cfg(feature = "cube")]
-mod cube {
+pub(crate) mod cube {
     use burn_cubecl::CubeBackend;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::prelude::*;
@@ -143,14 +143,20 @@ mod cube {
         let i = ABSOLUTE_POS;
         if i < out.len() {
             let bi = b[i];
-            let step = f32::abs(unit[i]);
-            let small = step < tiny;
-            let safe = select(small, 1.0, step);
-            let r = round_ties(bi / safe, ties_away);
-            let q = select(lt(r, INT_MIN), INT_MIN, select(lt(INT_MAX, r), INT_MAX, r));
-            let bq = select(small, bi, q * safe);
-            out[i] = bq - bi;
+            out[i] = int32_of(bi, unit[i], tiny, ties_away) - bi;
         }
+    }
+
+    /// `b_q = clamp(round(b/s), −2³¹, 2³¹ − 1)·s` with `s = |unit|`, or `b` where
+    /// `s < tiny` (see the module docs).
+    #[cube]
+    pub(crate) fn int32_of(bi: f32, unit: f32, tiny: f32, #[comptime] ties_away: bool) -> f32 {
+        let step = f32::abs(unit);
+        let small = step < tiny;
+        let safe = select(small, 1.0, step);
+        let r = round_ties(bi / safe, ties_away);
+        let q = select(lt(r, INT_MIN), INT_MIN, select(lt(INT_MAX, r), INT_MAX, r));
+        select(small, bi, q * safe)
     }
 
     /// `out = b + (b_q − b)` per element, the unit `|f₀·f₁·f₂|` (the factors past `factors`
@@ -181,13 +187,7 @@ mod cube {
             if factors > 2 {
                 unit *= f2[(i32 % n2) as usize];
             }
-            let step = f32::abs(unit);
-            let small = step < tiny;
-            let safe = select(small, 1.0, step);
-            let r = round_ties(bi / safe, ties_away);
-            let q = select(lt(r, INT_MIN), INT_MIN, select(lt(INT_MAX, r), INT_MAX, r));
-            let bq = select(small, bi, q * safe);
-            out[i] = bi + (bq - bi);
+            out[i] = bi + (int32_of(bi, unit, tiny, ties_away) - bi);
         }
     }
 

@@ -13,8 +13,10 @@ use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use qdarts_kernels::batch_norm::{
-    affine, fold, fold_available, moments, normalize, rstd, running, shift, statistics,
+    affine, fold, fold_available, fold_rounded, fold_rounded_available, moments, normalize, rstd,
+    running, shift, statistics,
 };
+use qdarts_kernels::bias::int32_rounded;
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 
@@ -424,5 +426,126 @@ fn fold_is_the_statistics_rstd_shift_and_running_update_in_one_launch() {
                 }
             }
         }
+    }
+}
+
+/// `fold_rounded` against `fold` and then `bias::int32_rounded` of its shift with the unit
+/// `factors·weight`: the same five results in one launch where those are two; and the rounded
+/// shift is what an int32 bias is, a whole number of units within half a unit of the shift.
+#[test]
+fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
+    let _serial = serial();
+    let host = Device::flex();
+    let mut ran = 0;
+    for (name, device) in devices() {
+        let d = device.clone().autodiff();
+        for (k, dims) in [[8, 16, 7, 7], [1, 3, 5, 7], [3, 2, 11, 4]].into_iter().enumerate() {
+            let c = dims[1];
+            let (x, mean, var, step, per_channel) =
+                qdarts_kernels::devices::seeded(&host, k as u64 + 60, || {
+                    (
+                        Tensor::<4>::random(dims, Distribution::Normal(-0.7, 3.0), &host),
+                        Tensor::<1>::random([c], Distribution::Normal(0.0, 1.0), &host),
+                        Tensor::<1>::random([c], Distribution::Uniform(0.5, 2.0), &host),
+                        Tensor::<1>::random([1], Distribution::Uniform(0.02, 0.05), &host),
+                        Tensor::<1>::random([c], Distribution::Uniform(0.5, 4.0), &host),
+                    )
+                });
+            let on = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), &d);
+            let x = Tensor::<4>::from_data(x.into_data(), &d).require_grad();
+            // A per-tensor input step and per-channel weight steps (a convolution's unit);
+            // one factor alone; and a vanishing unit, which leaves the shift as it is.
+            let cases = [
+                vec![on(step.clone()), on(per_channel.clone())],
+                vec![on(per_channel.clone().mul_scalar(0.01))],
+                vec![on(step.clone().mul_scalar(0.0)), on(per_channel.clone())],
+            ];
+            for (j, factors) in cases.into_iter().enumerate() {
+                if !fold_rounded_available(&x, &factors) {
+                    continue;
+                }
+                ran += 1;
+                for ties_away in [false, true] {
+                    let what = format!("{name} {dims:?} case {j} ties away {ties_away}");
+                    let ((f, at_once), l1) = counted(&d, || {
+                        let f = fold_rounded(
+                            x.clone(),
+                            on(mean.clone()),
+                            on(var.clone()),
+                            1e-5,
+                            0.1,
+                            &factors,
+                            ties_away,
+                        );
+                        let at_once = [
+                            f.statistics.clone().reshape([2 * c]),
+                            f.weight.clone(),
+                            f.shift.clone(),
+                            f.mean.clone(),
+                            f.var.clone(),
+                        ];
+                        (f, at_once)
+                    });
+                    let ((plain, apart), l0) = counted(&d, || {
+                        let f = fold(x.clone(), on(mean.clone()), on(var.clone()), 1e-5, 0.1);
+                        let mut unit = factors.clone();
+                        unit.push(f.weight.clone());
+                        let b = int32_rounded(f.shift.clone(), &unit, ties_away);
+                        let apart = [
+                            f.statistics.clone().reshape([2 * c]),
+                            f.weight.clone(),
+                            b,
+                            f.mean.clone(),
+                            f.var.clone(),
+                        ];
+                        (f, apart)
+                    });
+                    assert_eq!(l1, Some(1), "{what}: launches");
+                    assert_eq!(l0, Some(2), "{what}: launches apart");
+                    let parts = ["statistics", "weight", "shift", "running mean", "running var"];
+                    for ((a, b), part) in at_once.into_iter().zip(apart).zip(parts) {
+                        assert!(!a.is_require_grad(), "{what}: {part} is a constant");
+                        let (a, b) = (vals(a), vals(b));
+                        let e = rel_diff(&a, &b, 1e-30);
+                        assert!(e <= 1e-6, "{what}: {part} differs by {e}");
+                        if !name.starts_with("cuda") {
+                            assert_eq!(a, b, "{what}: {part}");
+                        }
+                    }
+                    // The definition, on the host in f64: the shift is the nearest multiple
+                    // of the unit (or the shift itself where the unit vanishes).
+                    let unit: Vec<f64> = {
+                        let mut u = vec![1.0f64; c];
+                        for t in factors.iter().cloned().chain([f.weight.clone()]) {
+                            let v = vals(t);
+                            for (i, ui) in u.iter_mut().enumerate() {
+                                *ui *= f64::from(v[i % v.len()]);
+                            }
+                        }
+                        u
+                    };
+                    let (rounded, shift) = (vals(f.shift), vals(plain.shift));
+                    let mut moved = 0;
+                    for i in 0..c {
+                        let (r, s, u) = (f64::from(rounded[i]), f64::from(shift[i]), unit[i].abs());
+                        if u < 1e-30 {
+                            assert_eq!(r, s, "{what}: channel {i} with a vanishing unit");
+                            continue;
+                        }
+                        let q = r / u;
+                        assert!((q - q.round()).abs() < 1e-3, "{what}: channel {i}: {q} units");
+                        assert!((r - s).abs() <= u * 0.5 * (1.0 + 1e-5), "{what}: channel {i}");
+                        moved += usize::from(r != s);
+                    }
+                    if j < 2 {
+                        assert!(moved > 0, "{what}: no shift was rounded");
+                    }
+                }
+            }
+        }
+    }
+    // The kernel runs on the CubeCL backends; a build with one of them must have run it.
+    if cfg!(feature = "wgpu") {
+        assert!(ran > 0, "fold_rounded ran on no device");
     }
 }

@@ -19,6 +19,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{ChannelBackend, FoldBackend};
+use crate::bias::TINY_STEP;
+use crate::bias::cube::int32_of;
 use crate::lanes::cube::{
     cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
 };
@@ -103,13 +105,18 @@ fn moments_kernel(
 /// [`moments_kernel`] with, per channel, what [`rstd_kernel`], [`shift_kernel`] and
 /// [`running_kernel`] compute from the moments, by the same functions: `m = [μ, σ²]`,
 /// `w = 1/sqrt(σ² + ε)`, `b = −μ·w` and the running statistics `mean'` and `var'` (each its
-/// own buffer: rows of one `[2, C]` would take a slicing launch each to separate).
+/// own buffer: rows of one `[2, C]` would take a slicing launch each to separate). With
+/// `factors` > 0 the shift is rounded as an int32 bias whose unit is `f₀·f₁·w` (the first
+/// `factors` of `f₀`, `f₁`, each read at the channel modulo its length, then `w`), as
+/// `bias::int32_rounded` rounds it.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn moments_fold_kernel(
     x: &Tensor<f32>,
     mean: &[f32],
     var: &[f32],
+    f0: &[f32],
+    f1: &[f32],
     m: &mut [f32],
     w: &mut [f32],
     b: &mut [f32],
@@ -121,7 +128,12 @@ fn moments_fold_kernel(
     epsilon: f32,
     momentum: f32,
     unbias: f32,
+    n0: u32,
+    n1: u32,
+    tiny: f32,
     #[comptime] units: usize,
+    #[comptime] factors: u32,
+    #[comptime] ties_away: bool,
 ) {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let ch = CUBE_POS_X;
@@ -132,7 +144,17 @@ fn moments_fold_kernel(
         m[channels + c] = sigma2;
         let wc = rstd_of(sigma2, epsilon);
         w[c] = wc;
-        b[c] = shift_of(mu, wc);
+        let bc = shift_of(mu, wc);
+        if factors > 0 {
+            let mut unit = f0[(ch % n0) as usize];
+            if factors > 1 {
+                unit *= f1[(ch % n1) as usize];
+            }
+            unit *= wc;
+            b[c] = bc + (int32_of(bc, unit, tiny, ties_away) - bc);
+        } else {
+            b[c] = bc;
+        }
         running_mean[c] = running_mean_of(mean[c], mu, momentum);
         running_var[c] = running_var_of(var[c], sigma2, momentum, unbias);
     }
@@ -469,16 +491,22 @@ impl ChannelBackend for CubeBackend {
 }
 
 impl FoldBackend for CubeBackend {
+    #[allow(clippy::too_many_arguments)]
     fn channel_fold(
         x: CubeTensor,
         mean: CubeTensor,
         var: CubeTensor,
+        f0: CubeTensor,
+        f1: CubeTensor,
+        factors: u32,
         epsilon: f32,
         momentum: f32,
         unbias: f32,
+        ties_away: bool,
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
         let (n, c, plane, width) = strided(&x);
-        let (mean, var) = (small(mean), small(var));
+        let (mean, var, f0, f1) = (small(mean), small(var), small(f0), small(f1));
+        let (n0, n1) = (f0.meta.num_elements() as u32, f1.meta.num_elements() as u32);
         let m = empty_shaped(&x, vec![2, c as usize]);
         let [w, b, running_mean, running_var] =
             [(); 4].map(|()| empty_shaped(&x, vec![c as usize]));
@@ -490,6 +518,8 @@ impl FoldBackend for CubeBackend {
             x.clone().into_tensor_arg(),
             mean.into_buffer_arg(),
             var.into_buffer_arg(),
+            f0.into_buffer_arg(),
+            f1.into_buffer_arg(),
             m.clone().into_buffer_arg(),
             w.clone().into_buffer_arg(),
             b.clone().into_buffer_arg(),
@@ -501,7 +531,12 @@ impl FoldBackend for CubeBackend {
             epsilon,
             momentum,
             unbias,
+            n0.max(1),
+            n1.max(1),
+            TINY_STEP,
             UNITS as usize,
+            factors,
+            ties_away,
         );
         (m, w, b, running_mean, running_var)
     }

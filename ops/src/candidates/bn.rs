@@ -21,7 +21,8 @@ use crate::buffer::Buffer;
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
 use qdarts_kernels::batch_norm::{
-    affine, fold, fold_available, normalize, rstd, running, shift, statistics,
+    affine, fold, fold_available, fold_rounded, fold_rounded_available, normalize, rstd, running,
+    shift, statistics,
 };
 use qdarts_kernels::bias::{int32_residual, int32_rounded, residual_available, rounded_available};
 
@@ -123,7 +124,16 @@ impl QBatchNorm {
             // differentiated as one step (`normalize`): on a GPU, three launches fewer per
             // BatchNorm forward and six to eight fewer backward.
             let (rm, rv) = self.running_on(&x.device());
-            let folded = fold(x.clone(), rm, rv, EPSILON, MOMENTUM);
+            let rounded = bias.as_ref().filter(|b| fold_rounded_available(&x, &b.factors));
+            let folded = match rounded {
+                // The folding and the bias's rounding in one launch.
+                Some(b) => {
+                    let ties_away = b.round == RoundMode::TiesAwayFromZero;
+                    fold_rounded(x.clone(), rm, rv, EPSILON, MOMENTUM, &b.factors, ties_away)
+                }
+                None => fold(x.clone(), rm, rv, EPSILON, MOMENTUM),
+            };
+            let bias = if rounded.is_some() { None } else { bias };
             self.running_mean.set(folded.mean);
             self.running_var.set(folded.var);
             let (m, w, b) = (folded.statistics, folded.weight, folded.shift);
