@@ -24,7 +24,7 @@ use qdarts_kernels::batch_norm::{
     affine, fold, fold_available, fold_rounded, fold_rounded_available, normalize, rstd, running,
     shift, statistics,
 };
-use qdarts_kernels::bias::{int32_residual, int32_rounded, residual_available, rounded_available};
+use qdarts_kernels::bias::{int32_residual, residual_available};
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;
@@ -137,18 +137,11 @@ impl QBatchNorm {
             self.running_mean.set(folded.mean);
             self.running_var.set(folded.var);
             let (m, w, b) = (folded.statistics, folded.weight, folded.shift);
+            // A unit that `fold_rounded` does not take (more factors) is rounded apart.
             let b = match bias {
                 Some(bias) => {
-                    let mut factors = bias.factors.clone();
-                    factors.push(w.clone());
-                    if rounded_available(&b, &factors) {
-                        // The unit's products, the rounding and the sum in one launch.
-                        let ties_away = bias.round == RoundMode::TiesAwayFromZero;
-                        int32_rounded(b, &factors, ties_away)
-                    } else {
-                        let c = b.dims()[0];
-                        quantize_bias(b, bias.unit(c).mul(w.clone()), bias.round)
-                    }
+                    let c = b.dims()[0];
+                    quantize_bias(b, bias.unit(c).mul(w.clone()), bias.round)
                 }
                 None => b,
             };

@@ -153,15 +153,7 @@ impl CandidateOp {
     /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search (ignored
     /// by ops without convolutions).
     pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        match self {
-            CandidateOp::Zero(op) => op.forward(x),
-            CandidateOp::Pool(op) => op.forward(x),
-            CandidateOp::Identity(op) => op.forward(x),
-            CandidateOp::Reduce(op) => op.forward_bits(x, bits),
-            CandidateOp::Sep(op) => op.forward_bits(x, bits),
-            CandidateOp::Dil(op) => op.forward_bits(x, bits),
-            CandidateOp::Fac(op) => op.forward_bits(x, bits),
-        }
+        self.forward_shared(&x, &mut None, bits)
     }
 
     /// [`forward_bits`](Self::forward_bits) for a candidate of an edge whose candidates share
@@ -181,9 +173,9 @@ impl CandidateOp {
             CandidateOp::Sep(op) => op.forward_relued(relu(), bits),
             CandidateOp::Dil(op) => op.forward_relued(relu(), bits),
             CandidateOp::Fac(op) => op.forward_relued(relu(), bits),
-            CandidateOp::Zero(_) | CandidateOp::Pool(_) | CandidateOp::Identity(_) => {
-                self.forward_bits(x.clone(), bits)
-            }
+            CandidateOp::Zero(op) => op.forward(x.clone()),
+            CandidateOp::Pool(op) => op.forward(x.clone()),
+            CandidateOp::Identity(op) => op.forward(x.clone()),
         }
     }
 
