@@ -123,6 +123,28 @@ pub fn fake_quant_fused<const D: usize>(
     Tensor::from_dispatch(out)
 }
 
+/// The autodiff step of a fused fake quantization: the straight-through gradient, from the
+/// input, the grid's multiplier and zero point, and the layout. (Also the step of
+/// [`crate::observe::observe_fake_quant`]'s output.)
+#[derive(Debug)]
+pub(crate) struct FakeQuantStep;
+
+impl<B: Backend + FakeQuantBackend> Backward<B, 1> for FakeQuantStep {
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FusedLayout);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let (x, mult, zero_point, layout) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            B::fake_quant_fused_backward(x, grad, mult, zero_point, layout)
+        });
+    }
+}
+
 impl<B: Backend + FakeQuantBackend, C: CheckpointStrategy> FakeQuantBackend for Autodiff<B, C> {
     fn fake_quant_fused(
         x: FloatTensor<Self>,
@@ -131,25 +153,6 @@ impl<B: Backend + FakeQuantBackend, C: CheckpointStrategy> FakeQuantBackend for 
         zero_point: FloatTensor<Self>,
         layout: FusedLayout,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct FakeQuantStep;
-
-        impl<B: Backend + FakeQuantBackend> Backward<B, 1> for FakeQuantStep {
-            type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FusedLayout);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (x, mult, zero_point, layout) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::fake_quant_fused_backward(x, grad, mult, zero_point, layout)
-                });
-            }
-        }
-
         let (mult, step, zp) =
             (mult.into_primitive(), step.into_primitive(), zero_point.into_primitive());
         match FakeQuantStep.prepare::<C>([x.node()]).compute_bound().stateful() {
@@ -282,7 +285,7 @@ fn backward<const AWAY: bool>(c: &Chan, xs: &[f32], g: &mut [f32], qmin: f32, qm
 }
 
 #[cfg(feature = "cube")]
-mod cube;
+pub(crate) mod cube;
 
 #[cfg(feature = "flex")]
 mod flex_impl {

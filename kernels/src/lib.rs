@@ -19,7 +19,8 @@
 //!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
 //!   (flex and the CubeCL runtimes).
-//! - [`observe`]: a quantizer's observer (extrema, state update, grid) in one or two launches;
+//! - [`observe`]: a quantizer's observer (extrema, state update, grid) in one or two launches,
+//!   alone or with the fake quantization on its grid in the same launches;
 //!   [`bias`]: a bias's int32 rounding at its derived scale in one (the CubeCL runtimes; the
 //!   quantizers keep their tensor expressions elsewhere, so these have no fallback of their
 //!   own).

@@ -12,6 +12,14 @@
 //! chunk writes the chunk's extrema and one cube per row combines them; the cube that finishes
 //! a row also updates the state and writes the grid.
 //!
+//! [`observe_fake_quant`] also fake-quantizes the tensor on the grid it derives, in the same
+//! launches: one kernel for rows up to [`CHUNK`] (a conv weight's output channel), and for longer
+//! rows the chunk kernel, then one cube per chunk that combines the row's chunk extrema (every
+//! cube of the row the same ones in the same order, so the same grid), updates the state (the
+//! row's first cube writes it) and quantizes its chunk. A quantizer's training forward is then
+//! one or two launches instead of two or three; the values and the straight-through gradient
+//! are [`crate::fake_quant`]'s, bit for bit.
+//!
 //! The arithmetic is the expressions' (`qdarts_ops::quant::observer`), operation for operation
 //! in f32, so flex, LibTorch and the kernels give the same grids; `tests/observe.rs` in
 //! `qdarts-ops` holds them together. Minimum and maximum are exact in any order; a NaN in the
@@ -95,6 +103,24 @@ pub fn observe_available(device: &Device, dtype: DType) -> bool {
     crate::lanes::on_cube(device) && dtype == DType::F32
 }
 
+/// The panics of [`observe`] and [`observe_fake_quant`].
+fn check<const D: usize>(x: &Tensor<D>, axis: Option<usize>, rule: Rule, grid: GridRule) {
+    assert!(
+        observe_available(&x.device(), x.dtype()),
+        "observe: not available on {:?} for {:?}",
+        x.device(),
+        x.dtype()
+    );
+    assert_eq!(
+        rule.is_abs_max(),
+        matches!(grid, GridRule::Threshold { .. }),
+        "observe: {rule:?} does not derive a {grid:?} grid"
+    );
+    if let Some(a) = axis {
+        assert!(a < D, "observe: axis {a} of a rank-{D} tensor");
+    }
+}
+
 /// Observes `x` (not differentiated) per channel along `axis` (`None`: per tensor) with the
 /// state `(a, b)` (each `[C]`; read only by the rules with memory): the updated state and the
 /// grid. The outputs use autodiff where `x` does.
@@ -110,20 +136,7 @@ pub fn observe<const D: usize>(
     rule: Rule,
     grid: GridRule,
 ) -> Observed {
-    assert!(
-        observe_available(&x.device(), x.dtype()),
-        "observe: not available on {:?} for {:?}",
-        x.device(),
-        x.dtype()
-    );
-    assert_eq!(
-        rule.is_abs_max(),
-        matches!(grid, GridRule::Threshold { .. }),
-        "observe: {rule:?} does not derive a {grid:?} grid"
-    );
-    if let Some(a) = axis {
-        assert!(a < D, "observe: axis {a} of a rank-{D} tensor");
-    }
+    check(&x, axis, rule, grid);
     #[cfg(feature = "cube")]
     {
         let autodiff = x.is_autodiff();
@@ -151,32 +164,197 @@ pub fn observe<const D: usize>(
     unreachable!("observe_available is false without the CubeCL backends: {state:?}")
 }
 
-#[cfg(feature = "cube")]
-use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
+/// [`observe`] and the fake quantization of `x` on the grid it derives, with the
+/// straight-through gradient of [`crate::fake_quant::fake_quant_fused`] (`∂x = ∂out` where `x`
+/// rounds inside `qmin..=qmax`): one launch fewer than the two calls, the same bits. The grid
+/// is the one [`observe`] returns (its outputs are constants, as the fused fake quantization
+/// takes them); the output is contiguous.
+///
+/// `(qmin, qmax)` is the grid's integer range (a threshold grid does not hold it) and
+/// `ties_away` its rounding.
+///
+/// # Panics
+/// As [`observe`].
+#[allow(clippy::too_many_arguments)]
+pub fn observe_fake_quant<const D: usize>(
+    x: Tensor<D>,
+    axis: Option<usize>,
+    state: [Tensor<1>; 2],
+    rule: Rule,
+    grid: GridRule,
+    (qmin, qmax): (i32, i32),
+    ties_away: bool,
+) -> (Observed, Tensor<D>) {
+    check(&x, axis, rule, grid);
+    #[cfg(feature = "cube")]
+    {
+        let layout = crate::fake_quant::FusedLayout::new(&x.dims(), axis, qmin, qmax, ties_away);
+        let [a, b] = state;
+        // The state is a constant of the step (the grid's outputs are not tracked), on `x`'s
+        // side of autodiff.
+        let (a, b) = (a.detach(), b.detach());
+        let (a, b) = match (x.is_autodiff(), a.is_autodiff()) {
+            (true, false) => (a.autodiff(), b.autodiff()),
+            (false, true) => (a.inner(), b.inner()),
+            _ => (a, b),
+        };
+        let (s0, s1, s2, mult, step, zp, out) =
+            <burn::backend::Dispatch as ObserveBackend>::observe_fake_quant(
+                x.into_dispatch(),
+                a.into_dispatch(),
+                b.into_dispatch(),
+                axis.unwrap_or(D),
+                rule,
+                grid,
+                layout,
+            );
+        let out1 = Tensor::<1>::from_dispatch;
+        let observed = Observed {
+            state: [out1(s0), out1(s1), out1(s2)],
+            mult: out1(mult),
+            step: out1(step),
+            zero_point: out1(zp),
+        };
+        (observed, Tensor::from_dispatch(out))
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!(
+        "observe_available is false without the CubeCL backends: {state:?} {qmin}..{qmax} {ties_away}"
+    )
+}
 
-/// The observer kernels (see [`observe_available`]); CubeCL only, on tensors without
-/// autodiff.
 #[cfg(feature = "cube")]
-#[backend_extension(Cube)]
-pub trait ObserveBackend: Backend {
-    /// `(a', b', T, mult, step, zero_point)` (see [`observe`]); `axis` equal to the rank of
-    /// `x`: per tensor.
-    #[allow(clippy::type_complexity)] // The extension macro reads the outputs from the tuple.
-    fn observe(
-        x: FloatTensor<Self>,
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        axis: usize,
-        rule: Rule,
-        grid: GridRule,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
+pub use extension::ObserveBackend;
+
+#[cfg(feature = "cube")]
+mod extension {
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::ops::{Backward, OpsKind};
+    use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
+
+    use super::{GridRule, Rule};
+    use crate::fake_quant::{FakeQuantBackend, FakeQuantStep, FusedLayout};
+
+    /// The observer kernels (see [`observe_available`](super::observe_available)); CubeCL
+    /// only.
+    #[backend_extension(Cube, Autodiff)]
+    pub trait ObserveBackend: Backend {
+        /// `(a', b', T, mult, step, zero_point)` (see [`observe`](super::observe)); `axis`
+        /// equal to the rank of `x`: per tensor. Not differentiated.
+        #[allow(clippy::type_complexity)] // The extension macro reads the outputs from the tuple.
+        fn observe(
+            x: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            axis: usize,
+            rule: Rule,
+            grid: GridRule,
+        ) -> (
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+        );
+
+        /// [`observe`](Self::observe)'s outputs, then `x` fake-quantized on the grid (see
+        /// [`observe_fake_quant`](super::observe_fake_quant)); `layout` is the fake
+        /// quantization's over `x`.
+        #[allow(clippy::type_complexity)] // The extension macro reads the outputs from the tuple.
+        fn observe_fake_quant(
+            x: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            axis: usize,
+            rule: Rule,
+            grid: GridRule,
+            layout: FusedLayout,
+        ) -> (
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+        );
+    }
+
+    /// [`ObserveBackend::observe`]'s outputs on `B`.
+    type Grid<B> = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
     );
+
+    /// [`ObserveBackend::observe_fake_quant`]'s outputs on `B`.
+    type Quantized<B> = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
+
+    impl<B: Backend + ObserveBackend + FakeQuantBackend, C: CheckpointStrategy> ObserveBackend
+        for Autodiff<B, C>
+    {
+        fn observe(
+            x: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            axis: usize,
+            rule: Rule,
+            grid: GridRule,
+        ) -> Grid<Self> {
+            let (s0, s1, s2, mult, step, zp) = B::observe(
+                x.into_primitive(),
+                a.into_primitive(),
+                b.into_primitive(),
+                axis,
+                rule,
+                grid,
+            );
+            let w = Self::from_inner;
+            (w(s0), w(s1), w(s2), w(mult), w(step), w(zp))
+        }
+
+        fn observe_fake_quant(
+            x: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            axis: usize,
+            rule: Rule,
+            grid: GridRule,
+            layout: FusedLayout,
+        ) -> Quantized<Self> {
+            let (a, b) = (a.into_primitive(), b.into_primitive());
+            let prep = FakeQuantStep.prepare::<C>([x.node()]).compute_bound().stateful();
+            let (s0, s1, s2, mult, step, zp, out) = match prep {
+                OpsKind::Tracked(prep) => {
+                    let xp = x.primitive().clone();
+                    let (s0, s1, s2, mult, step, zp, out) =
+                        B::observe_fake_quant(xp.clone(), a, b, axis, rule, grid, layout);
+                    let out = prep.finish((xp, mult.clone(), zp.clone(), layout), out);
+                    (s0, s1, s2, mult, step, zp, out)
+                }
+                OpsKind::UnTracked(prep) => {
+                    let (s0, s1, s2, mult, step, zp, out) =
+                        B::observe_fake_quant(x.into_primitive(), a, b, axis, rule, grid, layout);
+                    (s0, s1, s2, mult, step, zp, prep.finish(out))
+                }
+            };
+            let w = Self::from_inner;
+            (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out)
+        }
+    }
 }
 
 /// Elements one cube reduces in the first stage of a long row (16 per unit).

@@ -7,6 +7,8 @@
 //!   per channel, contiguous and channels-last tensors, rows long enough for the two-stage
 //!   reduction, an all-zero tensor, and successive updates (so the moving averages start from
 //!   a stored state).
+//! - An observer and the fake quantization on its grid in one launch: the two launches' output,
+//!   gradient, grid and state, bit for bit, one launch fewer.
 //! - The int32 bias (`qdarts_kernels::bias`): ties, vanishing and negative units, values past
 //!   the int32 range, both roundings, and the straight-through gradient; the bias rounded and
 //!   added back in one launch with its unit as a product of one to three factors.
@@ -16,12 +18,13 @@
 
 use std::sync::Mutex;
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use qdarts_kernels::bias::{int32_rounded, rounded_available};
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::observe::{CHUNK, observe_available};
 use qdarts_ops::candidates::quantize_bias_with;
+use qdarts_ops::quant::fake_quant::fake_quant_fused;
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{Granularity, ObserverKind, QuantSpec, RoundMode};
 
@@ -111,22 +114,36 @@ impl Case {
     /// on the host from `seed`): its range shifting with `k` so that the running extrema move;
     /// the last one all zeros.
     fn tensor(self, d: &Device, k: usize, seed: u64) -> Tensor<4> {
-        let dims = match self {
-            Case::Weight => [16, 8, 3, 3],
-            Case::Short => [2, 3, 5, 7],
-            Case::ChannelsLast | Case::ChannelsLastPerChannel => [4, 24, 24, 8],
-            Case::Long => [8, 16, 96, 96],
-        };
-        let n = dims.iter().product();
+        self.arrange(self.values(d, k, seed))
+    }
+
+    /// The flat values of [`tensor`](Self::tensor).
+    fn values(self, d: &Device, k: usize, seed: u64) -> Tensor<1> {
+        let n = self.dims().iter().product();
         let values: Vec<f32> = if k == 3 {
             vec![0.0; n]
         } else {
             normal(n, seed).iter().map(|v| 0.3 * k as f32 + (1.0 + k as f32) * v).collect()
         };
-        let x = Tensor::<1>::from_floats(values.as_slice(), d).reshape(dims);
+        Tensor::<1>::from_floats(values.as_slice(), d)
+    }
+
+    /// Flat values laid out as [`tensor`](Self::tensor) lays them out.
+    fn arrange(self, values: Tensor<1>) -> Tensor<4> {
+        let x = values.reshape(self.dims());
         match self {
             Case::ChannelsLast | Case::ChannelsLastPerChannel => x.permute([0, 3, 1, 2]),
             _ => x,
+        }
+    }
+
+    /// The shape the values are drawn in (before a permutation to channels-last).
+    fn dims(self) -> [usize; 4] {
+        match self {
+            Case::Weight => [16, 8, 3, 3],
+            Case::Short => [2, 3, 5, 7],
+            Case::ChannelsLast | Case::ChannelsLastPerChannel => [4, 24, 24, 8],
+            Case::Long => [8, 16, 96, 96],
         }
     }
 }
@@ -284,6 +301,108 @@ fn a_nan_in_the_tensor_reaches_the_state_as_in_the_expressions() {
                 assert!(s.iter().flatten().all(|v| v.is_nan() == nan), "{what}");
             }
         }
+    }
+}
+
+/// One observer step with the fake quantization of its tensor: the output, the gradient of
+/// `Σ out ⊙ w` (`w` a fixed draw) reaching the flat input, the grid then the stored state
+/// after the step (all as bits), and the forward's launches.
+struct FqStep {
+    out: Vec<u32>,
+    grad: Vec<u32>,
+    seen: Vec<Vec<u32>>,
+    launches: u64,
+}
+
+/// Step `k` of `o` on `case`'s tensor `k` (autodiff on `d`), updating or (`!update`) reading a
+/// weight as it is: in one launch (`fused`, `None` where the observer does not read the
+/// tensor), or the observer kernel then the fused fake quantization.
+fn fq_step(
+    d: &Device,
+    o: &ObserverState,
+    spec: &QuantSpec,
+    (case, k): (Case, usize),
+    update: bool,
+    fused: bool,
+) -> Option<FqStep> {
+    let leaf = case.values(d, k, 60 + k as u64).require_grad();
+    let x = case.arrange(leaf.clone());
+    let (done, launches) = counted(d, || {
+        let (out, grid) = if fused {
+            o.grid_and_fake_quant(spec, &x, update, !update)?
+        } else {
+            let grid = o.grid_with(spec, &x, update, !update, true);
+            (fake_quant_fused(x.clone(), &grid), grid)
+        };
+        Some((out, vec![vals(grid.mult), vals(grid.step), vals(grid.zero_point)]))
+    });
+    let (out, mut seen) = done?;
+    seen.extend(state(o));
+    let w = Tensor::<1>::from_floats(normal(leaf.dims()[0], 99).as_slice(), d);
+    let grads = out.clone().mul(case.arrange(w)).sum().backward();
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    Some(FqStep {
+        out: bits(vals(out)),
+        grad: bits(vals(leaf.grad(&grads).unwrap())),
+        seen: seen.into_iter().map(bits).collect(),
+        launches: launches.unwrap(),
+    })
+}
+
+#[test]
+fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_for_bit() {
+    let _serial = serial();
+    let mut checked = 0;
+    let mut cube_devices = 0;
+    for (backend, d) in devices() {
+        if !observe_available(&d, DType::F32) {
+            continue;
+        }
+        cube_devices += 1;
+        let ad = d.autodiff();
+        for (name, kind, signed, symmetric) in kinds() {
+            for case in Case::ALL {
+                for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
+                    let spec = QuantSpec::with(8, signed, symmetric, case.granularity(), kind)
+                        .unwrap()
+                        .with_round(round);
+                    let fresh = || ObserverState::new(&spec, case.channels(), &ad).unwrap();
+                    let (one, two) = (fresh(), fresh());
+                    // Four updates (the fourth of an all-zero tensor), then a read without one.
+                    for k in 0..5 {
+                        let update = k < 4;
+                        let what = format!("{name}, {case:?}, {round:?}, step {k} on {backend}");
+                        let apart = fq_step(&ad, &two, &spec, (case, k), update, false).unwrap();
+                        let Some(fused) = fq_step(&ad, &one, &spec, (case, k), update, true) else {
+                            // Only an abs-max observer reads a tensor it does not fold in.
+                            assert!(!update && kind != ObserverKind::AbsMax, "{what}: not fused");
+                            continue;
+                        };
+                        assert_eq!(fused.launches + 1, apart.launches, "{what}: launches");
+                        let moving = kind != ObserverKind::AbsMax && kind != ObserverKind::MinMax;
+                        if moving && backend == "cuda" {
+                            // Each kernel may contract a moving average's `a·r + b` on its own.
+                            let close = |a: &[u32], b: &[u32]| {
+                                assert_close(&[vec![a.to_vec()]], &[vec![b.to_vec()]], &what)
+                            };
+                            for (f, a) in fused.seen.iter().zip(&apart.seen) {
+                                close(f, a);
+                            }
+                            continue;
+                        }
+                        assert_eq!(fused.seen, apart.seen, "{what}: grid and state");
+                        assert_eq!(fused.out, apart.out, "{what}: output");
+                        assert_eq!(fused.grad, apart.grad, "{what}: gradient");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    // Per kind and case: four updates, and the abs-max read of a weight as it is.
+    let per_device = kinds().len() * Case::ALL.len() * 2 * 4 + Case::ALL.len() * 2;
+    if !devices().iter().any(|(b, _)| *b == "cuda") {
+        assert_eq!(checked, cube_devices * per_device, "comparisons");
     }
 }
 

@@ -45,6 +45,24 @@ fn rounded(x: f32, mult: f32, zp: f32, #[comptime] ties_away: bool) -> f32 {
     round_ties(x * mult, ties_away) + zp
 }
 
+/// The fake-quantized value of `x` on the grid `(mult, step, zp)`:
+/// `(clamp(round(x · mult) + zp, qmin, qmax) − zp) · step`.
+#[cube]
+pub(crate) fn fake_quantized(
+    x: f32,
+    mult: f32,
+    step: f32,
+    zp: f32,
+    qmin: f32,
+    qmax: f32,
+    #[comptime] ties_away: bool,
+) -> f32 {
+    let r = rounded(x, mult, zp, ties_away);
+    let q = select(lt(r, qmin), qmin, r);
+    let q = select(lt(qmax, q), qmax, q);
+    (q - zp) * step
+}
+
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn fake_quant_forward_kernel(
@@ -64,11 +82,8 @@ fn fake_quant_forward_kernel(
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let c = channel(i, inner, channels, per_tensor);
-        let z = zp[c];
-        let r = rounded(read(x, i, strided), mult[c], z, ties_away);
-        let q = select(lt(r, qmin), qmin, r);
-        let q = select(lt(qmax, q), qmax, q);
-        out[i] = (q - z) * step[c];
+        out[i] =
+            fake_quantized(read(x, i, strided), mult[c], step[c], zp[c], qmin, qmax, ties_away);
     }
 }
 

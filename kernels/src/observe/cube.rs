@@ -1,13 +1,16 @@
 //! The observer kernels: the extrema of each row (a channel, or the whole tensor) read
 //! through the tensor's strides, a tree of NaN-propagating minima and maxima in shared memory,
-//! and the update and grid written by the first unit of the cube that finishes the row.
+//! and the update and grid written by the first unit of the row's first cube; with the fake
+//! quantization on that grid written by the same cubes.
 
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{CHUNK, GridRule, MIN_SCALE, ObserveBackend, Rule};
-use crate::lanes::cube::{empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
+use crate::fake_quant::FusedLayout;
+use crate::fake_quant::cube::fake_quantized;
+use crate::lanes::cube::{empty_like, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
 
 /// Threads of a cube (a power of two: the tree halves it).
 const UNITS: u32 = 256;
@@ -36,8 +39,9 @@ fn most(a: f32, b: f32) -> f32 {
 
 /// The buffer offset of element `j` of row `row` of `x`: the row is index `row` along `axis`
 /// (the whole tensor when `axis` is the rank), its elements the other indices in row-major
-/// order; `linear`: `x` is contiguous and its rows are runs of `row_len`. In 32 bits
-/// (`f32_strided` checks the tensor).
+/// order; `linear`: `x` is contiguous and its rows are runs of `row_len`. With `packed`, the
+/// offset of that element in a contiguous tensor of `x`'s shape instead (where an output is
+/// written). In 32 bits (`f32_strided` checks the tensor).
 #[cube]
 fn row_at(
     x: &Tensor<f32>,
@@ -46,23 +50,28 @@ fn row_at(
     row_len: u32,
     axis: u32,
     #[comptime] linear: bool,
+    #[comptime] packed: bool,
 ) -> usize {
     let mut at = row * row_len + j;
     if !linear {
-        let rank = x.rank() as u32;
         at = 0u32;
-        if axis < rank {
-            at = row * x.stride(axis as usize) as u32;
-        }
         let mut rest = j;
-        let mut d = rank;
+        let mut packed_stride = 1u32;
+        let mut d = x.rank() as u32;
         while d > 0 {
             d -= 1;
-            if d != axis {
-                let size = x.shape(d as usize) as u32;
-                at += (rest % size) * x.stride(d as usize) as u32;
+            let size = x.shape(d as usize) as u32;
+            let mut stride = x.stride(d as usize) as u32;
+            if packed {
+                stride = packed_stride;
+            }
+            if d == axis {
+                at += row * stride;
+            } else {
+                at += (rest % size) * stride;
                 rest /= size;
             }
+            packed_stride *= size;
         }
     }
     at as usize
@@ -110,7 +119,7 @@ fn span_extrema(
     let mut hi = f32::reinterpret(NEGATIVE_INFINITY);
     let mut j = start + UNIT_POS_X;
     while j < end {
-        let v = x[row_at(x, row, j, row_len, axis, linear)];
+        let v = x[row_at(x, row, j, row_len, axis, linear, false)];
         lo = least(lo, v);
         hi = most(hi, v);
         j += CUBE_DIM_X;
@@ -141,38 +150,21 @@ fn chunk_extrema_kernel(
     }
 }
 
-/// Second stage: cube `r` finds the extrema of row `r` (of `x`, or of its `parts` when
-/// `from_parts`), updates the state and writes the grid.
-#[cube(launch)]
+/// The extrema of row `r` over the cube, to every unit: of `x` itself, or of the row's
+/// `n_parts` chunk extrema in `parts` when `from_parts`.
+#[cube]
 #[allow(clippy::too_many_arguments, unused_assignments)]
-fn observe_kernel(
+fn row_extrema(
     x: &Tensor<f32>,
     parts: &[f32],
-    a: &[f32],
-    b: &[f32],
-    out_a: &mut [f32],
-    out_b: &mut [f32],
-    out_t: &mut [f32],
-    out_mult: &mut [f32],
-    out_step: &mut [f32],
-    out_zp: &mut [f32],
+    r: u32,
     row_len: u32,
     axis: u32,
     n_parts: u32,
-    rate: f32,
-    bins_or_qmin: f32,
-    qmax: f32,
-    span: f32,
-    sym_zero_point: f32,
-    min_scale: f32,
     #[comptime] from_parts: bool,
     #[comptime] linear: bool,
-    #[comptime] rule: u32,
-    #[comptime] threshold_grid: bool,
-    #[comptime] symmetric: bool,
     #[comptime] units: usize,
-) {
-    let r = CUBE_POS_X;
+) -> (f32, f32) {
     let mut m = 0.0f32;
     let mut big_m = 0.0f32;
     if from_parts {
@@ -195,58 +187,143 @@ fn observe_kernel(
         m = l;
         big_m = h;
     }
-    if UNIT_POS_X == 0 {
-        let c = r as usize;
-        // The state `(a, b)` and threshold `t` after the update.
-        let mut sa = 0.0f32;
-        let mut sb = 0.0f32;
-        let mut t = 0.0f32;
-        if rule == ABS_MAX {
-            t = most(f32::abs(m), f32::abs(big_m));
-            sa = t;
-            sb = t;
-        } else if rule == MOVING_ABS_MAX {
-            let current = most(f32::abs(m), f32::abs(big_m));
-            sa = a[c] * rate + 1.0;
-            sb = b[c] * rate + current;
-            t = sb / sa;
-        } else if rule == MIN_MAX {
-            let (lo, hi) = (a[c], b[c]);
-            sa = select(lt(m, lo), m, lo);
-            sb = select(lt(hi, big_m), big_m, hi);
+    (m, big_m)
+}
+
+/// A channel's state `(a, b)` updated by the extrema `(m, M)` of its row, and the grid it
+/// derives: `(a', b', T, mult, step, zero_point)` (see [`Rule`] and [`GridRule`]).
+#[cube]
+#[allow(clippy::too_many_arguments, unused_assignments)]
+fn update_and_grid(
+    m: f32,
+    big_m: f32,
+    a: f32,
+    b: f32,
+    rate: f32,
+    bins_or_qmin: f32,
+    qmax: f32,
+    span: f32,
+    sym_zero_point: f32,
+    min_scale: f32,
+    #[comptime] rule: u32,
+    #[comptime] threshold_grid: bool,
+    #[comptime] symmetric: bool,
+) -> (f32, f32, f32, f32, f32, f32) {
+    // The state `(a, b)` and threshold `t` after the update.
+    let mut sa = 0.0f32;
+    let mut sb = 0.0f32;
+    let mut t = 0.0f32;
+    if rule == ABS_MAX {
+        t = most(f32::abs(m), f32::abs(big_m));
+        sa = t;
+        sb = t;
+    } else if rule == MOVING_ABS_MAX {
+        let current = most(f32::abs(m), f32::abs(big_m));
+        sa = a * rate + 1.0;
+        sb = b * rate + current;
+        t = sb / sa;
+    } else if rule == MIN_MAX {
+        sa = select(lt(m, a), m, a);
+        sb = select(lt(b, big_m), big_m, b);
+    } else {
+        let first = f32::is_inf(a);
+        sa = select(first, m, a + (m - a) * rate);
+        sb = select(first, big_m, b + (big_m - b) * rate);
+    }
+    let mut step = 0.0f32;
+    let mut zp = 0.0f32;
+    let mut mult = 0.0f32;
+    if threshold_grid {
+        let tc = select(lt(t, min_scale), min_scale, t);
+        mult = f32::recip(tc) * bins_or_qmin;
+        step = tc / bins_or_qmin;
+        // 0, from the host: a zero the compiler sees would let it fold `r + 0` into `r` in the
+        // fake quantization that follows, turning the +0 of `−0 + 0` into −0.
+        zp = sym_zero_point;
+    } else {
+        let min_neg = select(lt(0.0, sa), 0.0, sa);
+        let max_pos = select(lt(sb, 0.0), 0.0, sb);
+        let mut scale = 0.0f32;
+        if symmetric {
+            let neg = -min_neg;
+            let max_abs = select(lt(neg, max_pos), max_pos, neg);
+            scale = max_abs / span;
+            scale = select(lt(scale, min_scale), min_scale, scale);
+            zp = sym_zero_point;
         } else {
-            let (lo, hi) = (a[c], b[c]);
-            let first = f32::is_inf(lo);
-            sa = select(first, m, lo + (m - lo) * rate);
-            sb = select(first, big_m, hi + (big_m - hi) * rate);
+            scale = (max_pos - min_neg) / span;
+            scale = select(lt(scale, min_scale), min_scale, scale);
+            let z = -round_ties(min_neg / scale, false) + bins_or_qmin;
+            zp = select(lt(qmax, z), qmax, z);
+            zp = select(lt(zp, bins_or_qmin), bins_or_qmin, zp);
         }
-        let mut step = 0.0f32;
-        let mut zp = 0.0f32;
-        let mut mult = 0.0f32;
-        if threshold_grid {
-            let tc = select(lt(t, min_scale), min_scale, t);
-            mult = f32::recip(tc) * bins_or_qmin;
-            step = tc / bins_or_qmin;
-        } else {
-            let min_neg = select(lt(0.0, sa), 0.0, sa);
-            let max_pos = select(lt(sb, 0.0), 0.0, sb);
-            let mut scale = 0.0f32;
-            if symmetric {
-                let neg = -min_neg;
-                let max_abs = select(lt(neg, max_pos), max_pos, neg);
-                scale = max_abs / span;
-                scale = select(lt(scale, min_scale), min_scale, scale);
-                zp = sym_zero_point;
-            } else {
-                scale = (max_pos - min_neg) / span;
-                scale = select(lt(scale, min_scale), min_scale, scale);
-                let z = -round_ties(min_neg / scale, false) + bins_or_qmin;
-                zp = select(lt(qmax, z), qmax, z);
-                zp = select(lt(zp, bins_or_qmin), bins_or_qmin, zp);
-            }
-            step = select(lt(scale, min_scale), min_scale, scale);
-            mult = f32::recip(step);
-        }
+        step = select(lt(scale, min_scale), min_scale, scale);
+        mult = f32::recip(step);
+    }
+    (sa, sb, t, mult, step, zp)
+}
+
+/// Second stage: cube `(p, r)` finds the extrema of row `r` (of `x`, or of its `parts` when
+/// `from_parts`: every cube of the row combines the same chunk extrema in the same order),
+/// updates the state and derives the grid, written by the row's first cube; with `quantize`,
+/// it then writes the fake-quantized elements `p·chunk ..` of the row to `out`, contiguous
+/// (one cube per chunk of a row), else the launch has one cube per row and `out` is not
+/// written.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn observe_kernel(
+    x: &Tensor<f32>,
+    parts: &[f32],
+    a: &[f32],
+    b: &[f32],
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+    out_t: &mut [f32],
+    out_mult: &mut [f32],
+    out_step: &mut [f32],
+    out_zp: &mut [f32],
+    out: &mut [f32],
+    row_len: u32,
+    axis: u32,
+    n_parts: u32,
+    rate: f32,
+    bins_or_qmin: f32,
+    qmax: f32,
+    span: f32,
+    sym_zero_point: f32,
+    min_scale: f32,
+    fq_min: f32,
+    fq_max: f32,
+    #[comptime] chunk: u32,
+    #[comptime] quantize: bool,
+    #[comptime] from_parts: bool,
+    #[comptime] linear: bool,
+    #[comptime] rule: u32,
+    #[comptime] threshold_grid: bool,
+    #[comptime] symmetric: bool,
+    #[comptime] ties_away: bool,
+    #[comptime] units: usize,
+) {
+    let (p, r) = (CUBE_POS_X, CUBE_POS_Y);
+    let (m, big_m) = row_extrema(x, parts, r, row_len, axis, n_parts, from_parts, linear, units);
+    let c = r as usize;
+    // Every unit derives the grid (the same operations on the same values), so none waits.
+    let (sa, sb, t, mult, step, zp) = update_and_grid(
+        m,
+        big_m,
+        a[c],
+        b[c],
+        rate,
+        bins_or_qmin,
+        qmax,
+        span,
+        sym_zero_point,
+        min_scale,
+        rule,
+        threshold_grid,
+        symmetric,
+    );
+    if p == 0 && UNIT_POS_X == 0 {
         out_a[c] = sa;
         out_b[c] = sb;
         out_t[c] = t;
@@ -254,21 +331,52 @@ fn observe_kernel(
         out_step[c] = step;
         out_zp[c] = zp;
     }
+    if quantize {
+        let start = p * chunk;
+        let end = u32::min(start + chunk, row_len);
+        let mut j = start + UNIT_POS_X;
+        while j < end {
+            let v = x[row_at(x, r, j, row_len, axis, linear, false)];
+            out[row_at(x, r, j, row_len, axis, linear, true)] =
+                fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
+            j += CUBE_DIM_X;
+        }
+    }
 }
 
 /// The panics' name for these kernels.
 const OP: &str = "observer";
 
-impl ObserveBackend for CubeBackend {
-    #[allow(clippy::type_complexity)] // The trait's six outputs.
-    fn observe(
+/// What both forms of an observer launch need: the checked tensors, the first stage's chunk
+/// extrema (launched here for rows longer than [`CHUNK`]) and the second stage's arguments.
+struct Plan {
+    x: CubeTensor,
+    a: CubeTensor,
+    b: CubeTensor,
+    /// The chunk extrema, or (not read) `a` when the rows are one chunk.
+    parts: CubeTensor,
+    rows: usize,
+    row_len: usize,
+    chunks: usize,
+    axis: u32,
+    linear: bool,
+    rule: u32,
+    rate: f32,
+    threshold_grid: bool,
+    symmetric: bool,
+    /// `bins_or_qmin`, `qmax`, `span`, `sym_zero_point` (see `observe_kernel`).
+    k: (f32, f32, f32, f32),
+}
+
+impl Plan {
+    fn new(
         x: CubeTensor,
         a: CubeTensor,
         b: CubeTensor,
         axis: usize,
         rule: Rule,
         grid: GridRule,
-    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+    ) -> Self {
         let x = f32_strided(x, OP);
         let dims = x.meta.shape().to_vec();
         let rows = dims.get(axis).copied().unwrap_or(1);
@@ -279,7 +387,7 @@ impl ObserveBackend for CubeBackend {
             assert_eq!(s.meta.num_elements(), rows, "{OP}: state of {rows} channels");
         }
         let linear = x.is_contiguous() && (axis == 0 || rows == 1);
-        let (rule_code, rate) = match rule {
+        let (rule, rate) = match rule {
             Rule::AbsMax => (ABS_MAX, 0.0),
             Rule::MovingAverageAbsMax { rate } => (MOVING_ABS_MAX, rate),
             Rule::MinMax => (MIN_MAX, 0.0),
@@ -295,61 +403,131 @@ impl ObserveBackend for CubeBackend {
                 (false, symmetric, (lo, hi, span, zero_point))
             }
         };
-        let client = x.client.clone();
         let chunks = row_len.div_ceil(CHUNK);
-        let from_parts = chunks > 1;
-        let axis_u32 = axis.min(dims.len()) as u32;
-        let parts = if from_parts {
+        let axis = axis.min(dims.len()) as u32;
+        let parts = if chunks > 1 {
             let parts = empty_shaped(&x, vec![rows * chunks * 2]);
             chunk_extrema_kernel::launch(
-                &client,
+                &x.client,
                 CubeCount::new_2d(chunks as u32, rows as u32),
                 CubeDim::new_1d(UNITS),
                 x.clone().into_tensor_arg(),
                 parts.clone().into_buffer_arg(),
                 row_len as u32,
-                axis_u32,
+                axis,
                 linear,
                 CHUNK as u32,
                 UNITS as usize,
             );
             parts
         } else {
-            // Not read: the kernel reduces `x` itself.
             a.clone()
         };
-        let out: Vec<CubeTensor> = (0..6).map(|_| empty_shaped(&x, vec![rows])).collect();
-        observe_kernel::launch(
-            &client,
-            CubeCount::new_1d(rows as u32),
-            CubeDim::new_1d(UNITS),
-            x.clone().into_tensor_arg(),
-            parts.into_buffer_arg(),
-            a.into_buffer_arg(),
-            b.into_buffer_arg(),
-            out[0].clone().into_buffer_arg(),
-            out[1].clone().into_buffer_arg(),
-            out[2].clone().into_buffer_arg(),
-            out[3].clone().into_buffer_arg(),
-            out[4].clone().into_buffer_arg(),
-            out[5].clone().into_buffer_arg(),
-            row_len as u32,
-            axis_u32,
-            chunks as u32,
-            rate,
-            k.0,
-            k.1,
-            k.2,
-            k.3,
-            MIN_SCALE,
-            from_parts,
+        Plan {
+            x,
+            a,
+            b,
+            parts,
+            rows,
+            row_len,
+            chunks,
+            axis,
             linear,
-            rule_code,
+            rule,
+            rate,
             threshold_grid,
             symmetric,
-            UNITS as usize,
-        );
-        let [sa, sb, t, mult, step, zp]: [CubeTensor; 6] = out.try_into().expect("six outputs");
+            k,
+        }
+    }
+
+    /// The six `[rows]` outputs: state, threshold, grid.
+    fn outputs(&self) -> [CubeTensor; 6] {
+        std::array::from_fn(|_| empty_shaped(&self.x, vec![self.rows]))
+    }
+}
+
+impl ObserveBackend for CubeBackend {
+    #[allow(clippy::type_complexity)] // The trait's six outputs.
+    fn observe(
+        x: CubeTensor,
+        a: CubeTensor,
+        b: CubeTensor,
+        axis: usize,
+        rule: Rule,
+        grid: GridRule,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        let p = Plan::new(x, a, b, axis, rule, grid);
+        let out = p.outputs();
+        launch(&p, &out, None);
+        let [sa, sb, t, mult, step, zp] = out;
         (sa, sb, t, mult, step, zp)
     }
+
+    #[allow(clippy::type_complexity)] // The trait's seven outputs.
+    fn observe_fake_quant(
+        x: CubeTensor,
+        a: CubeTensor,
+        b: CubeTensor,
+        axis: usize,
+        rule: Rule,
+        grid: GridRule,
+        layout: FusedLayout,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        let p = Plan::new(x, a, b, axis, rule, grid);
+        let out = p.outputs();
+        let fq = empty_like(&p.x);
+        launch(&p, &out, Some((&fq, layout)));
+        let [sa, sb, t, mult, step, zp] = out;
+        (sa, sb, t, mult, step, zp, fq)
+    }
+}
+
+/// Launches [`observe_kernel`] for `p` into the six outputs, and with `quantize` the fake
+/// quantization into its tensor.
+fn launch(p: &Plan, out: &[CubeTensor; 6], quantize: Option<(&CubeTensor, FusedLayout)>) {
+    let (fq, layout) = match quantize {
+        Some((fq, layout)) => (fq.clone(), Some(layout)),
+        // Not written; a buffer of its own (WebGPU binds no buffer twice in one dispatch).
+        None => (empty_shaped(&p.x, vec![1]), None),
+    };
+    let (fq_min, fq_max, ties_away) =
+        layout.map_or((0.0, 0.0, false), |l| (l.qmin as f32, l.qmax as f32, l.ties_away));
+    let chunks = if layout.is_some() { p.chunks } else { 1 };
+    observe_kernel::launch(
+        &p.x.client,
+        CubeCount::new_2d(chunks as u32, p.rows as u32),
+        CubeDim::new_1d(UNITS),
+        p.x.clone().into_tensor_arg(),
+        p.parts.clone().into_buffer_arg(),
+        p.a.clone().into_buffer_arg(),
+        p.b.clone().into_buffer_arg(),
+        out[0].clone().into_buffer_arg(),
+        out[1].clone().into_buffer_arg(),
+        out[2].clone().into_buffer_arg(),
+        out[3].clone().into_buffer_arg(),
+        out[4].clone().into_buffer_arg(),
+        out[5].clone().into_buffer_arg(),
+        fq.into_buffer_arg(),
+        p.row_len as u32,
+        p.axis,
+        p.chunks as u32,
+        p.rate,
+        p.k.0,
+        p.k.1,
+        p.k.2,
+        p.k.3,
+        MIN_SCALE,
+        fq_min,
+        fq_max,
+        CHUNK as u32,
+        layout.is_some(),
+        p.chunks > 1,
+        p.linear,
+        p.rule,
+        p.threshold_grid,
+        p.symmetric,
+        ties_away,
+        UNITS as usize,
+    );
 }

@@ -18,9 +18,11 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::fake_quant::{Grid, MIN_SCALE};
-use super::spec::{ObserverKind, QuantSpec};
+use super::spec::{ObserverKind, QuantSpec, RoundMode};
 use crate::buffer::Buffer;
-use qdarts_kernels::observe::{GridRule, Observed, Rule, observe, observe_available};
+use qdarts_kernels::observe::{
+    GridRule, Observed, Rule, observe, observe_available, observe_fake_quant,
+};
 use qdarts_kernels::reduce::{row_max, row_min};
 
 /// Flattens `x` to `[C, rest]` along `axis` (or `[1, numel]` per tensor).
@@ -228,6 +230,23 @@ impl ObserverState {
         update: bool,
         current: bool,
     ) -> Option<Grid> {
+        let run = |a, b, rule, grid| {
+            (observe(x.clone(), spec.granularity().axis(), [a, b], rule, grid), ())
+        };
+        self.observed_by(spec, x, update, current, run).map(|(grid, ())| grid)
+    }
+
+    /// The observer kernels' update and grid, run by `run(a, b, rule, grid)` on the stored
+    /// state, with what `run` returns besides; `None` where the observer does not read `x`
+    /// (`RangeAbsMax`, `Fixed`, a stored state in eval mode).
+    fn observed_by<const D: usize, R>(
+        &self,
+        spec: &QuantSpec,
+        x: &Tensor<D>,
+        update: bool,
+        current: bool,
+        run: impl FnOnce(Tensor<1>, Tensor<1>, Rule, GridRule) -> (Observed, R),
+    ) -> Option<(Grid, R)> {
         let device = x.device();
         let axis = spec.granularity().axis();
         let (qmin, qmax) = spec.quant_range();
@@ -238,40 +257,67 @@ impl ObserverState {
             zero_point: symmetric_zero_point(spec),
         };
         let threshold = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
-        let run =
-            |a: Tensor<1>, b: Tensor<1>, rule, grid| observe(x.clone(), axis, [a, b], rule, grid);
-        let (observed, range) = match self {
+        let (observed, range, extra) = match self {
             ObserverState::AbsMax(s) if update || current => {
                 // The rule has no memory: the stored threshold only stands in for the state.
                 let t = s.threshold.value().to_device(&device);
-                let o = run(t.clone(), t, Rule::AbsMax, threshold);
+                let (o, extra) = run(t.clone(), t, Rule::AbsMax, threshold);
                 if update {
                     s.threshold.set(o.state[2].clone());
                 }
-                (o, spec.grid_range())
+                (o, spec.grid_range(), extra)
             }
             ObserverState::MovingAverageAbsMax(s) if update => {
                 let rule = Rule::MovingAverageAbsMax { rate: s.rate };
-                let o = run(read(&s.state, &device), read(&s.accum, &device), rule, threshold);
+                let (o, extra) =
+                    run(read(&s.state, &device), read(&s.accum, &device), rule, threshold);
                 s.state.set(o.state[0].clone());
                 s.accum.set(o.state[1].clone());
                 s.threshold.set(o.state[2].clone());
-                (o, spec.grid_range())
+                (o, spec.grid_range(), extra)
             }
             ObserverState::MinMax(s) if update => {
                 let rule = match s.averaging_constant {
                     Some(averaging_constant) => Rule::MovingAverageMinMax { averaging_constant },
                     None => Rule::MinMax,
                 };
-                let o = run(read(&s.min, &device), read(&s.max, &device), rule, minmax);
+                let (o, extra) = run(read(&s.min, &device), read(&s.max, &device), rule, minmax);
                 s.min.set(o.state[0].clone());
                 s.max.set(o.state[1].clone());
-                (o, (qmin, qmax))
+                (o, (qmin, qmax), extra)
             }
             _ => return None,
         };
         let Observed { mult, step, zero_point, .. } = observed;
-        Some(Grid::new([mult, step, zero_point], range, spec.round(), axis))
+        Some((Grid::new([mult, step, zero_point], range, spec.round(), axis), extra))
+    }
+
+    /// [`grid`](Self::grid) and the fused fake quantization of `x` on it
+    /// ([`super::fake_quant::fake_quant_fused`]) in one kernel launch
+    /// ([`qdarts_kernels::observe::observe_fake_quant`]): the same grid, state, output and
+    /// straight-through gradient, one launch fewer. `None` where the two are not both kernels
+    /// (another backend, an observer that does not read `x`): the caller then runs them apart.
+    pub fn grid_and_fake_quant<const D: usize>(
+        &self,
+        spec: &QuantSpec,
+        x: &Tensor<D>,
+        update: bool,
+        current: bool,
+    ) -> Option<(Tensor<D>, Grid)> {
+        let (device, dtype) = (x.device(), x.dtype());
+        if !observe_available(&device, dtype) || !super::fake_quant::fused_available(&device, dtype)
+        {
+            return None;
+        }
+        let axis = spec.granularity().axis();
+        // The integer range of every grid `observed_by` returns.
+        let (range, ties_away) = (spec.grid_range(), spec.round() == RoundMode::TiesAwayFromZero);
+        let run = |a, b, rule, grid| {
+            observe_fake_quant(x.clone(), axis, [a, b], rule, grid, range, ties_away)
+        };
+        let (grid, out) = self.observed_by(spec, x, update, current, run)?;
+        debug_assert_eq!((grid.qmin, grid.qmax), range, "fused on another range than the grid's");
+        Some((out, grid))
     }
 
     /// The stored abs-max threshold `T` (Paddle's `OutScale`), for the abs-max family.

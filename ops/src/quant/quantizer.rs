@@ -146,10 +146,13 @@ impl FakeQuantizer {
                 let (out, qz) = fake_quant::fake_quant_learnable(x.clone(), &lg);
                 (out, Some(qz), lg.forward_grid())
             }
-            None => {
-                let grid = self.observe(&x, update);
-                (fake_quant::fake_quant_ste(x.clone(), &grid), None, grid)
-            }
+            None => match self.observe_fake_quant(&x, update) {
+                Some((out, grid)) => (out, None, grid),
+                None => {
+                    let grid = self.observe(&x, update);
+                    (fake_quant::fake_quant_ste(x.clone(), &grid), None, grid)
+                }
+            },
         };
         self.monitor.record(&x, &out, qz.as_ref(), &grid);
         self.hold.record(&x, &out, &grid);
@@ -209,6 +212,21 @@ impl FakeQuantizer {
     /// observer reads `x` itself also when it does not update.
     fn observe<const D: usize>(&self, x: &Tensor<D>, update: bool) -> Grid {
         self.observe_with(x, update, self.role == TensorRole::Weight)
+    }
+
+    /// [`observe`](Self::observe) and the fused fake quantization in one kernel launch, where
+    /// both are kernels here and the fused implementation is on
+    /// ([`fake_quant::set_default_impl`]).
+    fn observe_fake_quant<const D: usize>(
+        &self,
+        x: &Tensor<D>,
+        update: bool,
+    ) -> Option<(Tensor<D>, Grid)> {
+        if fake_quant::default_impl() != fake_quant::FakeQuantImpl::Fused {
+            return None;
+        }
+        let current = self.role == TensorRole::Weight;
+        self.observer.as_ref()?.grid_and_fake_quant(&self.spec, x, update, current)
     }
 
     fn observe_with<const D: usize>(&self, x: &Tensor<D>, update: bool, current: bool) -> Grid {
