@@ -62,6 +62,26 @@ impl Rule {
     }
 }
 
+/// Whether fake quantization on the grid that `rule` and `grid` derive from a tensor passes
+/// every element of that same tensor inside `qmin..=qmax`, so that its straight-through
+/// gradient is the upstream gradient unchanged: an abs-max rule on the tensor itself
+/// ([`Rule::AbsMax`]) with a threshold grid whose range holds `−bin_cnt..=bin_cnt` (a signed
+/// one; an unsigned grid clips the negative values).
+///
+/// Why: with `T = max|x|` (clamped up to [`MIN_SCALE`], which only shrinks `|x|/T`) and
+/// `mult = (1/T)·b`, every `|x·mult| ≤ T·mult ≤ b·(1 + 2.5u)(1 + u)(1 + u)` for the f32 unit
+/// roundoff `u` (the reciprocal allowed Vulkan's 2.5 ulps), below `b + ½` for any `b < 2²⁰`: it
+/// rounds to at most `b` in magnitude. A NaN or infinite `x` makes `x·mult` NaN, which the
+/// backward does not clip either.
+pub fn passes_every_gradient(rule: Rule, grid: GridRule, (qmin, qmax): (i32, i32)) -> bool {
+    match (rule, grid) {
+        (Rule::AbsMax, GridRule::Threshold { bin_cnt }) => {
+            qmin <= -bin_cnt && bin_cnt <= qmax && bin_cnt < 1 << 20
+        }
+        _ => false,
+    }
+}
+
 /// The grid an observer derives from its state.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GridRule {
@@ -168,7 +188,8 @@ pub fn observe<const D: usize>(
 /// straight-through gradient of [`crate::fake_quant::fake_quant_fused`] (`∂x = ∂out` where `x`
 /// rounds inside `qmin..=qmax`): one launch fewer than the two calls, the same bits. The grid
 /// is the one [`observe`] returns (its outputs are constants, as the fused fake quantization
-/// takes them); the output is contiguous.
+/// takes them); the output is contiguous. Where [`passes_every_gradient`], the backward is the
+/// upstream gradient itself, without a launch.
 ///
 /// `(qmin, qmax)` is the grid's integer range (a threshold grid does not hold it) and
 /// `ties_away` its rounding.
@@ -229,8 +250,9 @@ pub use extension::ObserveBackend;
 #[cfg(feature = "cube")]
 mod extension {
     use burn::backend::autodiff::Autodiff;
-    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-    use burn::backend::autodiff::ops::{Backward, OpsKind};
+    use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
     use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
 
     use super::{GridRule, Rule};
@@ -303,6 +325,24 @@ mod extension {
         FloatTensor<B>,
     );
 
+    /// The autodiff step of a fake quantization that clips nothing
+    /// ([`passes_every_gradient`](super::passes_every_gradient)): the gradient passes as it is.
+    #[derive(Debug)]
+    struct StraightThrough;
+
+    impl<B: Backend> Backward<B, 1> for StraightThrough {
+        type State = ();
+
+        fn backward(
+            self,
+            ops: Ops<Self::State, 1>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
+            unary::<B, _>(ops.parents, ops.node, grads, |grad| grad);
+        }
+    }
+
     impl<B: Backend + ObserveBackend + FakeQuantBackend, C: CheckpointStrategy> ObserveBackend
         for Autodiff<B, C>
     {
@@ -336,6 +376,14 @@ mod extension {
             layout: FusedLayout,
         ) -> Quantized<Self> {
             let (a, b) = (a.into_primitive(), b.into_primitive());
+            if super::passes_every_gradient(rule, grid, (layout.qmin, layout.qmax)) {
+                let node = x.node();
+                let (s0, s1, s2, mult, step, zp, out) =
+                    B::observe_fake_quant(x.into_primitive(), a, b, axis, rule, grid, layout);
+                let out = StraightThrough.prepare::<C>([node]).compute_bound().stateless(out);
+                let w = Self::from_inner;
+                return (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out);
+            }
             let prep = FakeQuantStep.prepare::<C>([x.node()]).compute_bound().stateful();
             let (s0, s1, s2, mult, step, zp, out) = match prep {
                 OpsKind::Tracked(prep) => {

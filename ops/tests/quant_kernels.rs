@@ -312,6 +312,7 @@ struct FqStep {
     grad: Vec<u32>,
     seen: Vec<Vec<u32>>,
     launches: u64,
+    backward_launches: u64,
 }
 
 /// Step `k` of `o` on `case`'s tensor `k` (autodiff on `d`), updating or (`!update`) reading a
@@ -339,13 +340,15 @@ fn fq_step(
     let (out, mut seen) = done?;
     seen.extend(state(o));
     let w = Tensor::<1>::from_floats(normal(leaf.dims()[0], 99).as_slice(), d);
-    let grads = out.clone().mul(case.arrange(w)).sum().backward();
+    let loss = out.clone().mul(case.arrange(w)).sum();
+    let (grads, backward_launches) = counted(d, || loss.backward());
     let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     Some(FqStep {
         out: bits(vals(out)),
         grad: bits(vals(leaf.grad(&grads).unwrap())),
         seen: seen.into_iter().map(bits).collect(),
         launches: launches.unwrap(),
+        backward_launches: backward_launches.unwrap(),
     })
 }
 
@@ -360,7 +363,9 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
         }
         cube_devices += 1;
         let ad = d.autodiff();
-        for (name, kind, signed, symmetric) in kinds() {
+        // An unsigned abs-max grid clips the negative values: its gradient is masked.
+        let unsigned = ("abs_max unsigned", ObserverKind::AbsMax, false, true);
+        for (name, kind, signed, symmetric) in kinds().into_iter().chain([unsigned]) {
             for case in Case::ALL {
                 for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
                     let spec = QuantSpec::with(8, signed, symmetric, case.granularity(), kind)
@@ -379,6 +384,14 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
                             continue;
                         };
                         assert_eq!(fused.launches + 1, apart.launches, "{what}: launches");
+                        // A signed abs-max grid on the tensor itself clips nothing: its
+                        // gradient passes without the masking launch.
+                        let unmasked = kind == ObserverKind::AbsMax && signed;
+                        assert_eq!(
+                            fused.backward_launches + u64::from(unmasked),
+                            apart.backward_launches,
+                            "{what}: backward launches"
+                        );
                         let moving = kind != ObserverKind::AbsMax && kind != ObserverKind::MinMax;
                         if moving && backend == "cuda" {
                             // Each kernel may contract a moving average's `a·r + b` on its own.
@@ -400,7 +413,7 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
         }
     }
     // Per kind and case: four updates, and the abs-max read of a weight as it is.
-    let per_device = kinds().len() * Case::ALL.len() * 2 * 4 + Case::ALL.len() * 2;
+    let per_device = (kinds().len() + 1) * Case::ALL.len() * 2 * 4 + 2 * Case::ALL.len() * 2;
     if !devices().iter().any(|(b, _)| *b == "cuda") {
         assert_eq!(checked, cube_devices * per_device, "comparisons");
     }
