@@ -16,9 +16,10 @@
 //! launches: one kernel for rows up to [`CHUNK`] (a conv weight's output channel), and for longer
 //! rows the chunk kernel, then one cube per chunk that combines the row's chunk extrema (every
 //! cube of the row the same ones in the same order, so the same grid), updates the state (the
-//! row's first cube writes it) and quantizes its chunk. A quantizer's training forward is then
-//! one or two launches instead of two or three; the values and the straight-through gradient
-//! are [`crate::fake_quant`]'s, bit for bit.
+//! row's first cube writes it) and quantizes its chunk; rows of more than 1 024 chunks, whose
+//! every cube would read that many extrema, quantize in a launch of their own. A quantizer's
+//! training forward is then one or two launches instead of two or three; the values and the
+//! straight-through gradient are [`crate::fake_quant`]'s, bit for bit.
 //!
 //! The arithmetic is the expressions' (`qdarts_ops::quant::observer`), operation for operation
 //! in f32, so flex, LibTorch and the kernels give the same grids; `tests/observe.rs` in
@@ -186,7 +187,8 @@ pub fn observe<const D: usize>(
 
 /// [`observe`] and the fake quantization of `x` on the grid it derives, with the
 /// straight-through gradient of [`crate::fake_quant::fake_quant_fused`] (`∂x = ∂out` where `x`
-/// rounds inside `qmin..=qmax`): one launch fewer than the two calls, the same bits. The grid
+/// rounds inside `qmin..=qmax`): one launch fewer than the two calls (as many for rows of
+/// more than 1 024 chunks, see the module docs), the same bits. The grid
 /// is the one [`observe`] returns (its outputs are constants, as the fused fake quantization
 /// takes them); the output is contiguous. Where [`passes_every_gradient`], the backward is the
 /// upstream gradient itself, without a launch.

@@ -88,6 +88,9 @@ enum Case {
     ChannelsLastPerChannel,
     /// A contiguous activation with more chunks per row than a cube has threads.
     Long,
+    /// A contiguous activation with more chunks than the observer's second stage quantizes
+    /// (over 4 Mi values; not in [`Case::ALL`]).
+    Huge,
 }
 
 impl Case {
@@ -144,6 +147,7 @@ impl Case {
             Case::Short => [2, 3, 5, 7],
             Case::ChannelsLast | Case::ChannelsLastPerChannel => [4, 24, 24, 8],
             Case::Long => [8, 16, 96, 96],
+            Case::Huge => [17, 16, 128, 128],
         }
     }
 }
@@ -416,6 +420,35 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
     let per_device = (kinds().len() + 1) * Case::ALL.len() * 2 * 4 + 2 * Case::ALL.len() * 2;
     if !devices().iter().any(|(b, _)| *b == "cuda") {
         assert_eq!(checked, cube_devices * per_device, "comparisons");
+    }
+}
+
+#[test]
+fn past_the_shared_chunks_an_observer_still_quantizes_as_the_two_launches() {
+    let _serial = serial();
+    let ema = ObserverKind::MovingAverageMinMax { averaging_constant: 0.01 };
+    let spec = QuantSpec::with(8, true, true, Granularity::PerTensor, ema).unwrap();
+    for (backend, d) in devices() {
+        if !observe_available(&d, DType::F32) {
+            continue;
+        }
+        let ad = d.autodiff();
+        assert!(Case::Huge.dims().iter().product::<usize>() > 1024 * CHUNK, "past the limit");
+        let fresh = || ObserverState::new(&spec, 1, &ad).unwrap();
+        let (one, two) = (fresh(), fresh());
+        for k in 0..2 {
+            let what = format!("step {k} on {backend}");
+            let apart = fq_step(&ad, &two, &spec, (Case::Huge, k), true, false).unwrap();
+            let fused = fq_step(&ad, &one, &spec, (Case::Huge, k), true, true).unwrap();
+            // The chunks' extrema, the state and grid, the fake quantization.
+            assert_eq!((fused.launches, apart.launches), (3, 3), "{what}: launches");
+            if backend == "cuda" {
+                continue; // Each kernel may contract the moving average on its own there.
+            }
+            assert_eq!(fused.seen, apart.seen, "{what}: grid and state");
+            assert_eq!(fused.out, apart.out, "{what}: output");
+            assert_eq!(fused.grad, apart.grad, "{what}: gradient");
+        }
     }
 }
 

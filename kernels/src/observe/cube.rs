@@ -8,8 +8,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{CHUNK, GridRule, MIN_SCALE, ObserveBackend, Rule};
-use crate::fake_quant::FusedLayout;
 use crate::fake_quant::cube::fake_quantized;
+use crate::fake_quant::{FakeQuantBackend, FusedLayout};
 use crate::lanes::cube::{empty_like, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
 
 /// Threads of a cube (a power of two: the tree halves it).
@@ -347,6 +347,13 @@ fn observe_kernel(
 /// The panics' name for these kernels.
 const OP: &str = "observer";
 
+/// The most chunks per row for which the observer's second stage also quantizes: each of its
+/// cubes reads all of the row's chunk extrema, two values per chunk, which at this count is a
+/// quarter of what the cube's own chunk costs (4 096 reads and writes) and grows with the row.
+/// Longer rows (over 4 Mi values, beyond a DARTS-shape batch of 64) quantize in a launch of
+/// their own.
+const MAX_SHARED_CHUNKS: usize = 1024;
+
 /// What both forms of an observer launch need: the checked tensors, the first stage's chunk
 /// extrema (launched here for rows longer than [`CHUNK`]) and the second stage's arguments.
 struct Plan {
@@ -476,6 +483,20 @@ impl ObserveBackend for CubeBackend {
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
         let p = Plan::new(x, a, b, axis, rule, grid);
         let out = p.outputs();
+        if p.chunks > MAX_SHARED_CHUNKS {
+            // Every cube of a row would read all its chunk extrema: apart, the same values.
+            let x = p.x.clone();
+            launch(&p, &out, None);
+            let [sa, sb, t, mult, step, zp] = out;
+            let fq = <Self as FakeQuantBackend>::fake_quant_fused(
+                x,
+                mult.clone(),
+                step.clone(),
+                zp.clone(),
+                layout,
+            );
+            return (sa, sb, t, mult, step, zp, fq);
+        }
         let fq = empty_like(&p.x);
         launch(&p, &out, Some((&fq, layout)));
         let [sa, sb, t, mult, step, zp] = out;
