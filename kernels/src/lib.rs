@@ -8,7 +8,8 @@
 //! - [`depthwise_conv`], [`pointwise_conv`]: the convolutions of the separable and dilated
 //!   candidate ops (flex); [`direct_conv`]: every convolution, forward and backward (the
 //!   CubeCL runtimes).
-//! - [`pool2d`]: max and average pooling (flex).
+//! - [`pool2d`]: max and average pooling, and the rounded average pool of a fake-quantized
+//!   activation (flex and CubeCL).
 //! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex and the
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).

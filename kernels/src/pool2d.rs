@@ -1,4 +1,5 @@
-//! Max and average pooling with their own forward and backward kernels on flex.
+//! Max and average pooling with their own forward and backward kernels on flex and on the
+//! CubeCL backends.
 //!
 //! Every mixed op of a DARTS supernet holds a max and an average pool, so a search step runs
 //! hundreds of them. Burn's flex pools visit the window of every output one element at a time,
@@ -18,6 +19,20 @@
 //!   exact IEEE division, so averages of integers round as in the integer runtime.
 //!
 //! Only the summation order differs from Burn's pools (`tests/pool2d.rs` holds the two together).
+//!
+//! On the CubeCL backends (`wgpu`, `cuda`) the same four operations run as kernels over the
+//! `[N, C, H, W]` layout itself, one thread per output (forward) or per input element
+//! (backward), reading their inputs through their strides. Burn's CubeCL pools work on a
+//! channels-last copy: a copy of the input forward, and of the input, the gradient (and the
+//! max pool's indices) backward, each a launch of its own. The windows are summed in Burn's
+//! order (row-major, from 0, then divided by the count), so the values are Burn's bit for bit;
+//! the max pool's backward recomputes each window's first maximum instead of storing indices.
+//!
+//! [`avg_pool2d_rounded`] is the average pool of a fake-quantized activation that the integer
+//! runtime computes on integers (`QPoolBN`): the average of `x`'s integers on its grid, rounded
+//! once, with the float average's gradient. As tensor operations that is two pools and half a
+//! dozen elementwise launches; here one pass on every backend with these kernels.
+//!
 //! Other backends, dtypes and options (dilation, ceil mode, asymmetric padding) use Burn's
 //! pools ([`max_pool2d`] and [`avg_pool2d`] decide).
 
@@ -33,7 +48,7 @@ use burn::tensor::{DType, Device, Tensor};
 use crate::plane::{Flat, PlaneGeom};
 
 /// The pooling primitives: `x` `[N, C, H, W]`, dilation 1, symmetric padding.
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+#[backend_extension(Flex: cfg(feature = "flex"), Cube: cfg(feature = "cube"), Autodiff)]
 pub trait PoolBackend: Backend {
     /// Max pooling, `[N, C, H', W']`.
     fn pool_max2d(x: FloatTensor<Self>, geom: PlaneGeom) -> FloatTensor<Self>;
@@ -55,16 +70,38 @@ pub trait PoolBackend: Backend {
         geom: PlaneGeom,
         include_pad: bool,
     ) -> FloatTensor<Self>;
+
+    /// Average pooling of `x`'s integers on the grid `(mult, step)`, `[1]` (per tensor) or
+    /// `[C]` (per channel): `qa = round(avg(round(x·mult)))`, returned as
+    /// `avg + (qa·step − avg)` with `avg` the float average (see [`avg_pool2d_rounded`]).
+    /// Differentiated as the float average; `mult` and `step` are constants.
+    fn pool_avg2d_rounded(
+        x: FloatTensor<Self>,
+        mult: FloatTensor<Self>,
+        step: FloatTensor<Self>,
+        geom: PlaneGeom,
+        rounding: Rounding,
+    ) -> FloatTensor<Self>;
+}
+
+/// How [`PoolBackend::pool_avg2d_rounded`] counts and rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rounding {
+    /// Whether the padding counts in the divisor.
+    pub include_pad: bool,
+    /// Ties round away from zero (else to even).
+    pub ties_away: bool,
 }
 
 /// Whether [`max_pool2d`] and [`avg_pool2d`] can run this module's kernels for tensors on
-/// `device` with this dtype.
+/// `device` with this dtype: f32 on flex or on a CubeCL backend.
 pub fn pool_available(device: &Device, dtype: DType) -> bool {
     crate::lanes::on_flex_f32(device, dtype)
+        || (dtype == DType::F32 && crate::lanes::on_cube(device))
 }
 
-/// The geometry of a pooling this module's kernels run: on flex f32, symmetric padding of at
-/// most half the window (so no window is all padding), dilation 1, floor mode.
+/// The geometry of a pooling this module's kernels run: on flex or CubeCL f32, symmetric
+/// padding of at most half the window (so no window is all padding), dilation 1, floor mode.
 fn plane_geom(
     x: &Tensor<4>,
     kernel: [usize; 2],
@@ -104,6 +141,64 @@ pub fn avg_pool2d(x: Tensor<4>, options: AvgPoolOptions<2>) -> Tensor<4> {
             options.count_include_pad,
         )),
         None => module::avg_pool2d(x, options),
+    }
+}
+
+/// The average pool of `x`'s integers on a quantization grid, as the integer runtime pools a
+/// fake-quantized activation: `q = round(x·mult)` (ties away from zero or to even), then
+/// `qa = round(avg_pool(q))`; returned as `avg + (qa·step − avg)` with `avg = avg_pool(x)`, so
+/// that the value is the dequantized integer average (up to the last bit of that sum) and the
+/// gradient is the float average's. `mult` and `step` are `[1]` or one value per channel
+/// (axis 1), and are not differentiated. The same bits as those tensor expressions with this
+/// module's pools.
+///
+/// `None` where this module's kernels do not run (see [`pool_available`]; ceil mode, dilation,
+/// asymmetric padding) or the grid has another length: the caller computes it as tensor
+/// operations.
+pub fn avg_pool2d_rounded(
+    x: Tensor<4>,
+    mult: Tensor<1>,
+    step: Tensor<1>,
+    ties_away: bool,
+    options: AvgPoolOptions<2>,
+) -> Option<Tensor<4>> {
+    let geom = plane_geom(&x, options.kernel_size, options.stride, options.padding)
+        .filter(|_| !options.ceil_mode)?;
+    let c = x.dims()[1];
+    let fits = |p: &Tensor<1>| {
+        let n = p.dims()[0];
+        (n == 1 || n == c) && p.dtype() == DType::F32 && p.device() == x.device()
+    };
+    if !fits(&mult) || !fits(&step) || mult.dims() != step.dims() {
+        return None;
+    }
+    let rounding = Rounding { include_pad: options.count_include_pad, ties_away };
+    Some(Tensor::from_dispatch(<burn::backend::Dispatch as PoolBackend>::pool_avg2d_rounded(
+        x.into_dispatch(),
+        mult.detach().into_dispatch(),
+        step.detach().into_dispatch(),
+        geom,
+        rounding,
+    )))
+}
+
+/// The autodiff step of an average pool (also [`PoolBackend::pool_avg2d_rounded`]'s).
+#[derive(Debug)]
+struct AvgStep;
+
+impl<B: Backend + PoolBackend> Backward<B, 1> for AvgStep {
+    type State = (PlaneGeom, bool);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let (geom, include_pad) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            B::pool_avg2d_backward(grad, geom, include_pad)
+        });
     }
 }
 
@@ -147,25 +242,6 @@ impl<B: Backend + PoolBackend, C: CheckpointStrategy> PoolBackend for Autodiff<B
     }
 
     fn pool_avg2d(x: FloatTensor<Self>, geom: PlaneGeom, include_pad: bool) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct AvgStep;
-
-        impl<B: Backend + PoolBackend> Backward<B, 1> for AvgStep {
-            type State = (PlaneGeom, bool);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (geom, include_pad) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::pool_avg2d_backward(grad, geom, include_pad)
-                });
-            }
-        }
-
         match AvgStep.prepare::<C>([x.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let out = B::pool_avg2d(x.into_primitive(), geom, include_pad);
@@ -183,6 +259,26 @@ impl<B: Backend + PoolBackend, C: CheckpointStrategy> PoolBackend for Autodiff<B
         include_pad: bool,
     ) -> FloatTensor<Self> {
         Self::from_inner(B::pool_avg2d_backward(grad.into_primitive(), geom, include_pad))
+    }
+
+    fn pool_avg2d_rounded(
+        x: FloatTensor<Self>,
+        mult: FloatTensor<Self>,
+        step: FloatTensor<Self>,
+        geom: PlaneGeom,
+        rounding: Rounding,
+    ) -> FloatTensor<Self> {
+        let (mult, step) = (mult.into_primitive(), step.into_primitive());
+        let state = (geom, rounding.include_pad);
+        match AvgStep.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = B::pool_avg2d_rounded(x.into_primitive(), mult, step, geom, rounding);
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::pool_avg2d_rounded(x.into_primitive(), mult, step, geom, rounding))
+            }
+        }
     }
 }
 
@@ -289,7 +385,7 @@ impl Flat {
         x: &[f32],
         y: &mut [f32],
         [rows, cols]: &[Vec<f32>; 2],
-        [xp, tmp, acc]: &mut [Vec<f32>; 3],
+        [xp, tmp, acc]: [&mut [f32]; 3],
     ) {
         self.pad(x, xp);
         self.window(xp, tmp, acc, |a, b| a + b);
@@ -324,11 +420,14 @@ impl Flat {
     }
 }
 
+#[cfg(feature = "cube")]
+mod cube;
+
 #[cfg(feature = "flex")]
 mod flex_impl {
     use burn::backend::flex::{Flex, FlexTensor};
 
-    use super::{Flat, PlaneGeom, PoolBackend};
+    use super::{Flat, PlaneGeom, PoolBackend, Rounding};
     use crate::lanes::flex::{f32s, slice, tensor};
     use crate::lanes::planes;
 
@@ -382,7 +481,8 @@ mod flex_impl {
                 oh * ow,
                 [f.padded(), f.padded(), f.len],
                 #[inline(always)]
-                |p, y, s| {
+                |p, y, [xp, tmp, acc]| {
+                    let s = [xp.as_mut_slice(), tmp.as_mut_slice(), acc.as_mut_slice()];
                     f.avg_forward(&xs[p * h * w..][..h * w], y, &counts, s);
                 },
             );
@@ -405,6 +505,45 @@ mod flex_impl {
                 },
             );
             tensor(out, vec![gd[0], gd[1], h, w])
+        }
+
+        fn pool_avg2d_rounded(
+            x: FlexTensor,
+            mult: FlexTensor,
+            step: FlexTensor,
+            g: PlaneGeom,
+            r: Rounding,
+        ) -> FlexTensor {
+            let ((xd, x), (_, mult), (_, step)) =
+                (f32s(&x, KERNEL), f32s(&mult, KERNEL), f32s(&step, KERNEL));
+            let (xs, ms, ss) = (slice(&x), slice(&mult), slice(&step));
+            let f = Flat::new(g);
+            let ([h, w], [oh, ow]) = (g.input, f.output());
+            let counts = f.counts(r.include_pad);
+            let round = |v: f32| if r.ties_away { v.round() } else { v.round_ties_even() };
+            let pad = f.padded();
+            let out = planes(
+                xd[0] * xd[1],
+                oh * ow,
+                [pad, pad, f.len, h * w, oh * ow],
+                #[inline(always)]
+                |p, y, [xp, tmp, acc, q, qa]| {
+                    // Per channel: planes are (image, channel) in order.
+                    let ch = if ms.len() == 1 { 0 } else { p % xd[1] };
+                    let (m, st) = (ms[ch], ss[ch]);
+                    let x = &xs[p * h * w..][..h * w];
+                    for (q, &v) in q.iter_mut().zip(x) {
+                        *q = round(v * m);
+                    }
+                    f.avg_forward(q, qa, &counts, [&mut xp[..], &mut tmp[..], &mut acc[..]]);
+                    f.avg_forward(x, y, &counts, [&mut xp[..], &mut tmp[..], &mut acc[..]]);
+                    // The expressions' value: avg + (qa·step − avg).
+                    for (y, &qa) in y.iter_mut().zip(&*qa) {
+                        *y += round(qa) * st - *y;
+                    }
+                },
+            );
+            tensor(out, vec![xd[0], xd[1], oh, ow])
         }
     }
 }

@@ -5,6 +5,7 @@
 //! fake-quantized per tensor, then the output.
 
 use burn::module::Module;
+use burn::tensor::Tensor;
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 
 use super::bn::QBatchNorm;
@@ -13,8 +14,8 @@ use super::conv::Bias;
 use crate::qconfig::Site;
 use crate::quant::fake_quant::broadcast_param;
 use crate::quant::hold::max_pool2d_held;
-use crate::quant::{FakeQuantizer, SpecError, round_with};
-use qdarts_kernels::pool2d::avg_pool2d;
+use crate::quant::{FakeQuantizer, RoundMode, SpecError, round_with};
+use qdarts_kernels::pool2d::{avg_pool2d, avg_pool2d_rounded};
 
 /// Which pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,22 @@ impl QPoolBN {
                     // does; a float average of the dequantized values would break its ties at
                     // random. Straight-through gradient of the float average.
                     Some(grid) if !grid.is_held() => {
+                        let ties_away = grid.round == RoundMode::TiesAwayFromZero;
+                        // One pass where the pool kernels run, per tensor or per channel.
+                        let pass = matches!(grid.axis, None | Some(1))
+                            .then(|| {
+                                avg_pool2d_rounded(
+                                    x.value.clone(),
+                                    grid.mult.clone(),
+                                    grid.step.clone(),
+                                    ties_away,
+                                    opts.clone(),
+                                )
+                            })
+                            .flatten();
+                        if let Some(y) = pass {
+                            return self.finish(y, unit);
+                        }
                         let mult = broadcast_param::<4>(grid.mult.clone().detach(), grid.axis);
                         let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
                         let q = round_with(x.value.clone().detach().mul(mult), grid.round);
@@ -95,6 +112,11 @@ impl QPoolBN {
                 }
             }
         };
+        self.finish(pooled, unit)
+    }
+
+    /// BN and the output quantizer after the pool.
+    fn finish(&self, pooled: Tensor<4>, unit: Option<Bias>) -> QTensor {
         quantize_opt(&self.act, self.bn.forward_biased(pooled, unit))
     }
 }
