@@ -12,6 +12,8 @@
 //!   activation (flex and CubeCL).
 //! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex and the
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
+//! - [`quant_sum`]: a quantized add of several operands, one launch per operand forward and
+//!   one backward (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
 //! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
 //! - [`scale`]: a mixed op's `w_i · op_i(x)` and its running sum `acc + w_i · op_i(x)` in one
@@ -49,6 +51,7 @@ pub mod optim;
 pub mod plane;
 pub mod pointwise_conv;
 pub mod pool2d;
+pub mod quant_sum;
 pub mod reduce;
 pub mod relu;
 pub mod scale;

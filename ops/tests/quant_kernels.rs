@@ -24,7 +24,7 @@ use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::observe::{CHUNK, observe_available};
 use qdarts_ops::candidates::quantize_bias_with;
-use qdarts_ops::quant::fake_quant::fake_quant_fused;
+use qdarts_ops::quant::fake_quant::{Grid, fake_quant_fused, fake_quant_sum, fake_quant_sum_ste};
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{Granularity, ObserverKind, QuantSpec, RoundMode};
 
@@ -623,5 +623,117 @@ fn a_fixed_range_gives_torch_ao_grid_once_derived_and_then_without_launches() {
         assert_eq!(vals(g.zero_point), [64.0; 3], "{backend}");
         let x2 = Tensor::<2>::zeros([2, 4], &d);
         assert_eq!(vals(o.grid(&wide, &x2, false, false).zero_point), [64.0; 2], "{backend}");
+    }
+}
+
+/// What a quantized sum gives: its value, the clamped integers, the in-range mask and each
+/// operand's gradient, as bits; and its forward and backward launches (CubeCL only).
+struct SumSeen {
+    values: Vec<Vec<u32>>,
+    launches: [Option<u64>; 2],
+}
+
+/// The quantized sum of `n` operands on `d` by the kernels (`fused`) or the expressions. The
+/// operands are `scale`·normal draws (rounded to multiples of `1/quantum` when given: ties on
+/// a grid of a power of two), every other one channels-last (strided); the upstream gradient
+/// differs from element to element.
+fn quantized_sum(
+    d: &Device,
+    n: usize,
+    grid: &Grid,
+    (scale, quantum): (f32, Option<f32>),
+    fused: bool,
+    seed: u64,
+) -> SumSeen {
+    let dims = [2, 3, 5, 4];
+    let len = dims.iter().product::<usize>();
+    let xs: Vec<Tensor<4>> = (0..n)
+        .map(|k| {
+            let v: Vec<f32> = normal(len, seed + k as u64)
+                .iter()
+                .map(|v| match quantum {
+                    Some(q) => (v * scale * q).round() / q,
+                    None => v * scale,
+                })
+                .collect();
+            let x = Tensor::<1>::from_floats(v.as_slice(), d);
+            if k % 2 == 1 {
+                // Laid out [N, H, W, C]: a channels-last view of [N, C, H, W].
+                x.reshape([2, 5, 4, 3]).permute([0, 3, 1, 2]).require_grad()
+            } else {
+                x.reshape(dims).require_grad()
+            }
+        })
+        .collect();
+    let up = Tensor::<1>::from_floats(normal(len, seed + 99).as_slice(), d).reshape(dims);
+    let sum = xs.iter().cloned().reduce(|a, b| a.add(b)).unwrap();
+    let sum_of = |integers| {
+        if fused {
+            fake_quant_sum_ste(&xs, &sum, grid, integers)
+        } else {
+            let (out, qz) = fake_quant_sum(&xs, grid);
+            (out, Some(qz))
+        }
+    };
+    let ((out, _), forward) = counted(d, || sum_of(false));
+    let qz = sum_of(true).1.unwrap();
+    // The launches of the product with the upstream gradient and the sum, alone, are taken
+    // off the backward count.
+    let alone = sum.clone().detach().require_grad();
+    let (_, around) = counted(d, || alone.mul(up.clone()).sum().backward());
+    let (grads, backward) = counted(d, || out.clone().mul(up).sum().backward());
+    let backward = backward.zip(around).map(|(b, a)| b - a);
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut values = vec![bits(vals(out)), bits(vals(qz.q)), bits(vals(qz.in_range.float()))];
+    values.extend(xs.iter().map(|x| bits(vals(x.grad(&grads).unwrap()))));
+    SumSeen { values, launches: [forward, backward] }
+}
+
+#[test]
+fn a_quantized_sum_by_its_kernels_is_the_expressions_in_one_launch_per_operand() {
+    let _serial = serial();
+    let mut seed = 500;
+    for (backend, d) in devices() {
+        let d = d.autodiff();
+        let cube = counted(&d, || ()).1.is_some();
+        for n in 2..=5 {
+            for per_channel in [false, true] {
+                for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
+                    // A grid of powers of two on operands at multiples of 1/16 (ties
+                    // everywhere), a grid of 0.05 on continuous operands; a range that clips.
+                    for (operands, base) in [((1.0, Some(16.0)), 0.125), ((0.5, None), 0.05)] {
+                        seed += 1;
+                        let steps: Vec<f32> = if per_channel {
+                            vec![base, base / 2.0, base * 2.0]
+                        } else {
+                            vec![base]
+                        };
+                        let step = Tensor::<1>::from_floats(steps.as_slice(), &d);
+                        let zp = step.zeros_like().add_scalar(3.0);
+                        let grid =
+                            Grid::from_step(step, zp, (-20, 24), round, per_channel.then_some(1));
+                        let what = format!(
+                            "{backend}: {n} operands, per channel {per_channel}, {round:?}, \
+                             operands {operands:?}"
+                        );
+                        let run = |fused| quantized_sum(&d, n, &grid, operands, fused, seed);
+                        let (kernels, expressions) = (run(true), run(false));
+                        let pairs = kernels.values.iter().zip(&expressions.values);
+                        for (k, (a, b)) in pairs.enumerate() {
+                            assert_eq!(a, b, "{what}: output {k} (value, integers, mask, ∂x_i)");
+                        }
+                        // Something was clipped and something was not.
+                        let mask = &expressions.values[2];
+                        let inside = mask.iter().filter(|&&m| m == 1.0f32.to_bits()).count();
+                        assert!(inside > 0 && inside < mask.len(), "{what}: {inside} in range");
+                        if cube {
+                            let [f, b] = kernels.launches;
+                            assert_eq!(f, Some(n as u64), "{what}: forward launches");
+                            assert_eq!(b, Some(1), "{what}: backward launches");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -24,7 +24,7 @@ use super::{FakeQuantBackend, FusedLayout};
 /// 64-bit integer division is emulated on GPUs (and on Mesa's CPU driver) and costs more than
 /// the rest of the kernel.
 #[cube]
-fn channel(i: usize, inner: u32, channels: u32, #[comptime] per_tensor: bool) -> usize {
+pub(crate) fn channel(i: usize, inner: u32, channels: u32, #[comptime] per_tensor: bool) -> usize {
     let mut c = 0u32;
     if !per_tensor {
         c = (i as u32 / inner) % channels;
@@ -141,7 +141,7 @@ fn fake_quant_backward_strided_kernel(
 ///
 /// # Panics
 /// If a parameter's length is not `layout.channels`, or a run length exceeds `u32`.
-fn index_args(layout: &FusedLayout, params: &[&CubeTensor]) -> (u32, u32) {
+pub(crate) fn index_args(layout: &FusedLayout, params: &[&CubeTensor]) -> (u32, u32) {
     for p in params {
         assert_eq!(
             p.meta.num_elements(),

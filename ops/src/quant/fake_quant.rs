@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use burn::tensor::{Bool, Tensor};
 pub use qdarts_kernels::fake_quant::fused_available;
 use qdarts_kernels::fake_quant::{self as kernels, FusedLayout};
+use qdarts_kernels::quant_sum::quant_sum_available;
 
 use super::spec::RoundMode;
 
@@ -153,7 +154,11 @@ pub fn quantize<const D: usize>(x: Tensor<D>, grid: &Grid) -> Quantized<D> {
     let x = x.detach();
     let mult = broadcast_param::<D>(grid.mult.clone().detach(), grid.axis);
     let zp = broadcast_param::<D>(grid.zero_point.clone().detach(), grid.axis);
-    let r = round_with(x.mul(mult), grid.round).add(zp);
+    clamped(round_with(x.mul(mult), grid.round).add(zp), grid)
+}
+
+/// The clamped integers and range masks of unclamped integers `r` (zero point included).
+fn clamped<const D: usize>(r: Tensor<D>, grid: &Grid) -> Quantized<D> {
     let below = r.clone().lower_elem(grid.qmin as f32);
     let above = r.clone().greater_elem(grid.qmax as f32);
     let in_range = below.clone().bool_or(above).bool_not();
@@ -206,17 +211,39 @@ pub fn fake_quant_sum<const D: usize>(xs: &[Tensor<D>], grid: &Grid) -> (Tensor<
     let Some(r) = r else {
         panic!("fake_quant_sum needs at least one operand");
     };
-    let r = r.add(zp);
-    let below = r.clone().lower_elem(grid.qmin as f32);
-    let above = r.clone().greater_elem(grid.qmax as f32);
-    let in_range = below.clone().bool_or(above).bool_not();
-    let q = r.clamp(grid.qmin as f32, grid.qmax as f32);
+    let Quantized { q, in_range, below } = clamped(r.add(zp), grid);
     let mut out = dequantize(q.clone(), grid);
     let mask = in_range.clone().float();
     for x in xs.iter().filter(|x| x.is_autodiff()) {
         out = out.add(zero_with_grad(x.clone(), mask.clone()));
     }
     (out, Quantized { q, in_range, below })
+}
+
+/// [`fake_quant_sum`], by the kernels of [`qdarts_kernels::quant_sum`] where they run (the
+/// CubeCL backends, two operands or more) and the fused implementation is on
+/// ([`set_default_impl`]): the same values and gradients in one launch per operand forward
+/// and one backward. `sum` is the float sum of `xs` (the kernels' gradient goes through it).
+/// The integers come back from the kernels only when `integers` asks for them (they cost
+/// launches of their own there).
+pub fn fake_quant_sum_ste<const D: usize>(
+    xs: &[Tensor<D>],
+    sum: &Tensor<D>,
+    grid: &Grid,
+    integers: bool,
+) -> (Tensor<D>, Option<Quantized<D>>) {
+    let fused = default_impl() == FakeQuantImpl::Fused
+        && xs.len() >= 2
+        && quant_sum_available(&sum.device(), sum.dtype());
+    if !fused {
+        let (out, qz) = fake_quant_sum(xs, grid);
+        return (out, Some(qz));
+    }
+    let ties_away = grid.round == RoundMode::TiesAwayFromZero;
+    let layout = FusedLayout::new(&sum.dims(), grid.axis, grid.qmin, grid.qmax, ties_away);
+    let params = [&grid.mult, &grid.step, &grid.zero_point];
+    let (out, r) = qdarts_kernels::quant_sum::fake_quant_sum(sum.clone(), xs, params, layout);
+    (out, integers.then(|| clamped(r, grid)))
 }
 
 /// How [`fake_quant_ste`] computes: the composite tensor expression, or the fused kernel.

@@ -179,8 +179,9 @@ impl FakeQuantizer {
             return held;
         }
         let grid = self.observe(&sum, self.training.is_enabled());
-        let (out, qz) = fake_quant::fake_quant_sum(&xs, &grid);
-        self.monitor.record(&sum, &out, Some(&qz), &grid);
+        let recording = self.monitor.is_recording();
+        let (out, qz) = fake_quant::fake_quant_sum_ste(&xs, &sum, &grid, recording);
+        self.monitor.record(&sum, &out, qz.as_ref(), &grid);
         self.hold.record(&sum, &out, &grid);
         (out, grid)
     }

@@ -1,0 +1,233 @@
+//! A quantized add of several operands in `n + 1` launches on the CubeCL backends.
+//!
+//! An integer add rounds every operand onto the output grid on its own (rescaled with its own
+//! multiplier), adds the integers, then the zero point, and clamps (`qdarts_ops`'
+//! `fake_quant_sum`). As tensor expressions that is about `7n + 9` launches forward for `n`
+//! operands (a product and a rounding per operand, the sums, the range tests, the clamp, the
+//! dequantization, a zero-valued gradient term per operand) and `n` backward (each operand's
+//! gradient masked on its own, to the same values). Here:
+//!
+//! - forward: one launch per operand but the last, `acc = Σ round(x_i · mult)` in place, then
+//!   one that adds the last operand and the zero point, keeps that unclamped sum `r` and
+//!   writes `(clamp(r) − zp) · step`;
+//! - backward: one launch, `grad · [qmin ≤ r ≤ qmax]`, handed to the float sum of the operands
+//!   (which the caller computed for its observer), whose adds pass it to every operand as it
+//!   is: the gradient the expressions give each of them.
+//!
+//! The arithmetic is the expressions', operation for operation in f32, in their order; the
+//! rounding is spelled out exactly as in the fused fake quantization.
+
+use burn::tensor::{DType, Device, Tensor};
+
+use crate::fake_quant::FusedLayout;
+
+/// Whether [`fake_quant_sum`] runs for tensors on `device` with this dtype: f32 on a CubeCL
+/// backend.
+pub fn quant_sum_available(device: &Device, dtype: DType) -> bool {
+    dtype == DType::F32 && crate::lanes::on_cube(device)
+}
+
+/// The quantized sum of `xs` (at least two, of one shape) on the grid (`mult`, `step`,
+/// `zero_point`, each `[1]` or `[layout.channels]`, not differentiated): every operand rounded
+/// onto the grid on its own, the integers added, then the zero point, clamped and dequantized.
+/// The gradient reaches `sum`, which must be the float sum of `xs` (its adds hand it to every
+/// operand): the upstream gradient where the unclamped integer sum lies in range, else 0.
+///
+/// Returns the dequantized sum and the unclamped integer sum `r` (zero point included; not
+/// differentiated), from which the caller can tell what was clipped.
+///
+/// # Panics
+/// If [`quant_sum_available`] is false for `sum`, or `xs` has fewer than two operands.
+pub fn fake_quant_sum<const D: usize>(
+    sum: Tensor<D>,
+    xs: &[Tensor<D>],
+    [mult, step, zero_point]: [&Tensor<1>; 3],
+    layout: FusedLayout,
+) -> (Tensor<D>, Tensor<D>) {
+    assert!(
+        quant_sum_available(&sum.device(), sum.dtype()),
+        "the quantized sum kernels are not available on {:?} for {:?}",
+        sum.device(),
+        sum.dtype()
+    );
+    let Some((last, rest)) = xs.split_last().filter(|(_, rest)| !rest.is_empty()) else {
+        panic!("a quantized sum needs at least two operands, got {}", xs.len());
+    };
+    #[cfg(feature = "cube")]
+    {
+        use burn::backend::Dispatch;
+
+        // One value per channel (a `[1]` parameter of a per-channel grid is broadcast).
+        let param = |p: &Tensor<1>| {
+            let p = p.clone().detach();
+            let p = if p.dims()[0] == layout.channels { p } else { p.expand([layout.channels]) };
+            p.into_dispatch()
+        };
+        let mult = param(mult);
+        let mut acc = <Dispatch as QuantSumBackend>::quant_sum_start(
+            rest[0].clone().into_dispatch(),
+            mult.clone(),
+            layout,
+        );
+        for x in &rest[1..] {
+            acc = <Dispatch as QuantSumBackend>::quant_sum_add(
+                acc,
+                x.clone().into_dispatch(),
+                mult.clone(),
+                layout,
+            );
+        }
+        let (out, r) = <Dispatch as QuantSumBackend>::quant_sum_finish(
+            sum.into_dispatch(),
+            acc,
+            last.clone().into_dispatch(),
+            mult,
+            param(step),
+            param(zero_point),
+            layout,
+        );
+        (Tensor::from_dispatch(out), Tensor::from_dispatch(r))
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!(
+        "quant_sum_available is false without the CubeCL backends: {last:?} {rest:?} {mult:?} \
+         {step:?} {zero_point:?} {layout:?}"
+    )
+}
+
+#[cfg(feature = "cube")]
+pub use extension::QuantSumBackend;
+
+#[cfg(feature = "cube")]
+mod extension {
+    use burn::backend::autodiff::Autodiff;
+    use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+    use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
+
+    use crate::fake_quant::FusedLayout;
+
+    /// The quantized sum's kernels (see [`fake_quant_sum`](super::fake_quant_sum)); CubeCL
+    /// only. `mult`, `step` and `zero_point` are `[layout.channels]`.
+    #[backend_extension(Cube, Autodiff)]
+    pub trait QuantSumBackend: Backend {
+        /// `round(x · mult)`. Not differentiated.
+        fn quant_sum_start(
+            x: FloatTensor<Self>,
+            mult: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> FloatTensor<Self>;
+
+        /// `acc + round(x · mult)` (in place where `acc` is free to reuse). Not
+        /// differentiated.
+        fn quant_sum_add(
+            acc: FloatTensor<Self>,
+            x: FloatTensor<Self>,
+            mult: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> FloatTensor<Self>;
+
+        /// `(out, r)`: `r = acc + round(x · mult) + zero_point` and
+        /// `out = (clamp(r) − zero_point) · step`; `out` is differentiated as `sum`
+        /// (straight through where `r` is in range), `r` is not.
+        #[allow(clippy::type_complexity)] // The extension macro reads the outputs from the tuple.
+        fn quant_sum_finish(
+            sum: FloatTensor<Self>,
+            acc: FloatTensor<Self>,
+            x: FloatTensor<Self>,
+            mult: FloatTensor<Self>,
+            step: FloatTensor<Self>,
+            zero_point: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+        /// `grad · [qmin ≤ r ≤ qmax]` (in place where `grad` is free to reuse).
+        fn quant_sum_backward(
+            r: FloatTensor<Self>,
+            grad: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> FloatTensor<Self>;
+    }
+
+    /// The straight-through step of [`QuantSumBackend::quant_sum_finish`]'s output, from the
+    /// unclamped sum.
+    #[derive(Debug)]
+    struct SumStep;
+
+    impl<B: Backend + QuantSumBackend> Backward<B, 1> for SumStep {
+        type State = (FloatTensor<B>, FusedLayout);
+
+        fn backward(
+            self,
+            ops: Ops<Self::State, 1>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
+            let (r, layout) = ops.state;
+            unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                B::quant_sum_backward(r, grad, layout)
+            });
+        }
+    }
+
+    impl<B: Backend + QuantSumBackend, C: CheckpointStrategy> QuantSumBackend for Autodiff<B, C> {
+        fn quant_sum_start(
+            x: FloatTensor<Self>,
+            mult: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> FloatTensor<Self> {
+            Self::from_inner(B::quant_sum_start(x.into_primitive(), mult.into_primitive(), layout))
+        }
+
+        fn quant_sum_add(
+            acc: FloatTensor<Self>,
+            x: FloatTensor<Self>,
+            mult: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> FloatTensor<Self> {
+            Self::from_inner(B::quant_sum_add(
+                acc.into_primitive(),
+                x.into_primitive(),
+                mult.into_primitive(),
+                layout,
+            ))
+        }
+
+        fn quant_sum_finish(
+            sum: FloatTensor<Self>,
+            acc: FloatTensor<Self>,
+            x: FloatTensor<Self>,
+            mult: FloatTensor<Self>,
+            step: FloatTensor<Self>,
+            zero_point: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+            let (acc, x) = (acc.into_primitive(), x.into_primitive());
+            let (mult, step, zp) =
+                (mult.into_primitive(), step.into_primitive(), zero_point.into_primitive());
+            let (out, r) =
+                B::quant_sum_finish(sum.primitive().clone(), acc, x, mult, step, zp, layout);
+            let out = match SumStep.prepare::<C>([sum.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish((r.clone(), layout), out),
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            };
+            (out, Self::from_inner(r))
+        }
+
+        fn quant_sum_backward(
+            r: FloatTensor<Self>,
+            grad: FloatTensor<Self>,
+            layout: FusedLayout,
+        ) -> FloatTensor<Self> {
+            Self::from_inner(B::quant_sum_backward(
+                r.into_primitive(),
+                grad.into_primitive(),
+                layout,
+            ))
+        }
+    }
+}
+
+#[cfg(feature = "cube")]
+mod cube;
