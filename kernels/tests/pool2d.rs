@@ -6,6 +6,8 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Mutex;
+
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};
 use burn::tensor::{DType, Device, Distribution, Int, Tensor, module};
 use proptest::prelude::*;
@@ -13,6 +15,14 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::pool2d::{avg_pool2d, avg_pool2d_rounded, max_pool2d, pool_available};
+
+/// Held by every test here that launches kernels: the launch count sees every thread of the
+/// process.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -142,6 +152,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn the_kernels_are_used_on_flex_and_the_cubecl_backends_f32() {
+    let _serial = serial();
     assert!(pool_available(&Device::flex(), DType::F32));
     assert!(pool_available(&Device::flex().autodiff(), DType::F32));
     assert!(!pool_available(&Device::flex(), DType::F64));
@@ -157,9 +168,10 @@ type Make<'a> = Box<dyn Fn() -> Tensor<4> + 'a>;
 
 #[test]
 fn on_the_cubecl_backends_a_pool_is_one_launch_each_way() {
+    let _serial = serial();
     // Burn's CubeCL pools copy the input to channels-last first, and backward the input, the
     // gradient (and the max pool's indices) too.
-    for (name, d) in devices() {
+    for (name, d) in devices().into_iter().filter(|(_, d)| pool_available(d, DType::F32)) {
         let d = d.autodiff();
         let x = input(
             &Case {
@@ -233,11 +245,12 @@ fn rounded_expressions(
 
 #[test]
 fn the_rounded_average_pool_is_the_expressions_bit_for_bit() {
+    let _serial = serial();
     // Per tensor and per channel; grids of powers of two on inputs at half steps (every
     // rounding a tie) and a grid of 0.05 on continuous inputs; both tie rules; the DARTS
     // geometries with and without the padding in the divisor, and a strided channel slice.
     let mut seed = 40;
-    for (name, d) in devices() {
+    for (name, d) in devices().into_iter().filter(|(_, d)| pool_available(d, DType::F32)) {
         let d = d.autodiff();
         for per_channel in [false, true] {
             for (ties, step) in [(true, 0.0625f32), (false, 0.05)] {
@@ -315,10 +328,11 @@ fn the_rounded_average_pool_is_the_expressions_bit_for_bit() {
 
 #[test]
 fn the_rounded_average_pool_lies_on_the_grid_within_a_step_of_the_average() {
+    let _serial = serial();
     // The value is the dequantized integer average: a multiple of the step (up to the last
     // bit of `avg + (qa·step − avg)`) within half a step (plus the inputs' own rounding) of the
     // float average.
-    for (name, d) in devices() {
+    for (name, d) in devices().into_iter().filter(|(_, d)| pool_available(d, DType::F32)) {
         let d = d.autodiff();
         let case = Case {
             kind: Kind::Avg(false),
@@ -358,6 +372,7 @@ fn the_rounded_average_pool_lies_on_the_grid_within_a_step_of_the_average() {
 
 #[test]
 fn the_rounded_average_pool_leaves_other_grids_and_options_to_the_caller() {
+    let _serial = serial();
     let d = Device::flex();
     let x = Tensor::<4>::zeros([1, 3, 5, 5], &d);
     let o = AvgPoolOptions::new([3, 3]).with_padding([1, 1]);
@@ -375,6 +390,7 @@ fn the_rounded_average_pool_leaves_other_grids_and_options_to_the_caller() {
 
 #[test]
 fn the_darts_pools_match_burns() {
+    let _serial = serial();
     // max_pool_3x3 and avg_pool_3x3 at stride 1 and 2 on the default and DARTS sizes, and the
     // 2×2 max pool of partial channels.
     let mut seed = 1;
@@ -394,6 +410,7 @@ fn the_darts_pools_match_burns() {
 
 #[test]
 fn other_geometries_match_burns() {
+    let _serial = serial();
     // Non-square planes, windows and strides, padding up to half the window, planes smaller
     // than the window.
     let strategy = (
@@ -421,6 +438,7 @@ fn other_geometries_match_burns() {
 
 #[test]
 fn a_nan_in_a_max_window_wins() {
+    let _serial = serial();
     for (name, d) in devices().into_iter().filter(|(name, _)| *name != "tch") {
         let d = d.autodiff();
         let mut v: Vec<f32> = (0..16).map(|i| i as f32).collect();
@@ -447,6 +465,7 @@ fn a_nan_in_a_max_window_wins() {
 
 #[test]
 fn other_options_fall_back_to_burns_pools() {
+    let _serial = serial();
     // Dilation, ceil mode and asymmetric padding go to Burn: same values bit for bit.
     let d = Device::flex();
     let x = qdarts_kernels::devices::seeded(&d, 5, || {
@@ -463,4 +482,23 @@ fn other_options_fall_back_to_burns_pools() {
     }
     let o = AvgPoolOptions::new([3, 3]).with_stride([2, 2]).with_ceil_mode(true);
     assert_eq!(vals(avg_pool2d(x.clone(), o.clone())), vals(module::avg_pool2d(x, o)));
+}
+
+#[test]
+fn a_plane_smaller_than_the_window_pools_to_nothing_as_on_flex() {
+    let _serial = serial();
+    // A 1×1 plane under PC-DARTS' 2×2 stride-2 max pool, a 1×2 one under a 3×3 average
+    // without padding: no outputs, and a zero gradient.
+    for (name, d) in devices().into_iter().filter(|(name, _)| *name != "tch") {
+        let d = d.autodiff();
+        for (h, w, k) in [(1, 1, 2), (1, 2, 3)] {
+            let x = Tensor::<4>::ones([2, 3, h, w], &d).require_grad();
+            let m = max_pool2d(x.clone(), MaxPoolOptions::new([k; 2]).with_stride([2, 2]));
+            let a = avg_pool2d(x.clone(), AvgPoolOptions::new([k; 2]));
+            assert_eq!(m.dims(), [2, 3, 0, 0], "{name}: max of {h}×{w} under {k}×{k}");
+            assert_eq!(a.dims(), [2, 3, 0, 0], "{name}: average of {h}×{w} under {k}×{k}");
+            let g = x.grad(&m.sum().add(a.sum()).backward()).unwrap();
+            assert_eq!(vals(g), vec![0.0; 6 * h * w], "{name}: ∂x of {h}×{w}");
+        }
+    }
 }

@@ -285,7 +285,10 @@ const OP: &str = "pooling";
 fn shapes(x: &CubeTensor, g: &PlaneGeom) -> ([usize; 4], [usize; 4], DimsLaunch, (u32, u32)) {
     let [n, c, h, w]: [usize; 4] =
         x.meta.shape().to_vec().try_into().unwrap_or_else(|_| panic!("{OP}: expected 4 dims"));
-    let out = |a: usize| (g.input[a] + 2 * g.padding[a] - g.kernel[a]) / g.stride[a] + 1;
+    // No output where the padded plane is smaller than the window (as on flex).
+    let out = |a: usize| {
+        (g.input[a] + 2 * g.padding[a]).checked_sub(g.kernel[a]).map_or(0, |v| v / g.stride[a] + 1)
+    };
     let (oh, ow) = (out(0), out(1));
     let u = |v: usize| {
         u32::try_from(v).unwrap_or_else(|_| panic!("{OP}: {v} exceeds the kernels' u32 indices"))
