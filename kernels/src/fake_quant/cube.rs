@@ -57,7 +57,13 @@ pub(crate) fn fake_quantized(
     qmax: f32,
     #[comptime] ties_away: bool,
 ) -> f32 {
-    let r = rounded(x, mult, zp, ties_away);
+    dequantized(rounded(x, mult, zp, ties_away), step, zp, qmin, qmax)
+}
+
+/// Unclamped integers `r` (zero point included) clamped to `[qmin, qmax]` and dequantized:
+/// `(clamp(r) − zp) · step`.
+#[cube]
+pub(crate) fn dequantized(r: f32, step: f32, zp: f32, qmin: f32, qmax: f32) -> f32 {
     let q = select(lt(r, qmin), qmin, r);
     let q = select(lt(qmax, q), qmax, q);
     (q - zp) * step

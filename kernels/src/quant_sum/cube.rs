@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 
 use super::QuantSumBackend;
 use crate::fake_quant::FusedLayout;
-use crate::fake_quant::cube::{channel, index_args};
+use crate::fake_quant::cube::{channel, dequantized, index_args};
 use crate::lanes::cube::{
     elementwise, empty_like, f32_contiguous, f32_strided, lt, read, round_ties,
 };
@@ -69,9 +69,7 @@ fn finish_kernel(
         let sum = acc[i] + round_ties(read(x, i, strided) * mult[c], ties_away);
         let v = sum + zp[c];
         r[i] = v;
-        let q = select(lt(v, qmin), qmin, v);
-        let q = select(lt(qmax, q), qmax, q);
-        out[i] = (q - zp[c]) * step[c];
+        out[i] = dequantized(v, step[c], zp[c], qmin, qmax);
     }
 }
 
