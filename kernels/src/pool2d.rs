@@ -202,6 +202,19 @@ impl<B: Backend + PoolBackend> Backward<B, 1> for AvgStep {
     }
 }
 
+/// `forward` of `x` on `B`, differentiated as an average pool of `geom` (and whether the
+/// padding counts).
+fn avg_step<B: Backend + PoolBackend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    state: (PlaneGeom, bool),
+    forward: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match AvgStep.prepare::<C>([x.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(state, forward(x.into_primitive())),
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
+    }
+}
+
 impl<B: Backend + PoolBackend, C: CheckpointStrategy> PoolBackend for Autodiff<B, C> {
     fn pool_max2d(x: FloatTensor<Self>, geom: PlaneGeom) -> FloatTensor<Self> {
         #[derive(Debug)]
@@ -242,15 +255,7 @@ impl<B: Backend + PoolBackend, C: CheckpointStrategy> PoolBackend for Autodiff<B
     }
 
     fn pool_avg2d(x: FloatTensor<Self>, geom: PlaneGeom, include_pad: bool) -> FloatTensor<Self> {
-        match AvgStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = B::pool_avg2d(x.into_primitive(), geom, include_pad);
-                prep.finish((geom, include_pad), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::pool_avg2d(x.into_primitive(), geom, include_pad))
-            }
-        }
+        avg_step::<B, C>(x, (geom, include_pad), |x| B::pool_avg2d(x, geom, include_pad))
     }
 
     fn pool_avg2d_backward(
@@ -269,16 +274,9 @@ impl<B: Backend + PoolBackend, C: CheckpointStrategy> PoolBackend for Autodiff<B
         rounding: Rounding,
     ) -> FloatTensor<Self> {
         let (mult, step) = (mult.into_primitive(), step.into_primitive());
-        let state = (geom, rounding.include_pad);
-        match AvgStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = B::pool_avg2d_rounded(x.into_primitive(), mult, step, geom, rounding);
-                prep.finish(state, out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::pool_avg2d_rounded(x.into_primitive(), mult, step, geom, rounding))
-            }
-        }
+        avg_step::<B, C>(x, (geom, rounding.include_pad), |x| {
+            B::pool_avg2d_rounded(x, mult, step, geom, rounding)
+        })
     }
 }
 
