@@ -22,6 +22,8 @@
 //!   runtimes).
 //! - [`fake_quant`]: quantize → dequantize in one pass, with the straight-through backward
 //!   (flex and the CubeCL runtimes).
+//! - [`hold`]: the held rounding and ReLU masks of the second-order step's finite-difference
+//!   passes, one launch each way (the CubeCL runtimes).
 //! - [`observe`]: a quantizer's observer (extrema, state update, grid) in one or two launches,
 //!   alone or with the fake quantization on its grid in the same launches;
 //!   [`bias`]: a bias's int32 rounding at its derived scale in one (the CubeCL runtimes; the
@@ -43,6 +45,7 @@ pub mod depthwise_conv;
 pub mod devices;
 pub mod direct_conv;
 pub mod fake_quant;
+pub mod hold;
 mod lanes;
 pub mod launches;
 pub mod memory;

@@ -160,3 +160,30 @@ fn a_channel_slice_of_a_held_tensor_keeps_its_own_values_at_w() {
         assert_eq!(got, whole[ch * 9..(ch + 1) * 9], "channel {ch}");
     }
 }
+
+#[test]
+fn a_per_channel_held_quantizer_keeps_each_channels_clipping() {
+    let d = Device::flex();
+    let axis0 = Granularity::PerChannel { axis: 0 };
+    let ema = ObserverKind::MovingAverageMinMax { averaging_constant: 0.01 };
+    let spec = QuantSpec::with(8, true, true, axis0, ema).unwrap();
+    let q = FakeQuantizer::new(spec, "w", TensorRole::Act, 2, &d).unwrap();
+    // The first tensor sets the ranges (±0.5 and ±1); the recorded one moves them by 1 %, so
+    // 0.8 clips in the first channel (not on a per-tensor grid of ±1), 2.0 and 1.5 in the second.
+    q.forward(Tensor::<2>::from_floats([[0.5, -0.5, 0.0, 0.1], [1.0, -1.0, 0.0, 0.1]], &d));
+    let x0 = Tensor::<2>::from_floats([[0.1, -0.2, 0.8, 0.3], [2.0, -0.5, 0.25, 1.5]], &d);
+    q.set_hold(HoldMode::Record);
+    let out0 = vals(q.forward(x0.clone()).reshape([8]));
+    let delta = [1e-4f32, -2e-4, 3e-4, 1e-4, -1e-4, 2e-4, -3e-4, 1e-4];
+    let x1 = x0.add(Tensor::<1>::from_floats(delta, &d).reshape([2, 4]));
+    q.set_hold(HoldMode::Replay);
+    // Replayed twice: the second replay reads what the first derived.
+    for _ in 0..2 {
+        let out1 = vals(q.forward(x1.clone()).reshape([8]));
+        for i in 0..8 {
+            let clipped = [2, 4, 7].contains(&i);
+            let expected = if clipped { out0[i] } else { out0[i] + delta[i] };
+            assert!((out1[i] - expected).abs() < 1e-6, "{i}: {} vs {expected}", out1[i]);
+        }
+    }
+}

@@ -24,7 +24,9 @@ use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::observe::{CHUNK, observe_available};
 use qdarts_ops::candidates::quantize_bias_with;
-use qdarts_ops::quant::fake_quant::{Grid, fake_quant_fused, fake_quant_sum, fake_quant_sum_ste};
+use qdarts_ops::quant::fake_quant::{
+    Grid, fake_quant_fused, fake_quant_sum, fake_quant_sum_ste, quantize,
+};
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{Granularity, ObserverKind, QuantSpec, RoundMode};
 
@@ -734,6 +736,146 @@ fn a_quantized_sum_by_its_kernels_is_the_expressions_in_one_launch_per_operand()
                     }
                 }
             }
+        }
+    }
+}
+
+/// A held quantizer's output `x·m + (a − x_w·m)` and gradient `∂out·m` as the expressions of
+/// `qdarts_ops::quant::hold` compute them (the mask from the quantization of `x_w`), with the
+/// values and gradient of `x` as bit patterns, and the launches of the backward of
+/// `Σ out·upstream`.
+fn held_by_expressions(
+    x: Tensor<4>,
+    x_w: Tensor<4>,
+    at_w: Tensor<4>,
+    grid: &Grid,
+    upstream: Tensor<4>,
+    leaf: &Tensor<1>,
+) -> (Vec<u32>, Vec<u32>, Option<u64>) {
+    let mask = quantize(x_w.clone(), grid).in_range.float();
+    let offset = at_w.sub(x_w.mul(mask.clone()));
+    let out = x.mul(mask).add(offset);
+    let loss = out.clone().mul(upstream).sum();
+    let (grads, launches) = counted(&loss.device(), || loss.backward());
+    (bits_of(out), bits_of(leaf.grad(&grads).unwrap()), launches)
+}
+
+fn bits_of<const D: usize>(t: Tensor<D>) -> Vec<u32> {
+    vals(t).iter().map(|v| v.to_bits()).collect()
+}
+
+/// Values on a grid of step `2^-4` and half-way between its levels (every rounding a tie),
+/// past both ends of an 8-bit range (clipped) and continuous ones, with −0, ±∞ and NaN.
+fn held_values(n: usize, seed: u64) -> Vec<f32> {
+    let specials = [-0.0, 0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 9.0, -9.0];
+    normal(n, seed)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match i % 5 {
+            0 => (v * 64.0).round() / 32.0 / 2.0 + 1.0 / 32.0,
+            1 => (v * 64.0).round() / 16.0,
+            2 if i % 37 == 2 => specials[(i / 37) % specials.len()],
+            _ => v * 4.0,
+        })
+        .collect()
+}
+
+#[test]
+fn held_rounding_by_its_kernels_is_the_expressions_bit_for_bit_in_one_launch_each_way() {
+    use qdarts_kernels::fake_quant::FusedLayout;
+    use qdarts_kernels::hold::{held_fake_quant, hold_available};
+
+    let _serial = serial();
+    let mut checked = 0;
+    for (backend, d) in devices() {
+        if !hold_available(&d, DType::F32) {
+            continue;
+        }
+        let ad = d.autodiff();
+        for case in [Case::Weight, Case::Short, Case::ChannelsLast, Case::ChannelsLastPerChannel] {
+            for round in [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero] {
+                for (signed, zp) in [(true, 0.0), (false, 128.0), (false, 3.0)] {
+                    let what = format!("{case:?}, {round:?}, signed {signed} on {backend}");
+                    let c = case.channels();
+                    // Steps of powers of two per channel (ties stay ties), the zero point as given.
+                    let steps: Vec<f32> = (0..c).map(|k| 2f32.powi(-4 + (k % 3) as i32)).collect();
+                    let range = if signed { (-128, 127) } else { (0, 255) };
+                    let grid = Grid::from_step(
+                        Tensor::from_floats(steps.as_slice(), &ad),
+                        Tensor::<1>::full([c], zp, &ad),
+                        range,
+                        round,
+                        case.granularity().axis(),
+                    );
+                    let n: usize = case.dims().iter().product();
+                    let host =
+                        |seed| Tensor::<1>::from_floats(held_values(n, seed).as_slice(), &ad);
+                    let x_w = case.arrange(host(5));
+                    let at_w = fake_quant_fused(x_w.clone(), &grid);
+                    let upstream = case.arrange(Tensor::from_floats(normal(n, 7).as_slice(), &ad));
+                    // Each computation differentiates its own leaf (a backward consumes the graph).
+                    let leaf = host(6).require_grad();
+                    let expected = held_by_expressions(
+                        case.arrange(leaf.clone()),
+                        x_w.clone(),
+                        at_w.clone(),
+                        &grid,
+                        upstream.clone(),
+                        &leaf,
+                    );
+                    let leaf = host(6).require_grad();
+                    let x = case.arrange(leaf.clone());
+                    let ties_away = round == RoundMode::TiesAwayFromZero;
+                    let layout =
+                        FusedLayout::new(&x.dims(), grid.axis, range.0, range.1, ties_away);
+                    let (out, forward) = counted(&ad, || {
+                        held_fake_quant(x, x_w, at_w, &grid.mult, &grid.zero_point, layout)
+                    });
+                    let loss = out.clone().mul(upstream).sum();
+                    let (grads, backward) = counted(&ad, || loss.backward());
+                    assert_eq!(forward, Some(1), "{what}: forward launches");
+                    // As many as the expressions' product by the mask: one.
+                    assert_eq!(backward, expected.2, "{what}: backward launches");
+                    assert_eq!(bits_of(out), expected.0, "{what}: output");
+                    assert_eq!(bits_of(leaf.grad(&grads).unwrap()), expected.1, "{what}: gradient");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    let cube = devices().iter().filter(|(_, d)| hold_available(d, DType::F32)).count();
+    assert_eq!(checked, cube * 4 * 2 * 3, "comparisons");
+}
+
+#[test]
+fn a_held_relu_gate_is_the_expressions_mask_bit_for_bit_in_one_launch_each_way() {
+    use qdarts_kernels::hold::{gate, hold_available};
+
+    let _serial = serial();
+    for (backend, d) in devices() {
+        if !hold_available(&d, DType::F32) {
+            continue;
+        }
+        let ad = d.autodiff();
+        for case in [Case::Short, Case::ChannelsLast] {
+            let what = format!("{case:?} on {backend}");
+            let n: usize = case.dims().iter().product();
+            let host = |seed| Tensor::<1>::from_floats(held_values(n, seed).as_slice(), &ad);
+            let key = case.arrange(host(8));
+            let upstream = case.arrange(Tensor::from_floats(held_values(n, 10).as_slice(), &ad));
+            let leaf = host(9).require_grad();
+            let x = case.arrange(leaf.clone());
+            let expected = x.mul(key.clone().greater_elem(0.0).float());
+            let grads = expected.clone().mul(upstream.clone()).sum().backward();
+            let expected_grad = bits_of(leaf.grad(&grads).unwrap());
+            let leaf = host(9).require_grad();
+            let x = case.arrange(leaf.clone());
+            let (out, forward) = counted(&ad, || gate(x, key));
+            let loss = out.clone().mul(upstream).sum();
+            let (grads, _) = counted(&ad, || loss.backward());
+            assert_eq!(forward, Some(1), "{what}: forward launches");
+            assert_eq!(bits_of(out), bits_of(expected), "{what}: output");
+            assert_eq!(bits_of(leaf.grad(&grads).unwrap()), expected_grad, "{what}: gradient");
         }
     }
 }

@@ -34,7 +34,14 @@ pub(crate) fn channel(i: usize, inner: u32, channels: u32, #[comptime] per_tenso
 
 /// Whether `x` rounds outside `[qmin, qmax]` on the grid `(mult, zp)`.
 #[cube]
-fn clipped(x: f32, mult: f32, zp: f32, qmin: f32, qmax: f32, #[comptime] ties_away: bool) -> bool {
+pub(crate) fn clipped(
+    x: f32,
+    mult: f32,
+    zp: f32,
+    qmin: f32,
+    qmax: f32,
+    #[comptime] ties_away: bool,
+) -> bool {
     let r = rounded(x, mult, zp, ties_away);
     lt(r, qmin) || lt(qmax, r)
 }

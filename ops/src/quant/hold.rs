@@ -31,10 +31,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::module::max_pool2d_with_indices;
 use burn::tensor::ops::MaxPoolOptions;
 use burn::tensor::{Bool, Tensor};
+use qdarts_kernels::fake_quant::FusedLayout;
+use qdarts_kernels::hold::{gate, held_fake_quant, hold_available};
 use qdarts_kernels::pool2d::max_pool2d;
 use qdarts_kernels::relu::relu;
 
 use super::fake_quant::{Grid, quantize};
+use super::spec::RoundMode;
 
 /// What a quantizer does with its rounding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,12 +54,23 @@ pub enum HoldMode {
     Replay,
 }
 
+/// What a quantizer kept at `w`.
+#[derive(Debug)]
+enum Kept {
+    /// Its input and output there, flattened, and the grid: what the kernels of
+    /// [`qdarts_kernels::hold`] read.
+    AtW { x_w: Tensor<1>, at_w: Tensor<1>, grid: Grid },
+    /// The expressions' form, derived from [`Kept::AtW`] at the first replay where the kernels
+    /// do not run: the in-range mask (one byte per value, not a float: the second-order step
+    /// holds one per quantized tensor of the network), the offset `at_w − x_w·mask` and the
+    /// output at `w`, flattened, and the grid.
+    Masked { mask: Tensor<1, Bool>, offset: Tensor<1>, at_w: Tensor<1>, grid: Grid },
+}
+
 #[derive(Debug, Default)]
 struct Held {
     mode: HoldMode,
-    /// In-range mask (one byte per value, not a float: the second-order step holds one per
-    /// quantized tensor of the network), offset and output at `w`, flattened, and the grid.
-    kept: Option<(Tensor<1, Bool>, Tensor<1>, Tensor<1>, Grid)>,
+    kept: Option<Kept>,
 }
 
 /// The held rounding of one quantizer, shared by the copies of its module.
@@ -84,18 +98,16 @@ impl Hold {
         self.lock().mode
     }
 
-    /// In `Record` mode, keeps the rounding of `out`, the fake-quantized `x` on `grid`.
+    /// In `Record` mode, keeps `x` and `out`, the fake-quantized `x` on `grid` (no launch:
+    /// the mask and offset are derived where they are needed).
     pub fn record<const D: usize>(&self, x: &Tensor<D>, out: &Tensor<D>, grid: &Grid) {
         let mut h = self.lock();
         if h.mode != HoldMode::Record {
             return;
         }
-        let x = x.clone().detach();
-        let mask = quantize(x.clone(), grid).in_range;
         // Untracked: `detach` keeps a tensor's `require_grad`, and the values at `w` only
         // decide masks and maxima in the passes at `w±`.
-        let at_w = out.clone().detach().set_require_grad(false);
-        let offset = out.clone().detach().sub(x.mul(mask.clone().float()));
+        let untracked = |t: &Tensor<D>| t.clone().detach().set_require_grad(false).reshape([-1]);
         // Detached: the pass that recorded them has run its backward.
         let grid = Grid {
             mult: grid.mult.clone().detach(),
@@ -103,22 +115,49 @@ impl Hold {
             zero_point: grid.zero_point.clone().detach(),
             ..grid.clone()
         };
-        h.kept =
-            Some((mask.reshape([-1]), offset.reshape([-1]).detach(), at_w.reshape([-1]), grid));
+        h.kept = Some(Kept::AtW { x_w: untracked(x), at_w: untracked(out), grid });
     }
 
     /// In `Replay` mode with a recording for `x`'s size: `x·mask + offset` and the recorded
-    /// grid.
+    /// grid, where `mask` is 1 where the input at `w` rounded inside the range and `offset`
+    /// is the output at `w` less the input there times the mask. One launch each way where
+    /// [`hold_available`]; elsewhere the mask and offset are derived at the first replay and
+    /// kept for the next.
     pub fn replay<const D: usize>(&self, x: &Tensor<D>) -> Option<(Tensor<D>, Grid)> {
-        let h = self.lock();
+        let mut h = self.lock();
         if h.mode != HoldMode::Replay {
             return None;
         }
-        let (mask, offset, at_w, grid) = h.kept.as_ref()?;
+        let kept = h.kept.as_mut()?;
         let dims = x.dims();
-        if mask.dims()[0] != dims.iter().product::<usize>() {
+        let (Kept::AtW { at_w, .. } | Kept::Masked { at_w, .. }) = &*kept;
+        if at_w.dims()[0] != dims.iter().product::<usize>() {
             return None;
         }
+        if let Kept::AtW { x_w, at_w, grid } = &*kept {
+            if hold_available(&x.device(), x.dtype()) {
+                let ties_away = grid.round == RoundMode::TiesAwayFromZero;
+                let layout = FusedLayout::new(&dims, grid.axis, grid.qmin, grid.qmax, ties_away);
+                let out = held_fake_quant(
+                    x.clone(),
+                    x_w.clone().reshape(dims),
+                    at_w.clone().reshape(dims),
+                    &grid.mult,
+                    &grid.zero_point,
+                    layout,
+                );
+                return Some((out, Grid { held: Some(at_w.clone()), ..grid.clone() }));
+            }
+            // In `x`'s shape: a per-channel grid broadcasts along its axis.
+            let x_w = x_w.clone().reshape(dims);
+            let mask = quantize(x_w.clone(), grid).in_range;
+            let offset = at_w.clone().reshape(dims).sub(x_w.mul(mask.clone().float()));
+            let (mask, offset) = (mask.reshape([-1]), offset.reshape([-1]));
+            *kept = Kept::Masked { mask, offset, at_w: at_w.clone(), grid: grid.clone() };
+        }
+        let Kept::Masked { mask, offset, at_w, grid } = &*kept else {
+            unreachable!("a recording for the expressions was just derived");
+        };
         let mask = mask.clone().reshape(dims).float();
         let out = x.clone().mul(mask).add(offset.clone().reshape(dims));
         Some((out, Grid { held: Some(at_w.clone()), ..grid.clone() }))
@@ -131,8 +170,11 @@ impl Hold {
 pub fn relu_held(x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
     match grid {
         Some(Grid { held: Some(at_w), .. }) => {
-            let mask = at_w.clone().reshape(x.dims()).greater_elem(0.0).float();
-            x.mul(mask)
+            let key = at_w.clone().reshape(x.dims());
+            if hold_available(&x.device(), x.dtype()) {
+                return gate(x, key);
+            }
+            x.mul(key.greater_elem(0.0).float())
         }
         _ => relu(x),
     }
