@@ -54,12 +54,22 @@ pub enum Rule {
         /// Averaging constant `c`.
         averaging_constant: f32,
     },
+    /// No update (an observer in eval mode, or frozen): the stored state as it is, the
+    /// threshold `T = a` for a threshold grid (`b` is not read), the min and max `(a, b)` for a
+    /// min/max grid. The tensor is not read for the grid; it is still fake-quantized by
+    /// [`observe_fake_quant`].
+    Stored,
 }
 
 impl Rule {
     /// Whether the rule keeps an abs-max threshold (and so pairs with [`GridRule::Threshold`]).
     pub fn is_abs_max(self) -> bool {
         matches!(self, Rule::AbsMax | Rule::MovingAverageAbsMax { .. })
+    }
+
+    /// Whether the rule derives a `grid` ([`Rule::Stored`] pairs with either).
+    pub fn pairs_with(self, grid: GridRule) -> bool {
+        self == Rule::Stored || self.is_abs_max() == matches!(grid, GridRule::Threshold { .. })
     }
 }
 
@@ -132,11 +142,7 @@ fn check<const D: usize>(x: &Tensor<D>, axis: Option<usize>, rule: Rule, grid: G
         x.device(),
         x.dtype()
     );
-    assert_eq!(
-        rule.is_abs_max(),
-        matches!(grid, GridRule::Threshold { .. }),
-        "observe: {rule:?} does not derive a {grid:?} grid"
-    );
+    assert!(rule.pairs_with(grid), "observe: {rule:?} does not derive a {grid:?} grid");
     if let Some(a) = axis {
         assert!(a < D, "observe: axis {a} of a rank-{D} tensor");
     }

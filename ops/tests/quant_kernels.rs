@@ -187,17 +187,23 @@ fn state(o: &ObserverState) -> Vec<Vec<f32>> {
 /// stored state.
 type Seen = Vec<Vec<f32>>;
 
-/// Four updates of a fresh observer on `d` (the kernels or the expressions), then a read of the
-/// current weight without an update.
+/// Four updates of a fresh observer on `d` (the kernels or the expressions), each followed by a
+/// read of the stored state (eval mode), then a read of the current weight without an update.
 fn run(d: &Device, spec: &QuantSpec, case: Case, kernel: bool) -> Vec<Seen> {
     let o = ObserverState::new(spec, case.channels(), d).unwrap();
     let mut seen = Vec::new();
+    let stored = |seen: &mut Vec<Seen>| {
+        let g = o.grid_with(spec, &case.tensor(d, 2, 8), false, false, kernel);
+        seen.push(vec![vals(g.mult), vals(g.step), vals(g.zero_point)]);
+    };
+    stored(&mut seen);
     for k in 0..4 {
         let x = case.tensor(d, k, 40 + k as u64);
         let g = o.grid_with(spec, &x, true, false, kernel);
         let mut s = vec![vals(g.mult), vals(g.step), vals(g.zero_point)];
         s.extend(state(&o));
         seen.push(s);
+        stored(&mut seen);
     }
     let x = case.tensor(d, 1, 7);
     let g = o.grid_with(spec, &x, false, true, kernel);
@@ -281,6 +287,9 @@ fn an_observer_update_is_at_most_two_launches_on_the_cubecl_backends() {
         assert!(launches <= 2, "{backend}: {launches} launches");
         let (_, composite) = counted(&d, || vals(o.grid_with(&spec, &x, true, false, false).step));
         assert!(composite.unwrap() > 4 * launches, "{backend}: the expressions take {composite:?}");
+        // A stored state (eval mode): one launch, without the tensor's extrema.
+        let (_, stored) = counted(&d, || vals(o.grid(&spec, &x, false, false).step));
+        assert_eq!(stored, Some(1), "{backend}: a stored state");
     }
 }
 
@@ -384,11 +393,9 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
                         let update = k < 4;
                         let what = format!("{name}, {case:?}, {round:?}, step {k} on {backend}");
                         let apart = fq_step(&ad, &two, &spec, (case, k), update, false).unwrap();
-                        let Some(fused) = fq_step(&ad, &one, &spec, (case, k), update, true) else {
-                            // Only an abs-max observer reads a tensor it does not fold in.
-                            assert!(!update && kind != ObserverKind::AbsMax, "{what}: not fused");
-                            continue;
-                        };
+                        // A stored state (every kind but abs-max, which reads the weight as
+                        // it is) is read without the tensor, in the same launch.
+                        let fused = fq_step(&ad, &one, &spec, (case, k), update, true).unwrap();
                         assert_eq!(fused.launches + 1, apart.launches, "{what}: launches");
                         // A signed abs-max grid on the tensor itself clips nothing: its
                         // gradient passes without the masking launch.
@@ -418,8 +425,8 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
             }
         }
     }
-    // Per kind and case: four updates, and the abs-max read of a weight as it is.
-    let per_device = (kinds().len() + 1) * Case::ALL.len() * 2 * 4 + 2 * Case::ALL.len() * 2;
+    // Per kind and case: four updates, and a read without one.
+    let per_device = (kinds().len() + 1) * Case::ALL.len() * 2 * 5;
     if !devices().iter().any(|(b, _)| *b == "cuda") {
         assert_eq!(checked, cube_devices * per_device, "comparisons");
     }
@@ -451,6 +458,13 @@ fn past_the_shared_chunks_an_observer_still_quantizes_as_the_two_launches() {
             assert_eq!(fused.out, apart.out, "{what}: output");
             assert_eq!(fused.grad, apart.grad, "{what}: gradient");
         }
+        // The stored state, read without the extrema: one launch, however long the rows.
+        let apart = fq_step(&ad, &two, &spec, (Case::Huge, 2), false, false).unwrap();
+        let fused = fq_step(&ad, &one, &spec, (Case::Huge, 2), false, true).unwrap();
+        assert_eq!((fused.launches, apart.launches), (1, 2), "stored on {backend}: launches");
+        assert_eq!(fused.seen, apart.seen, "stored on {backend}: grid and state");
+        assert_eq!(fused.out, apart.out, "stored on {backend}: output");
+        assert_eq!(fused.grad, apart.grad, "stored on {backend}: gradient");
     }
 }
 

@@ -24,6 +24,7 @@ const ABS_MAX: u32 = 0;
 const MOVING_ABS_MAX: u32 = 1;
 const MIN_MAX: u32 = 2;
 const MOVING_MIN_MAX: u32 = 3;
+const STORED: u32 = 4;
 
 /// `min(a, b)`, NaN if either is.
 #[cube]
@@ -225,6 +226,10 @@ fn update_and_grid(
     } else if rule == MIN_MAX {
         sa = select(lt(m, a), m, a);
         sb = select(lt(b, big_m), big_m, b);
+    } else if rule == STORED {
+        sa = a;
+        sb = b;
+        t = a;
     } else {
         let first = f32::is_inf(a);
         sa = select(first, m, a + (m - a) * rate);
@@ -270,7 +275,7 @@ fn update_and_grid(
 /// (one cube per chunk of a row), else the launch has one cube per row and `out` is not
 /// written.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, unused_assignments)]
 fn observe_kernel(
     x: &Tensor<f32>,
     parts: &[f32],
@@ -305,7 +310,13 @@ fn observe_kernel(
     #[comptime] units: usize,
 ) {
     let (p, r) = (CUBE_POS_X, CUBE_POS_Y);
-    let (m, big_m) = row_extrema(x, parts, r, row_len, axis, n_parts, from_parts, linear, units);
+    let mut m = 0.0f32;
+    let mut big_m = 0.0f32;
+    if rule != STORED {
+        let (l, h) = row_extrema(x, parts, r, row_len, axis, n_parts, from_parts, linear, units);
+        m = l;
+        big_m = h;
+    }
     let c = r as usize;
     // Every unit derives the grid (the same operations on the same values), so none waits.
     let (sa, sb, t, mult, step, zp) = update_and_grid(
@@ -401,6 +412,7 @@ impl Plan {
             Rule::MovingAverageMinMax { averaging_constant } => {
                 (MOVING_MIN_MAX, averaging_constant)
             }
+            Rule::Stored => (STORED, 0.0),
         };
         let (threshold_grid, symmetric, k) = match grid {
             GridRule::Threshold { bin_cnt } => (true, true, (bin_cnt as f32, 0.0, 0.0, 0.0)),
@@ -412,7 +424,8 @@ impl Plan {
         };
         let chunks = row_len.div_ceil(CHUNK);
         let axis = axis.min(dims.len()) as u32;
-        let parts = if chunks > 1 {
+        // A stored state needs no extrema.
+        let parts = if chunks > 1 && rule != STORED {
             let parts = empty_shaped(&x, vec![rows * chunks * 2]);
             chunk_extrema_kernel::launch(
                 &x.client,
@@ -483,7 +496,7 @@ impl ObserveBackend for CubeBackend {
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
         let p = Plan::new(x, a, b, axis, rule, grid);
         let out = p.outputs();
-        if p.chunks > MAX_SHARED_CHUNKS {
+        if p.chunks > MAX_SHARED_CHUNKS && p.rule != STORED {
             // Every cube of a row would read all its chunk extrema: apart, the same values.
             let x = p.x.clone();
             launch(&p, &out, None);
@@ -543,7 +556,7 @@ fn launch(p: &Plan, out: &[CubeTensor; 6], quantize: Option<(&CubeTensor, FusedL
         fq_max,
         CHUNK as u32,
         layout.is_some(),
-        p.chunks > 1,
+        p.chunks > 1 && p.rule != STORED,
         p.linear,
         p.rule,
         p.threshold_grid,

@@ -237,8 +237,9 @@ impl ObserverState {
     }
 
     /// The observer kernels' update and grid, run by `run(a, b, rule, grid)` on the stored
-    /// state, with what `run` returns besides; `None` where the observer does not read `x`
-    /// (`RangeAbsMax`, `Fixed`, a stored state in eval mode).
+    /// state, with what `run` returns besides; a state that is not updated (eval mode, a
+    /// frozen observer) as it is stored ([`Rule::Stored`]). `None` for `Fixed` and for the
+    /// update of `RangeAbsMax`, whose window stays tensor expressions.
     fn observed_by<const D: usize, R>(
         &self,
         spec: &QuantSpec,
@@ -256,12 +257,12 @@ impl ObserverState {
             symmetric: spec.is_symmetric(),
             zero_point: symmetric_zero_point(spec),
         };
-        let threshold = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
+        let threshold_grid = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
         let (observed, range, extra) = match self {
             ObserverState::AbsMax(s) if update || current => {
                 // The rule has no memory: the stored threshold only stands in for the state.
                 let t = s.threshold.value().to_device(&device);
-                let (o, extra) = run(t.clone(), t, Rule::AbsMax, threshold);
+                let (o, extra) = run(t.clone(), t, Rule::AbsMax, threshold_grid);
                 if update {
                     s.threshold.set(o.state[2].clone());
                 }
@@ -270,7 +271,7 @@ impl ObserverState {
             ObserverState::MovingAverageAbsMax(s) if update => {
                 let rule = Rule::MovingAverageAbsMax { rate: s.rate };
                 let (o, extra) =
-                    run(read(&s.state, &device), read(&s.accum, &device), rule, threshold);
+                    run(read(&s.state, &device), read(&s.accum, &device), rule, threshold_grid);
                 s.state.set(o.state[0].clone());
                 s.accum.set(o.state[1].clone());
                 s.threshold.set(o.state[2].clone());
@@ -285,6 +286,21 @@ impl ObserverState {
                 s.min.set(o.state[0].clone());
                 s.max.set(o.state[1].clone());
                 (o, (qmin, qmax), extra)
+            }
+            // The stored state, not updated (eval mode, a frozen observer).
+            ObserverState::MinMax(s) => {
+                let (o, extra) =
+                    run(read(&s.min, &device), read(&s.max, &device), Rule::Stored, minmax);
+                (o, (qmin, qmax), extra)
+            }
+            ObserverState::AbsMax(AbsMaxState { threshold })
+            | ObserverState::RangeAbsMax(RangeAbsMaxState { threshold, .. })
+            | ObserverState::MovingAverageAbsMax(MovingAverageAbsMaxState { threshold, .. })
+                if !update =>
+            {
+                let t = read(threshold, &device);
+                let (o, extra) = run(t.clone(), t, Rule::Stored, threshold_grid);
+                (o, spec.grid_range(), extra)
             }
             _ => return None,
         };
@@ -350,9 +366,10 @@ impl ObserverState {
         self.grid_with(spec, x, update, current, true)
     }
 
-    /// [`grid`](Self::grid) with the observer kernels (`kernel`, where they are available and
-    /// the observer reads `x`: not `RangeAbsMax`, `Fixed`, or a stored state in eval mode) or
-    /// the tensor expressions.
+    /// [`grid`](Self::grid) with the observer kernels (`kernel`, where they are available: not
+    /// for `Fixed` or a `RangeAbsMax` update) or the tensor expressions. With the kernels `x`
+    /// must be the tensor the grid is for (its shape gives the channels), also where a stored
+    /// state is read without it.
     pub fn grid_with<const D: usize>(
         &self,
         spec: &QuantSpec,

@@ -253,8 +253,12 @@ impl FakeQuantizer {
         match &self.lsq {
             Some(lsq) => lsq.current(&self.spec).forward_grid(),
             None => {
+                // Not a tensor of the quantizer's shape: the expressions read the stored state.
                 let dummy = Tensor::<1>::zeros([self.channels], device);
-                self.observe_with(&dummy, false, false)
+                match &self.observer {
+                    Some(o) => o.grid_with(&self.spec, &dummy, false, false, false),
+                    None => self.fallback_grid(device),
+                }
             }
         }
     }
