@@ -69,7 +69,9 @@ pub fn held_fake_quant<const D: usize>(
         Tensor::from_dispatch(out)
     }
     #[cfg(not(feature = "cube"))]
-    unreachable!("hold_available is false without the CubeCL backends: {mult:?} {zero_point:?}")
+    unreachable!(
+        "hold_available is false without the CubeCL backends: {layout:?} {mult:?} {zero_point:?}"
+    )
 }
 
 /// `x·[key > 0]` (the factor a float 0 or 1), with the gradient `∂x = ∂out·[key > 0]` (`key`

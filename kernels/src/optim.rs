@@ -1,5 +1,6 @@
 //! The weight optimizer's per-parameter arithmetic: the SGD update and the squared sum that the
-//! global gradient norm adds up.
+//! global gradient norm adds up; and the second-order step's weights, DARTS' virtual step and
+//! the finite difference's `w ± ε·v`.
 //!
 //! As tensor expressions, SGD with momentum and weight decay is seven launches per parameter
 //! (`w·λ`, `+ g`, `·1`, `v·μ`, `+`, `·lr`, `w −`) and a gradient's `Σ g²` three (square, a sum
@@ -88,6 +89,55 @@ pub fn squared_sum_onto<const D: usize>(acc: Option<Tensor<1>>, g: Tensor<D>) ->
     }
 }
 
+/// `w·keep + g·step`, without autodiff: the weights `w ± ε·v` of the second-order step's
+/// finite difference, one launch on the CubeCL backends instead of three.
+pub fn axpy<const D: usize>(w: Tensor<D>, g: Tensor<D>, keep: f32, step: f32) -> Tensor<D> {
+    let (w, g) = (w.inner(), g.inner());
+    #[cfg(feature = "cube")]
+    if step_available(&w.device(), w.dtype()) && step_available(&g.device(), g.dtype()) {
+        return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::axpy(
+            w.into_dispatch(),
+            g.into_dispatch(),
+            keep,
+            step,
+        ));
+    }
+    w.mul_scalar(keep).add(g.mul_scalar(step))
+}
+
+/// DARTS' virtual step `w − ((μ·v + g) + λ·w)·ξ`, or `w − (g + λ·w)·ξ` without a momentum
+/// buffer `v`, without autodiff (pt.darts' order of operations): one launch on the CubeCL
+/// backends instead of five or six.
+pub fn virtual_step<const D: usize>(
+    w: Tensor<D>,
+    g: Tensor<D>,
+    velocity: Option<Tensor<D>>,
+    momentum: f64,
+    decay: f64,
+    xi: f64,
+) -> Tensor<D> {
+    let (w, g, velocity) = (w.inner(), g.inner(), velocity.map(Tensor::inner));
+    #[cfg(feature = "cube")]
+    if step_available(&w.device(), w.dtype()) && step_available(&g.device(), g.dtype()) {
+        let has_velocity = velocity.is_some();
+        // Without a momentum buffer the kernel does not read its operand.
+        let velocity = velocity.unwrap_or_else(|| g.clone());
+        return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::virtual_step(
+            w.into_dispatch(),
+            g.into_dispatch(),
+            velocity.into_dispatch(),
+            has_velocity,
+            [momentum as f32, decay as f32, xi as f32],
+        ));
+    }
+    let m_plus_g = match velocity {
+        Some(v) => v.mul_scalar(momentum).add(g),
+        None => g,
+    };
+    let d = m_plus_g.add(w.clone().mul_scalar(decay)).mul_scalar(xi);
+    w.sub(d)
+}
+
 #[cfg(feature = "cube")]
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
@@ -108,6 +158,19 @@ pub trait StepBackend: Backend {
         momentum: f32,
         lr: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `w·keep + g·step`.
+    fn axpy(w: FloatTensor<Self>, g: FloatTensor<Self>, keep: f32, step: f32) -> FloatTensor<Self>;
+
+    /// `w − ((μ·velocity + g) + λ·w)·ξ`, or `w − (g + λ·w)·ξ` without `has_velocity`
+    /// (`velocity`, of `w`'s shape, is then not read); `[μ, λ, ξ]`.
+    fn virtual_step(
+        w: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        velocity: FloatTensor<Self>,
+        has_velocity: bool,
+        constants: [f32; 3],
+    ) -> FloatTensor<Self>;
 
     /// `acc[0] + Σ g²`, or `Σ g²` without `has_acc` (`acc` is then not read): `[1]`.
     fn squared_sum(
@@ -187,8 +250,50 @@ mod cube {
         }
     }
 
+    /// `out = w·keep + g·step`.
+    #[cube(launch)]
+    fn axpy_kernel(w: &Tensor<f32>, g: &Tensor<f32>, out: &mut [f32], keep: f32, step: f32) {
+        let i = ABSOLUTE_POS;
+        if i < out.len() {
+            out[i] = w[strided_at(w, i)] * keep + g[strided_at(g, i)] * step;
+        }
+    }
+
+    /// `out = w − ((velocity·μ + g) + w·λ)·ξ`, or `w − (g + w·λ)·ξ`.
+    #[cube(launch)]
+    #[allow(clippy::too_many_arguments)]
+    fn virtual_step_kernel(
+        w: &Tensor<f32>,
+        g: &Tensor<f32>,
+        velocity: &Tensor<f32>,
+        out: &mut [f32],
+        momentum: f32,
+        decay: f32,
+        xi: f32,
+        #[comptime] has_velocity: bool,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i < out.len() {
+            let wi = w[strided_at(w, i)];
+            let mut m = g[strided_at(g, i)];
+            if has_velocity {
+                m = velocity[strided_at(velocity, i)] * momentum + m;
+            }
+            out[i] = wi - (m + wi * decay) * xi;
+        }
+    }
+
     /// The panics' name for these kernels.
     const OP: &str = "optimizer step";
+
+    /// `ts` checked (f32, 32-bit offsets) and of one shape.
+    fn same_shape<const N: usize>(ts: [CubeTensor; N]) -> [CubeTensor; N] {
+        let ts = ts.map(|t| f32_strided(t, OP));
+        for t in &ts[1..] {
+            assert_eq!(t.meta.shape(), ts[0].meta.shape(), "{OP}: shapes differ");
+        }
+        ts
+    }
 
     impl StepBackend for CubeBackend {
         fn sgd_update(
@@ -226,6 +331,49 @@ mod cube {
                 has_velocity,
             );
             (out, v)
+        }
+
+        fn axpy(w: CubeTensor, g: CubeTensor, keep: f32, step: f32) -> CubeTensor {
+            let [w, g] = same_shape([w, g]);
+            let out = empty_like(&w);
+            let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
+            axpy_kernel::launch(
+                &w.client,
+                cubes,
+                dim,
+                w.clone().into_tensor_arg(),
+                g.into_tensor_arg(),
+                out.clone().into_buffer_arg(),
+                keep,
+                step,
+            );
+            out
+        }
+
+        fn virtual_step(
+            w: CubeTensor,
+            g: CubeTensor,
+            velocity: CubeTensor,
+            has_velocity: bool,
+            [momentum, decay, xi]: [f32; 3],
+        ) -> CubeTensor {
+            let [w, g, velocity] = same_shape([w, g, velocity]);
+            let out = empty_like(&w);
+            let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
+            virtual_step_kernel::launch(
+                &w.client,
+                cubes,
+                dim,
+                w.clone().into_tensor_arg(),
+                g.into_tensor_arg(),
+                velocity.into_tensor_arg(),
+                out.clone().into_buffer_arg(),
+                momentum,
+                decay,
+                xi,
+                has_velocity,
+            );
+            out
         }
 
         fn squared_sum(g: CubeTensor, acc: CubeTensor, has_acc: bool) -> CubeTensor {

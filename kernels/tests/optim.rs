@@ -1,4 +1,5 @@
-//! The optimizer kernels (`sgd_update`, `squared_sum`, `squared_sum_onto`) on every backend of the build against
+//! The optimizer kernels (`sgd_update`, `squared_sum`, `squared_sum_onto`, and the second-order
+//! step's `axpy` and `virtual_step`) on every backend of the build against
 //! the tensor expressions they replace (Burn's and PyTorch's SGD order) and against the same
 //! arithmetic on the host, with gradients laid out channels-last as the convolutions leave them.
 
@@ -8,7 +9,7 @@
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
-use qdarts_kernels::optim::{sgd_update, squared_sum, squared_sum_onto};
+use qdarts_kernels::optim::{axpy, sgd_update, squared_sum, squared_sum_onto, virtual_step};
 
 /// Held by every test here: the launch count sees every thread of the process.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -160,6 +161,62 @@ fn a_running_squared_sum_is_the_sum_plus_each_tensors_squared_sum_in_one_launch_
         assert_eq!(running[0].to_bits(), want[0].to_bits(), "{name}: {running:?} vs {want:?}");
         if let Some(n) = launches {
             assert_eq!(n, 3, "{name}: one launch per tensor");
+        }
+    }
+}
+
+/// `a` and `b` bit for bit, or within one part in 10⁶ on CUDA (which may contract `a·b + c`
+/// into a fused multiply-add).
+fn assert_same(backend: &str, a: &[f32], b: &[f32], what: &str) {
+    if backend == "cuda" {
+        let e = rel_diff(a, b, 1.0);
+        assert!(e < 1e-6, "{what}: differs by {e} (relative)");
+    } else {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{what}");
+    }
+}
+
+#[test]
+fn the_second_order_weights_are_the_host_arithmetic_in_one_launch_on_every_backend() {
+    let _serial = serial();
+    let (mu, decay, xi) = (0.9f32, 3e-4f32, 0.025f32);
+    for (name, d) in devices() {
+        for (k, dims) in [[16, 8, 3, 3], [7, 3, 1, 1], [1, 1, 1, 1]].into_iter().enumerate() {
+            let (w, g, v) = draw(&d, dims, 60 + k as u64);
+            let v = v.reshape(dims);
+            let (hw, hg, hv) = (vals(w.clone()), vals(g.clone()), vals(v.clone()));
+            let at = format!("{name} {dims:?}");
+            // The finite difference's w ± ε·v (keep 1) and a general combination.
+            for (keep, step) in [(1.0f32, 1.7e-3f32), (1.0, -1.7e-3), (0.5, 3.0)] {
+                let (out, launches) = counted(&d, || vals(axpy(w.clone(), g.clone(), keep, step)));
+                let host: Vec<f32> = hw.iter().zip(&hg).map(|(w, g)| w * keep + g * step).collect();
+                assert_same(name, &out, &host, &format!("{at}: axpy {keep}, {step}"));
+                assert!(launches.is_none_or(|l| l == 1), "{at}: axpy in {launches:?} launches");
+            }
+            for with_velocity in [false, true] {
+                let velocity = with_velocity.then(|| v.clone());
+                let (out, launches) = counted(&d, || {
+                    vals(virtual_step(
+                        w.clone(),
+                        g.clone(),
+                        velocity,
+                        f64::from(mu),
+                        f64::from(decay),
+                        f64::from(xi),
+                    ))
+                });
+                // pt.darts: w − ((μ·v + g) + λ·w)·ξ.
+                let host: Vec<f32> = (0..hw.len())
+                    .map(|i| {
+                        let m = if with_velocity { hv[i] * mu + hg[i] } else { hg[i] };
+                        hw[i] - (m + hw[i] * decay) * xi
+                    })
+                    .collect();
+                let what = format!("{at}: virtual step, velocity {with_velocity}");
+                assert_same(name, &out, &host, &what);
+                assert!(launches.is_none_or(|l| l == 1), "{what}: {launches:?} launches");
+            }
         }
     }
 }

@@ -35,6 +35,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
 use qdarts_engine::Sgd;
 use qdarts_engine::grads::{cross_entropy, grad_norm};
+use qdarts_kernels::optim::{self, virtual_step};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::quant::{HoldMode, freeze_observers};
 
@@ -51,9 +52,8 @@ impl ModuleMapper for Axpy<'_> {
         let Some(g) = self.grads.get::<D>(param.id) else { return param };
         let (keep, step) = (self.keep, self.step);
         param.map(|w| {
-            let w = w.detach();
             let tracked = w.is_require_grad();
-            let out = w.mul_scalar(keep).add(g.mul_scalar(step)).detach();
+            let out = Tensor::from_inner(optim::axpy(w, g, keep, step));
             if tracked { out.require_grad() } else { out }
         })
     }
@@ -87,13 +87,7 @@ impl ModuleMapper for VirtualStep<'_> {
         let (mu, decay, xi) = (self.optim.momentum(), self.optim.weight_decay(), self.xi);
         param.map(|w| {
             let tracked = w.is_require_grad();
-            let w = w.inner();
-            let m_plus_g = match v {
-                Some(v) => v.mul_scalar(mu).add(g),
-                None => g,
-            };
-            let d = m_plus_g.add(w.clone().mul_scalar(decay)).mul_scalar(xi);
-            let out = Tensor::from_inner(w.sub(d));
+            let out = Tensor::from_inner(virtual_step(w, g, v, mu, decay, xi));
             if tracked { out.require_grad() } else { out }
         })
     }
