@@ -277,7 +277,7 @@ mod cube {
             let wi = w[strided_at(w, i)];
             let mut m = g[strided_at(g, i)];
             if has_velocity {
-                m = velocity[strided_at(velocity, i)] * momentum + m;
+                m += velocity[strided_at(velocity, i)] * momentum;
             }
             out[i] = wi - (m + wi * decay) * xi;
         }

@@ -54,17 +54,25 @@ pub enum HoldMode {
     Replay,
 }
 
-/// What a quantizer kept at `w`.
+/// What a quantizer kept at `w`: its output there, flattened, and the grid, with its input in
+/// one of two forms.
 #[derive(Debug)]
-enum Kept {
-    /// Its input and output there, flattened, and the grid: what the kernels of
-    /// [`qdarts_kernels::hold`] read.
-    AtW { x_w: Tensor<1>, at_w: Tensor<1>, grid: Grid },
-    /// The expressions' form, derived from [`Kept::AtW`] at the first replay where the kernels
+struct Kept {
+    at_w: Tensor<1>,
+    grid: Grid,
+    input: Input,
+}
+
+/// A held quantizer's input at `w`.
+#[derive(Debug)]
+enum Input {
+    /// The input itself, flattened: what the kernels of [`qdarts_kernels::hold`] read.
+    AtW(Box<Tensor<1>>),
+    /// The expressions' form, derived from [`Input::AtW`] at the first replay where the kernels
     /// do not run: the in-range mask (one byte per value, not a float: the second-order step
-    /// holds one per quantized tensor of the network), the offset `at_w − x_w·mask` and the
-    /// output at `w`, flattened, and the grid.
-    Masked { mask: Tensor<1, Bool>, offset: Tensor<1>, at_w: Tensor<1>, grid: Grid },
+    /// holds one per quantized tensor of the network) and the offset `at_w − x_w·mask`,
+    /// flattened.
+    Masked(Box<(Tensor<1, Bool>, Tensor<1>)>),
 }
 
 #[derive(Debug, Default)]
@@ -115,7 +123,8 @@ impl Hold {
             zero_point: grid.zero_point.clone().detach(),
             ..grid.clone()
         };
-        h.kept = Some(Kept::AtW { x_w: untracked(x), at_w: untracked(out), grid });
+        h.kept =
+            Some(Kept { at_w: untracked(out), grid, input: Input::AtW(Box::new(untracked(x))) });
     }
 
     /// In `Replay` mode with a recording for `x`'s size: `x·mask + offset` and the recorded
@@ -130,37 +139,38 @@ impl Hold {
         }
         let kept = h.kept.as_mut()?;
         let dims = x.dims();
-        let (Kept::AtW { at_w, .. } | Kept::Masked { at_w, .. }) = &*kept;
-        if at_w.dims()[0] != dims.iter().product::<usize>() {
+        if kept.at_w.dims()[0] != dims.iter().product::<usize>() {
             return None;
         }
-        if let Kept::AtW { x_w, at_w, grid } = &*kept {
+        let (at_w, grid) = (&kept.at_w, &kept.grid);
+        let held = Grid { held: Some(at_w.clone()), ..grid.clone() };
+        if let Input::AtW(x_w) = &kept.input {
             if hold_available(&x.device(), x.dtype()) {
                 let ties_away = grid.round == RoundMode::TiesAwayFromZero;
                 let layout = FusedLayout::new(&dims, grid.axis, grid.qmin, grid.qmax, ties_away);
                 let out = held_fake_quant(
                     x.clone(),
-                    x_w.clone().reshape(dims),
+                    (**x_w).clone().reshape(dims),
                     at_w.clone().reshape(dims),
                     &grid.mult,
                     &grid.zero_point,
                     layout,
                 );
-                return Some((out, Grid { held: Some(at_w.clone()), ..grid.clone() }));
+                return Some((out, held));
             }
             // In `x`'s shape: a per-channel grid broadcasts along its axis.
-            let x_w = x_w.clone().reshape(dims);
+            let x_w = (**x_w).clone().reshape(dims);
             let mask = quantize(x_w.clone(), grid).in_range;
             let offset = at_w.clone().reshape(dims).sub(x_w.mul(mask.clone().float()));
-            let (mask, offset) = (mask.reshape([-1]), offset.reshape([-1]));
-            *kept = Kept::Masked { mask, offset, at_w: at_w.clone(), grid: grid.clone() };
+            kept.input = Input::Masked(Box::new((mask.reshape([-1]), offset.reshape([-1]))));
         }
-        let Kept::Masked { mask, offset, at_w, grid } = &*kept else {
-            unreachable!("a recording for the expressions was just derived");
+        let Input::Masked(masked) = &kept.input else {
+            unreachable!("the expressions' form was just derived");
         };
+        let (mask, offset) = &**masked;
         let mask = mask.clone().reshape(dims).float();
         let out = x.clone().mul(mask).add(offset.clone().reshape(dims));
-        Some((out, Grid { held: Some(at_w.clone()), ..grid.clone() }))
+        Some((out, held))
     }
 }
 
