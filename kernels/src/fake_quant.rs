@@ -50,6 +50,14 @@ impl FusedLayout {
         };
         FusedLayout { qmin, qmax, ties_away, channels, inner: inner.max(1) }
     }
+
+    /// A grid parameter (`[1]` or `[channels]`) as the kernels take it: detached, one value per
+    /// channel (a `[1]` parameter of a per-channel grid broadcast), as a dispatch tensor.
+    pub(crate) fn param(&self, p: &Tensor<1>) -> burn::tensor::DispatchTensor {
+        let p = p.clone().detach();
+        let p = if p.dims()[0] == self.channels { p } else { p.expand([self.channels]) };
+        p.into_dispatch()
+    }
 }
 
 /// The fused fake-quant primitive. `mult`, `step` and `zero_point` are `[channels]`.
@@ -107,12 +115,7 @@ pub fn fake_quant_fused<const D: usize>(
         x.device(),
         x.dtype()
     );
-    // One value per channel (a `[1]` parameter of a per-channel grid is broadcast).
-    let param = |p: &Tensor<1>| {
-        let p = p.clone().detach();
-        let p = if p.dims()[0] == layout.channels { p } else { p.expand([layout.channels]) };
-        p.into_dispatch()
-    };
+    let param = |p: &Tensor<1>| layout.param(p);
     let out = <burn::backend::Dispatch as FakeQuantBackend>::fake_quant_fused(
         x.into_dispatch(),
         param(mult),

@@ -52,11 +52,7 @@ pub fn held_fake_quant<const D: usize>(
     assert!(x.dims() == x_w.dims() && x.dims() == at_w.dims(), "held fake quant: shapes differ");
     #[cfg(feature = "cube")]
     {
-        let param = |p: &Tensor<1>| {
-            let p = p.clone().detach();
-            let p = if p.dims()[0] == layout.channels { p } else { p.expand([layout.channels]) };
-            p.into_dispatch()
-        };
+        let param = |p: &Tensor<1>| layout.param(p);
         let constant = |t: Tensor<D>| t.detach().into_dispatch();
         let out = <burn::backend::Dispatch as HoldBackend>::held_fake_quant(
             x.into_dispatch(),

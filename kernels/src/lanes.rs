@@ -149,6 +149,19 @@ pub(crate) mod cube {
         t
     }
 
+    /// [`f32_strided`] for each of `ts`, which must share one shape (`op` names the caller in
+    /// the panic).
+    pub(crate) fn f32_strided_alike<const N: usize>(
+        ts: [CubeTensor; N],
+        op: &str,
+    ) -> [CubeTensor; N] {
+        let ts = ts.map(|t| f32_strided(t, op));
+        for t in &ts[1..] {
+            assert_eq!(t.meta.shape(), ts[0].meta.shape(), "{op}: shapes differ");
+        }
+        ts
+    }
+
     /// [`f32_strided`], laid out contiguously (copied when it is not).
     pub(crate) fn f32_contiguous(t: CubeTensor, op: &str) -> CubeTensor {
         into_contiguous(f32_strided(t, op))

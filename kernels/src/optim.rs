@@ -188,7 +188,8 @@ mod cube {
 
     use super::StepBackend;
     use crate::lanes::cube::{
-        cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided, strided_at,
+        cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
+        f32_strided_alike, strided_at,
     };
 
     /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
@@ -286,15 +287,6 @@ mod cube {
     /// The panics' name for these kernels.
     const OP: &str = "optimizer step";
 
-    /// `ts` checked (f32, 32-bit offsets) and of one shape.
-    fn same_shape<const N: usize>(ts: [CubeTensor; N]) -> [CubeTensor; N] {
-        let ts = ts.map(|t| f32_strided(t, OP));
-        for t in &ts[1..] {
-            assert_eq!(t.meta.shape(), ts[0].meta.shape(), "{OP}: shapes differ");
-        }
-        ts
-    }
-
     impl StepBackend for CubeBackend {
         fn sgd_update(
             w: CubeTensor,
@@ -334,7 +326,7 @@ mod cube {
         }
 
         fn axpy(w: CubeTensor, g: CubeTensor, keep: f32, step: f32) -> CubeTensor {
-            let [w, g] = same_shape([w, g]);
+            let [w, g] = f32_strided_alike([w, g], OP);
             let out = empty_like(&w);
             let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
             axpy_kernel::launch(
@@ -357,7 +349,7 @@ mod cube {
             has_velocity: bool,
             [momentum, decay, xi]: [f32; 3],
         ) -> CubeTensor {
-            let [w, g, velocity] = same_shape([w, g, velocity]);
+            let [w, g, velocity] = f32_strided_alike([w, g, velocity], OP);
             let out = empty_like(&w);
             let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
             virtual_step_kernel::launch(

@@ -57,12 +57,7 @@ pub fn fake_quant_sum<const D: usize>(
     {
         use burn::backend::Dispatch;
 
-        // One value per channel (a `[1]` parameter of a per-channel grid is broadcast).
-        let param = |p: &Tensor<1>| {
-            let p = p.clone().detach();
-            let p = if p.dims()[0] == layout.channels { p } else { p.expand([layout.channels]) };
-            p.into_dispatch()
-        };
+        let param = |p: &Tensor<1>| layout.param(p);
         let mult = param(mult);
         let mut acc = <Dispatch as QuantSumBackend>::quant_sum_start(
             rest[0].clone().into_dispatch(),

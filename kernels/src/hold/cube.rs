@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 use super::HoldBackend;
 use crate::fake_quant::FusedLayout;
 use crate::fake_quant::cube::{channel, clipped, index_args};
-use crate::lanes::cube::{elementwise, empty_like, f32_contiguous, f32_strided, lt, read};
+use crate::lanes::cube::{elementwise, empty_like, f32_contiguous, f32_strided_alike, lt, read};
 
 /// Whether `x_w` rounds inside `[qmin, qmax]` on `(mult, zp)`.
 #[cube]
@@ -100,10 +100,7 @@ const OP: &str = "held rounding";
 
 /// `ts` checked (f32, 32-bit offsets, one shape), and whether any is not contiguous.
 fn checked<const N: usize>(ts: [CubeTensor; N]) -> ([CubeTensor; N], bool) {
-    let ts = ts.map(|t| f32_strided(t, OP));
-    for t in &ts[1..] {
-        assert_eq!(t.meta.shape(), ts[0].meta.shape(), "{OP}: shapes differ");
-    }
+    let ts = f32_strided_alike(ts, OP);
     let strided = ts.iter().any(|t| !t.is_contiguous());
     (ts, strided)
 }
