@@ -9,7 +9,10 @@
 //! Per element, with the grid's per-channel `mult`, `step`, `zero_point` (`z`):
 //!
 //! - forward: `r = round(x · mult) + z`, `out = (clamp(r, qmin, qmax) − z) · step`;
-//! - backward: `∂x = ∂out` where `qmin ≤ r ≤ qmax`, else 0 (recomputed from `x`).
+//! - backward: `∂x = ∂out` where `qmin ≤ r ≤ qmax`, else 0 (recomputed from `x`; after a
+//!   per-tensor observer kernel on the CubeCL backends, read from a clip mask of one bit per
+//!   element that the forward wrote, so that the backward does not keep `x`: see
+//!   [`crate::observe`]).
 //!
 //! Backends: `flex` runs a tight loop split across the rayon pool; the CubeCL backends (`wgpu`,
 //! `cuda`) run one kernel thread per element ([`cube`](self) submodule). Other backends use the composite

@@ -21,6 +21,14 @@
 //! training forward is then one or two launches instead of two or three; the values and the
 //! straight-through gradient are [`crate::fake_quant`]'s, bit for bit.
 //!
+//! Per tensor, where the gradient is recorded, the same launch also writes a clip mask, one bit
+//! per element (set where the element rounds outside the integer range), and the backward
+//! masks the upstream gradient with it: the step keeps 1/32 of the input instead of the input
+//! itself. A quantizer's input (a BatchNorm's or a convolution's output) is usually kept by
+//! nothing else, so on a DARTS supernet, whose activation quantizers see about a dozen tensors
+//! per edge, this is most of what fake quantization adds to a step's memory. A signed abs-max
+//! grid on the tensor itself clips nothing and keeps nothing ([`passes_every_gradient`]).
+//!
 //! The arithmetic is the expressions' (`qdarts_ops::quant::observer`), operation for operation
 //! in f32, so flex, LibTorch and the kernels give the same grids; `tests/observe.rs` in
 //! `qdarts-ops` holds them together. Minimum and maximum are exact in any order; a NaN in the
@@ -253,6 +261,8 @@ pub fn observe_fake_quant<const D: usize>(
 }
 
 #[cfg(feature = "cube")]
+pub(crate) use extension::MaskBackend;
+#[cfg(feature = "cube")]
 pub use extension::ObserveBackend;
 
 #[cfg(feature = "cube")]
@@ -261,7 +271,8 @@ mod extension {
     use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
     use burn::backend::autodiff::grads::Gradients;
     use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
-    use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
+    use burn::backend::tensor::{FloatTensor, IntTensor};
+    use burn::backend::{AutodiffBackend, Backend, backend_extension};
 
     use super::{GridRule, Rule};
     use crate::fake_quant::{FakeQuantBackend, FakeQuantStep, FusedLayout};
@@ -312,6 +323,51 @@ mod extension {
         );
     }
 
+    /// A per-tensor [`ObserveBackend::observe_fake_quant`] that also writes the clip mask of
+    /// its fake quantization (bit `i % 32` of `u32` word `i / 32`: element `i` rounded outside
+    /// the integer range), so that the straight-through gradient keeps one bit per element
+    /// instead of the input (on a DARTS supernet, most of a quantized step's extra memory).
+    pub(crate) trait MaskBackend: Backend {
+        /// [`ObserveBackend::observe_fake_quant`]'s outputs and the clip mask, in the same
+        /// launch.
+        #[allow(clippy::type_complexity)]
+        fn observe_fake_quant_masked(
+            x: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            axis: usize,
+            rule: Rule,
+            grid: GridRule,
+            layout: FusedLayout,
+        ) -> (Quantized<Self>, IntTensor<Self>);
+
+        /// `grad` where the clip mask is clear, else 0.
+        fn fake_quant_masked_backward(
+            mask: IntTensor<Self>,
+            grad: FloatTensor<Self>,
+        ) -> FloatTensor<Self>;
+    }
+
+    /// The autodiff step of a fake quantization with a clip mask.
+    #[derive(Debug)]
+    struct MaskedStep;
+
+    impl<B: Backend + MaskBackend> Backward<B, 1> for MaskedStep {
+        type State = IntTensor<B>;
+
+        fn backward(
+            self,
+            ops: Ops<Self::State, 1>,
+            grads: &mut Gradients,
+            _checkpointer: &mut Checkpointer,
+        ) {
+            let mask = ops.state;
+            unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                B::fake_quant_masked_backward(mask, grad)
+            });
+        }
+    }
+
     /// [`ObserveBackend::observe`]'s outputs on `B`.
     type Grid<B> = (
         FloatTensor<B>,
@@ -323,7 +379,7 @@ mod extension {
     );
 
     /// [`ObserveBackend::observe_fake_quant`]'s outputs on `B`.
-    type Quantized<B> = (
+    pub(crate) type Quantized<B> = (
         FloatTensor<B>,
         FloatTensor<B>,
         FloatTensor<B>,
@@ -351,8 +407,8 @@ mod extension {
         }
     }
 
-    impl<B: Backend + ObserveBackend + FakeQuantBackend, C: CheckpointStrategy> ObserveBackend
-        for Autodiff<B, C>
+    impl<B: Backend + ObserveBackend + FakeQuantBackend + MaskBackend, C: CheckpointStrategy>
+        ObserveBackend for Autodiff<B, C>
     {
         fn observe(
             x: FloatTensor<Self>,
@@ -389,6 +445,39 @@ mod extension {
                 let (s0, s1, s2, mult, step, zp, out) =
                     B::observe_fake_quant(x.into_primitive(), a, b, axis, rule, grid, layout);
                 let out = StraightThrough.prepare::<C>([node]).compute_bound().stateless(out);
+                let w = Self::from_inner;
+                return (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out);
+            }
+            if layout.channels == 1 {
+                // Per tensor: the backward keeps the clip mask, not `x`.
+                let prep = MaskedStep.prepare::<C>([x.node()]).compute_bound().stateful();
+                let (s0, s1, s2, mult, step, zp, out) = match prep {
+                    OpsKind::Tracked(prep) => {
+                        let ((s0, s1, s2, mult, step, zp, out), mask) =
+                            B::observe_fake_quant_masked(
+                                x.into_primitive(),
+                                a,
+                                b,
+                                axis,
+                                rule,
+                                grid,
+                                layout,
+                            );
+                        (s0, s1, s2, mult, step, zp, prep.finish(mask, out))
+                    }
+                    OpsKind::UnTracked(prep) => {
+                        let (s0, s1, s2, mult, step, zp, out) = B::observe_fake_quant(
+                            x.into_primitive(),
+                            a,
+                            b,
+                            axis,
+                            rule,
+                            grid,
+                            layout,
+                        );
+                        (s0, s1, s2, mult, step, zp, prep.finish(out))
+                    }
+                };
                 let w = Self::from_inner;
                 return (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out);
             }

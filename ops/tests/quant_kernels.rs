@@ -432,6 +432,48 @@ fn an_observer_and_its_fake_quantization_in_one_launch_are_the_two_launches_bit_
     }
 }
 
+/// Bytes of live allocations in `d`'s memory pool (`None` without a pool).
+fn in_use(d: &Device) -> Option<u64> {
+    d.memory_pool_usage().map(|u| u.bytes_in_use)
+}
+
+#[test]
+fn a_per_tensor_fake_quantization_keeps_a_bit_per_element_for_its_gradient_not_its_input() {
+    let _serial = serial();
+    let n = 1 << 16;
+    for (backend, d) in devices() {
+        if !observe_available(&d, DType::F32) {
+            continue;
+        }
+        let ad = d.autodiff();
+        for (name, kind, signed, symmetric) in kinds() {
+            let spec = QuantSpec::with(8, signed, symmetric, Granularity::PerTensor, kind).unwrap();
+            let o = ObserverState::new(&spec, 1, &ad).unwrap();
+            let what = format!("{name} on {backend}");
+            let leaf = Tensor::<1>::from_floats(normal(n, 5).as_slice(), &ad).require_grad();
+            // An intermediate: nothing but the fake quantization's backward could keep it.
+            let x = leaf.clone().mul_scalar(2.0);
+            let before = in_use(&ad).unwrap();
+            let (out, _grid) = o.grid_and_fake_quant(&spec, &x, true, false).unwrap();
+            drop(x);
+            // What the step added, the output in place of the input: the grid, and the mask.
+            let kept = in_use(&ad).unwrap().saturating_sub(before);
+            let mask_bytes = 4 * n.div_ceil(32) as u64;
+            if kind == ObserverKind::AbsMax {
+                // Nothing clips: the gradient passes as it is, nothing kept for it.
+                assert!(kept < mask_bytes, "{what}: {kept} bytes kept");
+            } else {
+                // A bit per element (a 32nd of the input), and the grid; not the input.
+                assert!(kept >= mask_bytes, "{what}: {kept} bytes kept");
+                assert!(kept < 2 * mask_bytes, "{what}: {kept} bytes kept");
+            }
+            let grad = leaf.grad(&out.sum().backward()).unwrap();
+            // 2 where the element quantizes inside the range, else 0.
+            assert!(vals(grad).iter().all(|g| *g == 2.0 || *g == 0.0), "{what}: gradient");
+        }
+    }
+}
+
 #[test]
 fn past_the_shared_chunks_an_observer_still_quantizes_as_the_two_launches() {
     let _serial = serial();

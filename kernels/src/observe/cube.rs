@@ -7,8 +7,10 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{CHUNK, GridRule, MIN_SCALE, ObserveBackend, Rule};
-use crate::fake_quant::cube::fake_quantized;
+use super::{CHUNK, GridRule, MIN_SCALE, MaskBackend, ObserveBackend, Rule};
+use crate::fake_quant::cube::{
+    clipped, empty_mask, fake_quant_masked, fake_quantized, pack_clipped,
+};
 use crate::fake_quant::{FakeQuantBackend, FusedLayout};
 use crate::lanes::cube::{empty_like, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
 
@@ -288,6 +290,7 @@ fn observe_kernel(
     out_step: &mut [f32],
     out_zp: &mut [f32],
     out: &mut [f32],
+    mask: &mut [u32],
     row_len: u32,
     axis: u32,
     n_parts: u32,
@@ -301,6 +304,7 @@ fn observe_kernel(
     fq_max: f32,
     #[comptime] chunk: u32,
     #[comptime] quantize: bool,
+    #[comptime] masked: bool,
     #[comptime] from_parts: bool,
     #[comptime] linear: bool,
     #[comptime] rule: u32,
@@ -345,12 +349,31 @@ fn observe_kernel(
     if quantize {
         let start = p * chunk;
         let end = u32::min(start + chunk, row_len);
-        let mut j = start + UNIT_POS_X;
-        while j < end {
-            let v = x[row_at(x, r, j, row_len, axis, linear, false)];
-            out[row_at(x, r, j, row_len, axis, linear, true)] =
-                fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
-            j += CUBE_DIM_X;
+        if masked {
+            // One row (per tensor), its elements in `out`'s order: the units of each pass are
+            // consecutive elements, whose clip flags are packed into the mask after it.
+            let mut bits = Shared::<[u32]>::new_slice(units);
+            let mut base = start;
+            while base < end {
+                let j = base + UNIT_POS_X;
+                let mut clip = false;
+                if j < end {
+                    let v = x[row_at(x, r, j, row_len, axis, linear, false)];
+                    out[row_at(x, r, j, row_len, axis, linear, true)] =
+                        fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
+                    clip = clipped(v, mult, zp, fq_min, fq_max, ties_away);
+                }
+                pack_clipped(&mut bits, clip, base, end, mask);
+                base += CUBE_DIM_X;
+            }
+        } else {
+            let mut j = start + UNIT_POS_X;
+            while j < end {
+                let v = x[row_at(x, r, j, row_len, axis, linear, false)];
+                out[row_at(x, r, j, row_len, axis, linear, true)] =
+                    fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
+                j += CUBE_DIM_X;
+            }
         }
     }
 }
@@ -479,7 +502,7 @@ impl ObserveBackend for CubeBackend {
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
         let p = Plan::new(x, a, b, axis, rule, grid);
         let out = p.outputs();
-        launch(&p, &out, None);
+        launch(&p, &out, None, None);
         let [sa, sb, t, mult, step, zp] = out;
         (sa, sb, t, mult, step, zp)
     }
@@ -494,32 +517,75 @@ impl ObserveBackend for CubeBackend {
         grid: GridRule,
         layout: FusedLayout,
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
-        let p = Plan::new(x, a, b, axis, rule, grid);
-        let out = p.outputs();
-        if p.chunks > MAX_SHARED_CHUNKS && p.rule != STORED {
-            // Every cube of a row would read all its chunk extrema: apart, the same values.
-            let x = p.x.clone();
-            launch(&p, &out, None);
-            let [sa, sb, t, mult, step, zp] = out;
-            let fq = <Self as FakeQuantBackend>::fake_quant_fused(
-                x,
-                mult.clone(),
-                step.clone(),
-                zp.clone(),
-                layout,
-            );
-            return (sa, sb, t, mult, step, zp, fq);
-        }
-        let fq = empty_like(&p.x);
-        launch(&p, &out, Some((&fq, layout)));
-        let [sa, sb, t, mult, step, zp] = out;
-        (sa, sb, t, mult, step, zp, fq)
+        quantized(Plan::new(x, a, b, axis, rule, grid), layout, false).0
     }
 }
 
-/// Launches [`observe_kernel`] for `p` into the six outputs, and with `quantize` the fake
-/// quantization into its tensor.
-fn launch(p: &Plan, out: &[CubeTensor; 6], quantize: Option<(&CubeTensor, FusedLayout)>) {
+impl MaskBackend for CubeBackend {
+    #[allow(clippy::type_complexity)] // The seven outputs and the mask.
+    fn observe_fake_quant_masked(
+        x: CubeTensor,
+        a: CubeTensor,
+        b: CubeTensor,
+        axis: usize,
+        rule: Rule,
+        grid: GridRule,
+        layout: FusedLayout,
+    ) -> (
+        (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor),
+        CubeTensor,
+    ) {
+        let (out, mask) = quantized(Plan::new(x, a, b, axis, rule, grid), layout, true);
+        (out, mask.expect("a mask was asked for"))
+    }
+
+    fn fake_quant_masked_backward(mask: CubeTensor, grad: CubeTensor) -> CubeTensor {
+        crate::fake_quant::cube::masked_backward(mask, grad)
+    }
+}
+
+/// The observer's six outputs and the fake quantization on its grid, and with `masked` (per
+/// tensor only) the clip mask of that fake quantization.
+#[allow(clippy::type_complexity)] // The seven outputs and the mask.
+fn quantized(
+    p: Plan,
+    layout: FusedLayout,
+    masked: bool,
+) -> (
+    (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor),
+    Option<CubeTensor>,
+) {
+    assert!(!masked || p.rows == 1, "{OP}: a clip mask is per tensor");
+    let out = p.outputs();
+    if p.chunks > MAX_SHARED_CHUNKS && p.rule != STORED {
+        // Every cube of a row would read all its chunk extrema: apart, the same values.
+        let x = p.x.clone();
+        launch(&p, &out, None, None);
+        let [sa, sb, t, mult, step, zp] = out;
+        let (m, s, z) = (mult.clone(), step.clone(), zp.clone());
+        let (fq, mask) = if masked {
+            let (fq, mask) = fake_quant_masked(x, m, s, z, layout);
+            (fq, Some(mask))
+        } else {
+            (<CubeBackend as FakeQuantBackend>::fake_quant_fused(x, m, s, z, layout), None)
+        };
+        return ((sa, sb, t, mult, step, zp, fq), mask);
+    }
+    let fq = empty_like(&p.x);
+    let mask = masked.then(|| empty_mask(&p.x, p.row_len));
+    launch(&p, &out, Some((&fq, layout)), mask.as_ref());
+    let [sa, sb, t, mult, step, zp] = out;
+    ((sa, sb, t, mult, step, zp, fq), mask)
+}
+
+/// Launches [`observe_kernel`] for `p` into the six outputs, with `quantize` the fake
+/// quantization into its tensor, and with `mask` (per tensor, with `quantize`) its clip mask.
+fn launch(
+    p: &Plan,
+    out: &[CubeTensor; 6],
+    quantize: Option<(&CubeTensor, FusedLayout)>,
+    mask: Option<&CubeTensor>,
+) {
     let (fq, layout) = match quantize {
         Some((fq, layout)) => (fq.clone(), Some(layout)),
         // Not written; a buffer of its own (WebGPU binds no buffer twice in one dispatch).
@@ -528,6 +594,10 @@ fn launch(p: &Plan, out: &[CubeTensor; 6], quantize: Option<(&CubeTensor, FusedL
     let (fq_min, fq_max, ties_away) =
         layout.map_or((0.0, 0.0, false), |l| (l.qmin as f32, l.qmax as f32, l.ties_away));
     let chunks = if layout.is_some() { p.chunks } else { 1 };
+    assert!(mask.is_none() || (layout.is_some() && p.rows == 1), "{OP}: a clip mask is per tensor");
+    let masked = mask.is_some();
+    // Not written without a mask; a buffer of its own.
+    let mask = mask.cloned().unwrap_or_else(|| empty_mask(&p.x, 1));
     observe_kernel::launch(
         &p.x.client,
         CubeCount::new_2d(chunks as u32, p.rows as u32),
@@ -543,6 +613,7 @@ fn launch(p: &Plan, out: &[CubeTensor; 6], quantize: Option<(&CubeTensor, FusedL
         out[4].clone().into_buffer_arg(),
         out[5].clone().into_buffer_arg(),
         fq.into_buffer_arg(),
+        mask.into_buffer_arg(),
         p.row_len as u32,
         p.axis,
         p.chunks as u32,
@@ -556,6 +627,7 @@ fn launch(p: &Plan, out: &[CubeTensor; 6], quantize: Option<(&CubeTensor, FusedL
         fq_max,
         CHUNK as u32,
         layout.is_some(),
+        masked,
         p.chunks > 1 && p.rule != STORED,
         p.linear,
         p.rule,
