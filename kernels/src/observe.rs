@@ -440,62 +440,49 @@ mod extension {
             layout: FusedLayout,
         ) -> Quantized<Self> {
             let (a, b) = (a.into_primitive(), b.into_primitive());
-            if super::passes_every_gradient(rule, grid, (layout.qmin, layout.qmax)) {
-                let node = x.node();
-                let (s0, s1, s2, mult, step, zp, out) =
-                    B::observe_fake_quant(x.into_primitive(), a, b, axis, rule, grid, layout);
-                let out = StraightThrough.prepare::<C>([node]).compute_bound().stateless(out);
-                let w = Self::from_inner;
-                return (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out);
-            }
-            if layout.channels == 1 {
-                // Per tensor: the backward keeps the clip mask, not `x`.
-                let prep = MaskedStep.prepare::<C>([x.node()]).compute_bound().stateful();
-                let (s0, s1, s2, mult, step, zp, out) = match prep {
-                    OpsKind::Tracked(prep) => {
-                        let ((s0, s1, s2, mult, step, zp, out), mask) =
-                            B::observe_fake_quant_masked(
-                                x.into_primitive(),
-                                a,
-                                b,
-                                axis,
-                                rule,
-                                grid,
-                                layout,
-                            );
-                        (s0, s1, s2, mult, step, zp, prep.finish(mask, out))
+            let plain =
+                |x| B::observe_fake_quant(x, a.clone(), b.clone(), axis, rule, grid, layout);
+            let (s0, s1, s2, mult, step, zp, out) =
+                if super::passes_every_gradient(rule, grid, (layout.qmin, layout.qmax)) {
+                    let node = x.node();
+                    let (s0, s1, s2, mult, step, zp, out) = plain(x.into_primitive());
+                    let out = StraightThrough.prepare::<C>([node]).compute_bound().stateless(out);
+                    (s0, s1, s2, mult, step, zp, out)
+                } else if layout.channels == 1 {
+                    // Per tensor: the backward keeps the clip mask, not `x`.
+                    match MaskedStep.prepare::<C>([x.node()]).compute_bound().stateful() {
+                        OpsKind::Tracked(prep) => {
+                            let ((s0, s1, s2, mult, step, zp, out), mask) =
+                                B::observe_fake_quant_masked(
+                                    x.into_primitive(),
+                                    a.clone(),
+                                    b.clone(),
+                                    axis,
+                                    rule,
+                                    grid,
+                                    layout,
+                                );
+                            (s0, s1, s2, mult, step, zp, prep.finish(mask, out))
+                        }
+                        OpsKind::UnTracked(prep) => {
+                            let (s0, s1, s2, mult, step, zp, out) = plain(x.into_primitive());
+                            (s0, s1, s2, mult, step, zp, prep.finish(out))
+                        }
                     }
-                    OpsKind::UnTracked(prep) => {
-                        let (s0, s1, s2, mult, step, zp, out) = B::observe_fake_quant(
-                            x.into_primitive(),
-                            a,
-                            b,
-                            axis,
-                            rule,
-                            grid,
-                            layout,
-                        );
-                        (s0, s1, s2, mult, step, zp, prep.finish(out))
+                } else {
+                    match FakeQuantStep.prepare::<C>([x.node()]).compute_bound().stateful() {
+                        OpsKind::Tracked(prep) => {
+                            let xp = x.primitive().clone();
+                            let (s0, s1, s2, mult, step, zp, out) = plain(xp.clone());
+                            let out = prep.finish((xp, mult.clone(), zp.clone(), layout), out);
+                            (s0, s1, s2, mult, step, zp, out)
+                        }
+                        OpsKind::UnTracked(prep) => {
+                            let (s0, s1, s2, mult, step, zp, out) = plain(x.into_primitive());
+                            (s0, s1, s2, mult, step, zp, prep.finish(out))
+                        }
                     }
                 };
-                let w = Self::from_inner;
-                return (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out);
-            }
-            let prep = FakeQuantStep.prepare::<C>([x.node()]).compute_bound().stateful();
-            let (s0, s1, s2, mult, step, zp, out) = match prep {
-                OpsKind::Tracked(prep) => {
-                    let xp = x.primitive().clone();
-                    let (s0, s1, s2, mult, step, zp, out) =
-                        B::observe_fake_quant(xp.clone(), a, b, axis, rule, grid, layout);
-                    let out = prep.finish((xp, mult.clone(), zp.clone(), layout), out);
-                    (s0, s1, s2, mult, step, zp, out)
-                }
-                OpsKind::UnTracked(prep) => {
-                    let (s0, s1, s2, mult, step, zp, out) =
-                        B::observe_fake_quant(x.into_primitive(), a, b, axis, rule, grid, layout);
-                    (s0, s1, s2, mult, step, zp, prep.finish(out))
-                }
-            };
             let w = Self::from_inner;
             (w(s0), w(s1), w(s2), w(mult), w(step), w(zp), out)
         }
