@@ -1,0 +1,3 @@
+//! The server contract, re-exported from `cubecl-runtime`.
+
+pub use cubecl_runtime::server::*;
