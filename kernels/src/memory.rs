@@ -15,6 +15,12 @@
 //! graph on tensors too small to cost the GPU anything from 5.82 s to 1.40 s
 //! (`docs/results/2026-11-28-gpu-h100-memory-pools.md`).
 //!
+//! CubeCL 0.11.3's exclusive pages still looked at every page of the bucket and of every larger
+//! bucket before allocating, and let a small allocation take a large free page;
+//! `vendor/cubecl-server` bounds the look to the pages handed out last and a sweep of 64 from a
+//! cursor, in the size's own bucket (`vendor/README.md` says how and why;
+//! `docs/results/2026-11-29-exclusive-pages.md` what it changed).
+//!
 //! [`prefer_exclusive_pages`] asks for exclusive pages on the devices started after the call;
 //! the qdarts binary calls it before it starts a GPU device. The kernels' tests do not: their
 //! devices keep CubeCL's default, which the kernels must work with as well.

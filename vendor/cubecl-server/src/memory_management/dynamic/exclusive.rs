@@ -91,8 +91,13 @@ impl ExclusivePools {
         }
     }
 
-    /// Reserve `size` bytes on a page a bucket already holds. `None` when
-    /// none has one free.
+    /// Reserve `size` bytes on a page the bucket that allocates `size` already
+    /// holds. `None` when it has none free.
+    ///
+    /// Only that bucket: a larger bucket's free page would serve the size too,
+    /// but looking through every larger bucket costs a look at each of their
+    /// pages when none is free, and a small allocation on a large page keeps
+    /// the page from the allocation it was made for, which then gets a new one.
     pub fn try_reserve(
         &mut self,
         size: u64,
@@ -100,8 +105,8 @@ impl ExclusivePools {
     ) -> Option<ManagedMemoryHandle> {
         self.buckets
             .iter_mut()
-            .filter(|pool| pool.accept(size))
-            .find_map(|pool| pool.try_reserve(size, failures))
+            .find(|pool| pool.accept(size))?
+            .try_reserve(size, failures)
     }
 
     /// Release what the buckets no longer need.

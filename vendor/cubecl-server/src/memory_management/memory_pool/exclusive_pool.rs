@@ -34,6 +34,13 @@ pub struct ExclusiveMemoryPool {
     pages_peak: u64,
     /// The largest allocation ever served, in requested (pre-padding) bytes.
     largest_alloc: u64,
+    /// The pages handed out last, newest last: a step's temporaries are
+    /// freed soon after they are made, so these are looked at first.
+    recent: Vec<usize>,
+    /// Pages a sweep found free and nothing has taken since.
+    found: Vec<usize>,
+    /// Where the next sweep of the pages starts.
+    cursor: usize,
 }
 
 impl core::fmt::Display for ExclusiveMemoryPool {
@@ -60,6 +67,11 @@ impl core::fmt::Display for ExclusiveMemoryPool {
 
 const SIZE_AVG_DECAY: f64 = 0.01;
 
+/// How many of the pages handed out last a reservation looks at first.
+const RECENT_PAGES: usize = 32;
+/// How many pages one reservation sweeps, at most, for free ones.
+const SWEEP_PAGES: usize = 64;
+
 // How many times to find the allocation 'free' before deallocating it.
 const ALLOC_AFTER_FREE: u32 = 5;
 
@@ -67,6 +79,8 @@ struct MemoryPage {
     slice: Slice,
     alloc_size: u64,
     free_count: u32,
+    /// Whether the page's index is in the pool's `found`.
+    found: bool,
 }
 
 /// What an [`ExclusiveMemoryPool`] serves, and the pool index its pages carry.
@@ -100,7 +114,18 @@ impl ExclusiveMemoryPool {
             location_base: MemoryLocation::new(layout.pool, 0, 0),
             pages_peak: 0,
             largest_alloc: 0,
+            recent: Vec::with_capacity(RECENT_PAGES),
+            found: Vec::new(),
+            cursor: 0,
         }
+    }
+
+    /// Remembers `index` as the page handed out last.
+    fn note_recent(&mut self, index: usize) {
+        if self.recent.len() == RECENT_PAGES {
+            self.recent.remove(0);
+        }
+        self.recent.push(index);
     }
 
     /// A structured snapshot of the pool: shape, usage, high-water marks.
@@ -120,12 +145,69 @@ impl ExclusiveMemoryPool {
 
     /// Finds a free page that can contain the given size
     /// Returns a slice on that page if successful.
-    fn get_free_page(&mut self, size: u64) -> Option<&mut MemoryPage> {
-        // Return the smallest free page that fits.
-        self.pages
-            .iter_mut()
-            .filter(|page| page.alloc_size >= size && page.slice.is_free())
-            .min_by_key(|page| page.free_count)
+    ///
+    /// A page becomes free when the last handle to it outside the pool is
+    /// dropped, which the pool learns only by looking at the page. Looking at
+    /// every page on every reservation costs as much as the pages a workload
+    /// keeps alive (a supernet keeps thousands between its forward and
+    /// backward passes), so a reservation looks, in turn, at the pages handed
+    /// out last (the temporaries a workload frees soon after making them),
+    /// at the pages earlier sweeps found free, and at the next
+    /// [`SWEEP_PAGES`] pages from a cursor that walks the pool round. A page
+    /// freed elsewhere is found within `pages / SWEEP_PAGES` reservations;
+    /// until then the pool may grow by a page it would otherwise reuse.
+    fn get_free_page(&mut self, size: u64) -> Option<usize> {
+        let fits = |page: &MemoryPage| page.alloc_size >= size && page.slice.is_free();
+
+        if let Some(position) = self
+            .recent
+            .iter()
+            .rposition(|&index| self.pages.get(index).is_some_and(fits))
+        {
+            let index = self.recent.remove(position);
+            // Its entry in `found`, if any, is now stale.
+            self.pages[index].found = false;
+            return Some(index);
+        }
+
+        // A found page stays free until this pool hands it out (the check is
+        // kept for a page a bind gave another handle). An entry whose page
+        // was taken another way is stale: its flag is down.
+        let mut position = self.found.len();
+        let mut looked = 0;
+        while position > 0 && looked < SWEEP_PAGES {
+            position -= 1;
+            looked += 1;
+            let index = self.found[position];
+            let page = &mut self.pages[index];
+            if !page.found || !page.slice.is_free() {
+                page.found = false;
+                self.found.swap_remove(position);
+            } else if page.alloc_size >= size {
+                page.found = false;
+                self.found.swap_remove(position);
+                return Some(index);
+            }
+        }
+
+        let count = self.pages.len();
+        for _ in 0..SWEEP_PAGES.min(count) {
+            if self.cursor >= count {
+                self.cursor = 0;
+            }
+            let index = self.cursor;
+            self.cursor += 1;
+            let page = &mut self.pages[index];
+            if page.found || !page.slice.is_free() {
+                continue;
+            }
+            if page.alloc_size >= size {
+                return Some(index);
+            }
+            page.found = true;
+            self.found.push(index);
+        }
+        None
     }
 
     fn alloc_page<Storage: ComputeStorage>(
@@ -153,10 +235,12 @@ impl ExclusiveMemoryPool {
             // Start the allocation at 'almost ready to free'. Every use will decrement this.
             // This means allocations start as "suspected as unused" and over time will be kept for longer.
             free_count: ALLOC_AFTER_FREE - 1,
+            found: false,
         });
         self.pages_peak = self.pages_peak.max(self.pages.len() as u64);
 
         let idx = self.pages.len() - 1;
+        self.note_recent(idx);
         Ok((idx, &mut self.pages[idx]))
     }
 }
@@ -180,7 +264,9 @@ impl MemoryPool for ExclusiveMemoryPool {
 
         let padding = calculate_padding(size, self.alignment);
 
-        let handle = self.get_free_page(size).map(|page| {
+        let index = self.get_free_page(size);
+        let handle = index.map(|index| {
+            let page = &mut self.pages[index];
             // Return a smaller part of the slice. By construction, we only ever
             // get a page with a big enough size, so this is ok to do.
             page.slice.storage.utilization = StorageUtilization { offset: 0, size };
@@ -188,6 +274,9 @@ impl MemoryPool for ExclusiveMemoryPool {
             page.free_count = page.free_count.saturating_sub(1);
             page.slice.handle.clone()
         });
+        if let Some(index) = index {
+            self.note_recent(index);
+        }
 
         if handle.is_some() {
             self.largest_alloc = self.largest_alloc.max(size);
@@ -263,6 +352,10 @@ impl MemoryPool for ExclusiveMemoryPool {
 
         if cleanup == Cleanup::Explicit || alloc_nr - self.last_dealloc_check >= check_period {
             self.last_dealloc_check = alloc_nr;
+            // The pages are renumbered below.
+            self.recent.clear();
+            self.found.clear();
+            self.cursor = 0;
 
             for mut page in self.pages.drain(..) {
                 if page.slice.is_free() {
@@ -277,6 +370,7 @@ impl MemoryPool for ExclusiveMemoryPool {
                     }
                 }
 
+                page.found = false;
                 let page_index = self.pages_tmp.len();
                 page.slice
                     .handle
