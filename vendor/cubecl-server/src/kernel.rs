@@ -19,6 +19,23 @@ use crate::{
     server::CubeDim,
 };
 
+/// A function shown each kernel that [`CompiledKernel::compile`] compiles, before it does: see
+/// [`set_kernel_tap`].
+pub type KernelTap = fn(&dyn CubeKernel);
+
+#[cfg(feature = "std")]
+static KERNEL_TAP: std::sync::OnceLock<KernelTap> = std::sync::OnceLock::new();
+
+/// Shows every kernel compiled from now on, by any server of this process, to `tap` (on the
+/// thread that compiles it, before it is compiled), for instance to compile it for another
+/// target too. A server compiles a kernel the first time it is launched with a given
+/// [`KernelId`]; kernels loaded from a compilation cache are not shown. `false` when a tap was
+/// already set (the first one stays).
+#[cfg(feature = "std")]
+pub fn set_kernel_tap(tap: KernelTap) -> bool {
+    KERNEL_TAP.set(tap).is_ok()
+}
+
 /// A kernel, compiled in the target language
 pub struct CompiledKernel<C: Compiler> {
     /// The name of the kernel entrypoint.
@@ -85,6 +102,10 @@ impl<C: Compiler> CompiledKernel<C> {
         compiler: &mut C,
         compilation_options: &C::CompilationOptions,
     ) -> Result<Self, CompilationError> {
+        #[cfg(feature = "std")]
+        if let Some(tap) = KERNEL_TAP.get() {
+            tap(kernel);
+        }
         let entrypoint_name = definition.settings.kernel_name.clone();
         let cube_dim = definition.settings.cube_dim.into();
 
