@@ -81,4 +81,10 @@ if [ "$version" != "$pinned" ]; then
 else
   printf 'unset LIBTORCH_BYPASS_VERSION_CHECK\n'
 fi
+# The wheel's NVRTC too (a dependency of this PyTorch on Linux), so that a cuda build finds
+# it where no CUDA toolkit is installed: tests/cuda.rs compiles the kernels' CUDA C++ with it.
+nvrtc="$("$venv/bin/python" -c 'import os, nvidia.cuda_nvrtc as n; print(os.path.join(n.__path__[0], "lib"))' 2>/dev/null || true)"
+if [ -n "$nvrtc" ] && [ -d "$nvrtc" ]; then
+  lib="$lib:$nvrtc"
+fi
 printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$lib"

@@ -285,6 +285,32 @@ impl Backend {
     }
 }
 
+/// The environment variable naming a folder into which every CubeCL kernel the process
+/// compiles is written as the CUDA C++ the cuda backend would compile
+/// (`qdarts_kernels::cuda_source`): how a machine without an NVIDIA GPU checks, with
+/// `--backend wgpu`, that a run's kernels compile for one.
+pub const CUDA_SOURCES_ENV: &str = "QDARTS_CUDA_SOURCES";
+
+/// Starts the capture [`CUDA_SOURCES_ENV`] asks for, making its folder; nothing when unset.
+pub fn capture_cuda_sources_from_env() -> Result<()> {
+    let Some(dir) = std::env::var_os(CUDA_SOURCES_ENV) else { return Ok(()) };
+    let dir = std::path::PathBuf::from(dir);
+    #[cfg(feature = "cuda")]
+    {
+        use anyhow::Context;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("{CUDA_SOURCES_ENV}: making {}", dir.display()))?;
+        qdarts_kernels::cuda_source::capture_into(&dir)
+            .map_err(|e| anyhow::anyhow!("{CUDA_SOURCES_ENV}: {e}"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    bail!(
+        "{CUDA_SOURCES_ENV}={}: this build has no CUDA C++ compiler to write kernels with \
+         (build with --features cuda)",
+        dir.display()
+    )
+}
+
 /// Whether the device's tensors live in memory that neither the Rust heap counters nor a
 /// CubeCL pool see (LibTorch's allocators), so that a peak measured here would be wrong.
 pub fn allocates_outside_rust(device: &Device) -> bool {

@@ -321,6 +321,9 @@ fn main() -> ExitCode {
     if let Err(e) = alloc::inject_from_env() {
         return finish(Err(e));
     }
+    if let Err(e) = backend::capture_cuda_sources_from_env() {
+        return finish(Err(e));
+    }
     let cli = Cli::parse();
     if let Err(e) = cli.backend.choose_device(cli.device.as_deref()) {
         return finish(Err(e));

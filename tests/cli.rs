@@ -43,6 +43,21 @@ fn help_lists_every_subcommand() {
     }
 }
 
+/// `QDARTS_CUDA_SOURCES` needs the CUDA C++ compiler of a `cuda` build: without one, a clear
+/// error before anything runs (with one, `tests/cuda.rs`).
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_sources_without_a_cuda_build_is_a_clear_error() {
+    let dir = scratch("cuda-sources");
+    let out = qdarts().env("QDARTS_CUDA_SOURCES", dir.join("cu")).args(["bench", "quant"]).output();
+    let out = out.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("QDARTS_CUDA_SOURCES") && err.contains("--features cuda"), "{err}");
+    assert!(!dir.join("cu").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_input_is_a_clear_error_and_a_nonzero_exit() {
     let dir = scratch("bad");

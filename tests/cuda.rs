@@ -1,12 +1,16 @@
 //! The cuda backend (built with `--features cuda`, kernels through NVRTC: vendor/README.md).
 //! Where no NVIDIA GPU can be used (CI), `--backend cuda` must refuse cleanly: exit code 1, the
 //! missing driver named, no panic, no run folder. Where one can, a short search runs on it.
+//! Either way (with wgpu also built), every kernel that short searches launch is compiled as
+//! CUDA C++ by NVRTC, as the cuda backend would compile it for an H100/H200.
 
 #![cfg(feature = "cuda")]
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
 use std::process::Command;
+
+mod common;
 
 /// Whether this machine has an NVIDIA GPU that its driver answers for.
 fn nvidia_gpu() -> bool {
@@ -54,4 +58,160 @@ fn a_device_the_backend_cannot_use_is_refused() {
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(want), "{stderr}");
     }
+}
+
+/// The CUDA headers NVRTC compiles the kernels against, when this process can load NVRTC: the
+/// toolkit's (`CUDA_PATH`, `/usr/local/cuda`) or the `nvidia-cuda-runtime` wheel of the Python
+/// venv in `VIRTUAL_ENV` (`scripts/setup_torch.sh` makes one, and puts its NVRTC on
+/// `LD_LIBRARY_PATH`). Otherwise why not.
+#[cfg(feature = "wgpu")]
+fn nvrtc_and_headers() -> Result<std::path::PathBuf, String> {
+    use std::path::PathBuf;
+    if !qdarts_kernels::cuda_source::nvrtc_available() {
+        return Err("NVRTC (libnvrtc.so) is not on the loader's path".into());
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("CUDA_PATH") {
+        candidates.push(PathBuf::from(p).join("include"));
+    }
+    candidates.push(PathBuf::from("/usr/local/cuda/include"));
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        let lib = PathBuf::from(venv).join("lib");
+        for python in std::fs::read_dir(&lib).into_iter().flatten().flatten() {
+            candidates.push(python.path().join("site-packages/nvidia/cuda_runtime/include"));
+        }
+    }
+    candidates.into_iter().find(|d| d.join("cuda_fp16.h").is_file()).ok_or_else(|| {
+        "no CUDA headers (cuda_fp16.h) under CUDA_PATH, /usr/local/cuda or VIRTUAL_ENV's \
+         nvidia-cuda-runtime wheel"
+            .into()
+    })
+}
+
+#[test]
+fn a_cuda_sources_folder_that_cannot_be_made_is_a_clear_error() {
+    let out = common::qdarts()
+        .env("QDARTS_CUDA_SOURCES", "/proc/qdarts-no-such/cu")
+        .args(["bench", "quant"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("QDARTS_CUDA_SOURCES") && err.contains("/proc/qdarts-no-such/cu"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn every_kernel_of_short_searches_on_wgpu_compiles_for_cuda_with_nvrtc() {
+    use std::collections::BTreeMap;
+
+    use qdarts_kernels::cuda_source::{REFUSED_EXT, SOURCE_EXT, nvrtc};
+
+    let include = match nvrtc_and_headers() {
+        Ok(dir) => dir,
+        Err(why) => {
+            assert!(
+                std::env::var_os("QDARTS_REQUIRE_NVRTC").is_none(),
+                "QDARTS_REQUIRE_NVRTC is set, but {why}"
+            );
+            eprintln!("note: {why}: the kernels' CUDA C++ is not compiled here");
+            return;
+        }
+    };
+    // The check can fail: NVRTC's own refusal comes back as its log.
+    let refused = nvrtc(
+        "extern \"C\" __global__ void k(float* x) { x[0] = undeclared; }",
+        &include,
+        "sm_90a",
+    );
+    assert!(refused.as_ref().is_err_and(|log| log.contains("undeclared")), "{refused:?}");
+
+    let dir = common::scratch("cuda", "sources");
+    let config =
+        common::write_config(&dir, "tiny.toml", &common::tiny_search("cuda-sources", 7, 1));
+    // Every preset first order, and the second order (its finite-difference passes hold the
+    // rounding and ReLU masks, and step virtually) with a per-tensor and a learned quantizer.
+    let runs: [(&str, &str, &str); 7] = [
+        ("float", "float", "first"),
+        ("tensorrt", "tensorrt", "first"),
+        ("onnx", "onnx_qdq", "first"),
+        ("paddle", "paddle", "first"),
+        ("lsq", "lsq", "first"),
+        ("second-tensorrt", "tensorrt", "second"),
+        ("second-lsq", "lsq", "second"),
+    ];
+    // Each distinct source once, with the name of a kernel that compiled to it.
+    let mut sources: BTreeMap<String, String> = BTreeMap::new();
+    let mut refusals = Vec::new();
+    for (tag, preset, order) in runs {
+        let folder = dir.join(tag);
+        let out = common::qdarts()
+            .env("QDARTS_CUDA_SOURCES", &folder)
+            .args(["--backend", "wgpu", "search", "--config"])
+            .arg(&config)
+            .args(["--set", &format!("quant.preset=\"{preset}\"")])
+            .args(["--set", &format!("search.order=\"{order}\"")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{tag}: {}", String::from_utf8_lossy(&out.stderr));
+        let mut files = 0;
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let (head, body) = text.split_once('\n').unwrap();
+            let name = head.trim_start_matches("// ").to_string();
+            match path.extension().and_then(|e| e.to_str()) {
+                Some(SOURCE_EXT) => {
+                    sources.entry(body.to_string()).or_insert(name);
+                }
+                Some(REFUSED_EXT) => refusals.push(format!("{tag}: {name}: {body}")),
+                _ => panic!("{}: not a captured kernel", path.display()),
+            }
+            files += 1;
+        }
+        assert!(files > 0, "{tag}: nothing captured");
+    }
+    assert!(refusals.is_empty(), "CubeCL's CUDA C++ compiler refused:\n{}", refusals.join("\n"));
+
+    // Each of qdarts' kernel modules that launches kernels in a search is among them.
+    let ours: Vec<&String> =
+        sources.values().filter(|n| n.starts_with("qdarts_kernels::")).collect();
+    for module in [
+        "batch_norm",
+        "bias",
+        "direct_conv",
+        "fake_quant",
+        "hold",
+        "observe",
+        "optim",
+        "pool2d",
+        "quant_sum",
+        "relu",
+        "scale",
+    ] {
+        let prefix = format!("qdarts_kernels::{module}::");
+        assert!(
+            ours.iter().any(|n| n.starts_with(&prefix)),
+            "no kernel of {module} captured among {ours:#?}"
+        );
+    }
+
+    let mut failed = Vec::new();
+    for (source, name) in &sources {
+        if let Err(log) = nvrtc(source, &include, "sm_90a") {
+            failed.push(format!("{name}:\n{log}"));
+        }
+    }
+    eprintln!(
+        "{} distinct kernel sources ({} of qdarts' own) compiled for sm_90a, {} refused",
+        sources.len(),
+        ours.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "NVRTC refused:\n{}", failed.join("\n\n"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -31,7 +31,9 @@
 //!   own).
 //!
 //! [`devices`] lists the backends compiled into a build; [`launches`] counts the kernels a
-//! piece of work launches on the CubeCL runtimes; [`memory`] picks the runtimes' memory pools. Each kernel's test file holds it
+//! piece of work launches on the CubeCL runtimes; [`memory`] picks the runtimes' memory pools;
+//! `cuda_source` (feature `cuda`) writes the kernels a run compiles out as CUDA C++ and
+//! compiles them with NVRTC, without a GPU. Each kernel's test file holds it
 //! against the Burn operation it replaces (`observe` and `bias`: `qdarts-ops`'s
 //! `tests/quant_kernels.rs`, against the quantizers' expressions).
 
@@ -41,6 +43,8 @@
 
 pub mod batch_norm;
 pub mod bias;
+#[cfg(feature = "cuda")]
+pub mod cuda_source;
 pub mod depthwise_conv;
 pub mod devices;
 pub mod direct_conv;
