@@ -56,7 +56,7 @@ fn bad_arguments_exit_2_naming_the_argument() {
 /// row's images/s and the median of the per-round ratios with their min..max, from the CSV.
 #[test]
 fn the_runtime_comparison_prints_the_per_round_ratios_from_qdarts_csv() {
-    let dir = std::env::temp_dir().join(format!("qdarts-compare-runtime-{}", std::process::id()));
+    let dir = qdarts_record::scratch::scratch_path("compare-runtime");
     let frozen = dir.join("run").join("frozen");
     std::fs::create_dir_all(&frozen).expect("temp folder");
     std::fs::write(frozen.join("model.qdf"), b"stand-in").unwrap();

@@ -19,8 +19,7 @@ fn nvidia_gpu() -> bool {
 
 #[test]
 fn cuda_runs_a_search_or_refuses_cleanly() {
-    let dir = std::env::temp_dir().join(format!("qdarts-cuda-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = qdarts_record::scratch::scratch_path("cuda");
     let results = format!("record.results_dir=\"{}\"", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
         .args(["--backend", "cuda", "search", "--set", "search.epochs=1"])

@@ -25,8 +25,7 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent};
 fn run() -> &'static Path {
     static RUN: OnceLock<PathBuf> = OnceLock::new();
     RUN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("qdarts-dash-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = qdarts_record::scratch::scratch_path("dash");
         let text = format!(
             r#"
             name = "dash"
@@ -200,9 +199,7 @@ fn keys_switch_tabs_sort_and_ask_before_quitting_a_running_search() {
 #[test]
 fn truncated_and_garbage_tables_draw_at_small_sizes() {
     let copy = |name: &str| {
-        let dir = std::env::temp_dir().join(format!("qdarts-dash-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = qdarts_record::scratch::scratch(&format!("dash-{name}"));
         for e in std::fs::read_dir(run()).unwrap() {
             let p = e.unwrap().path();
             if p.is_file() {

@@ -39,7 +39,7 @@ fn artefacts(dir: &Path) -> String {
 /// `gpu_check.sh --artefacts <a stand-in> --dry-run ARGS --out /tmp/qdarts-gpu-check-TAG`, which
 /// must exit 0: what it prints.
 fn dry_run(tag: &str, args: &[&str]) -> String {
-    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-{tag}-{}", std::process::id()));
+    let dir = qdarts_record::scratch::scratch_path(&format!("gpu-check-{tag}"));
     let a = artefacts(&dir);
     let out = format!("/tmp/qdarts-gpu-check-{tag}");
     let mut all = vec!["--artefacts", a.as_str(), "--dry-run"];
@@ -53,7 +53,7 @@ fn dry_run(tag: &str, args: &[&str]) -> String {
 
 #[test]
 fn bad_arguments_exit_2_naming_the_argument() {
-    let dir = std::env::temp_dir().join(format!("qdarts-gpu-check-args-{}", std::process::id()));
+    let dir = qdarts_record::scratch::scratch_path("gpu-check-args");
     let a = artefacts(&dir);
     for (args, says) in [
         (vec!["--rounds", "0"], "--rounds must be a positive integer"),
@@ -163,8 +163,7 @@ fn the_kernel_profile_sums_launches_per_kernel_and_skips_the_summaries() {
         eprintln!("skipped: no python3");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("qdarts-kernel-profile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp folder");
+    let dir = qdarts_record::scratch::scratch("kernel-profile");
     let log = dir.join("kernels.log");
     let id = |name: &str, x: u32| {
         format!(

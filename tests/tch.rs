@@ -53,8 +53,7 @@ fn a_default_search_epoch_runs_on_tch() {
 #[test]
 fn tch_cuda_without_a_gpu_is_a_clear_error() {
     let _one = one_at_a_time();
-    let dir = std::env::temp_dir().join(format!("qdarts-tch-none-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = qdarts_record::scratch::scratch_path("tch-none");
     let results = format!("record.results_dir=\"{}\"", dir.display());
     let out = qdarts()
         .args(["--backend", "tch", "--device", "cuda:0", "search", "--set", &results])

@@ -73,8 +73,7 @@ fn the_float_search_step_matches_pytorch_on_wgpu() {
 /// no run folder, rather than a panic.
 #[test]
 fn no_adapter_is_a_clear_error() {
-    let dir = std::env::temp_dir().join(format!("qdarts-wgpu-none-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = qdarts_record::scratch::scratch_path("wgpu-none");
     let results = format!("record.results_dir=\"{}\"", dir.display());
     let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
         .args(["search", "--backend", "wgpu", "--set", &results])

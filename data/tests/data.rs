@@ -18,8 +18,7 @@ fn fixture() -> PathBuf {
 }
 
 fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("qdarts-data-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = qdarts_record::scratch::scratch("data");
     let p = dir.join(name);
     std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
     p

@@ -145,8 +145,7 @@ mod tests {
     }
 
     fn file(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("qdarts-buffer-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = qdarts_record::scratch::scratch("buffer");
         dir.join(name)
     }
 

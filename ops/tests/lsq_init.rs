@@ -40,8 +40,7 @@ fn a_quantizer_that_saw_no_data_keeps_step_zero_through_valid_and_a_record() {
     let q = lsq_weights(&ad);
     // What the search's first checkpoint does before step 1.
     drop(q.valid());
-    let dir = std::env::temp_dir().join(format!("qdarts-lsq-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = qdarts_record::scratch::scratch("lsq");
     let file = dir.join("q.bpk");
     q.clone().save_file(&file).unwrap();
     assert_eq!(steps(&q), [0.0, 0.0]);
@@ -87,8 +86,7 @@ fn an_initialised_record_is_used_as_it_is() {
     let _ = q.forward_with_grid(weight(&ad));
     let q = apply_init(q);
     let trained = steps(&q);
-    let dir = std::env::temp_dir().join(format!("qdarts-lsq2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = qdarts_record::scratch::scratch("lsq2");
     let file = dir.join("q.bpk");
     q.save_file(&file).unwrap();
     let loaded = lsq_weights(&ad).try_load_file(&file).unwrap();

@@ -13,10 +13,7 @@ use qdarts_record::{
 use qdarts_sweep::compare::{Comparison, read_run};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-plot-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch");
-    d
+    qdarts_record::scratch::scratch(&format!("plot-{name}"))
 }
 
 /// A search run record of 3 epochs × 4 steps, DARTS_V2 as its genotype.

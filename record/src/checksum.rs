@@ -157,10 +157,7 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("qdarts-record-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
-        d
+        crate::scratch::scratch(&format!("checksum-{name}"))
     }
 
     fn checkpoint(dir: &Path, state: &str, net: &[u8]) {

@@ -12,6 +12,7 @@ mod layout;
 mod quant_error;
 pub mod rows;
 mod run_dir;
+pub mod scratch;
 mod table;
 mod tail;
 

@@ -31,7 +31,7 @@ pub fn utc_stamp() -> String {
 }
 
 /// Whether a process id is alive (Linux `/proc`; elsewhere assume it is).
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
 }
 

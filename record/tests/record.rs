@@ -15,10 +15,7 @@ use qdarts_record::{
 };
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-record-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    qdarts_record::scratch::scratch(&format!("record-{name}"))
 }
 
 fn line<T: Table>(row: &T) -> String {

@@ -105,8 +105,7 @@ fn parity_with_fixtures_regenerated_by_pytorch_now() {
         eprintln!("note: no Python with torch, safetensors and numpy; regeneration check skipped");
         return;
     };
-    let out = std::env::temp_dir().join(format!("qdarts-parity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let out = qdarts_record::scratch::scratch_path("parity");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/torch_reference.py");
     let run = Command::new(py)
         .arg(&script)

@@ -13,10 +13,7 @@ use qdarts_sweep::emit::{
 use qdarts_sweep::{SweepDir, SweepSpec, TrialKind, trial_index};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-sweep-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch");
-    d
+    qdarts_record::scratch::scratch(&format!("sweep-{name}"))
 }
 
 fn parse(text: &str) -> Result<SweepSpec, String> {

@@ -11,12 +11,9 @@ pub fn qdarts() -> Command {
     Command::new(env!("CARGO_BIN_EXE_qdarts"))
 }
 
-/// An empty scratch folder `qdarts-<area>-<name>-<pid>` in the temp dir.
+/// An empty scratch folder `<area>-<name>` (`qdarts_record::scratch`).
 pub fn scratch(area: &str, name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-{area}-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("scratch folder");
-    d
+    qdarts_record::scratch::scratch(&format!("{area}-{name}"))
 }
 
 /// Writes `text` as `dir/file`, with the run record going to `dir/results`.
@@ -66,8 +63,7 @@ pub fn one_epoch_search(
     sets: &[&str],
     train_steps: usize,
 ) -> (PathBuf, f64) {
-    let dir = std::env::temp_dir().join(format!("qdarts-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = qdarts_record::scratch::scratch_path(tag);
     let results = format!("record.results_dir=\"{}\"", dir.display());
     let mut cmd = qdarts();
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));

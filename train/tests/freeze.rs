@@ -20,10 +20,7 @@ use qdarts_train::{
 };
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-freeze-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    qdarts_record::scratch::scratch(&format!("freeze-{name}"))
 }
 
 /// Negates γ of every other channel of every affine BatchNorm.

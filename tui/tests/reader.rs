@@ -15,9 +15,7 @@ use qdarts_tui::{DashboardError, RunReader};
 const METRICS: &str = "epoch,step,phase,loss,top1,lr,arch_lr,seconds\n";
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-tui-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let d = qdarts_record::scratch::scratch(&format!("tui-{name}"));
     std::fs::write(d.join("config.toml"), "name = \"t\"\n[search]\nepochs = 2\n").unwrap();
     d
 }
@@ -135,8 +133,7 @@ fn a_missing_or_foreign_folder_is_an_error_naming_it() {
     assert!(
         err.to_string().contains("qdarts-tui-no-such-run") && err.to_string().contains("no such")
     );
-    let empty = std::env::temp_dir().join(format!("qdarts-tui-empty-{}", std::process::id()));
-    std::fs::create_dir_all(&empty).unwrap();
+    let empty = qdarts_record::scratch::scratch("tui-empty");
     let err = RunReader::open(&empty).unwrap_err().to_string();
     assert!(err.contains("not a qdarts run folder"), "{err}");
 }

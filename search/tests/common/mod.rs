@@ -52,11 +52,9 @@ pub fn tiny(results: &Path, extra: &str) -> ExperimentConfig {
     tiny_with(results, extra, &[])
 }
 
-/// A fresh (absent) scratch folder `qdarts-search-<name>-<pid>` in the temp dir.
+/// A fresh (absent) scratch folder `search-<name>` (`qdarts_record::scratch`).
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qdarts-search-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    qdarts_record::scratch::scratch_path(&format!("search-{name}"))
 }
 
 /// A supernet of C = 4, 3 cells of 2 nodes on 1-channel images, PC-DARTS `partial` channels.
