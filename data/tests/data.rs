@@ -18,8 +18,8 @@ fn fixture() -> PathBuf {
 }
 
 fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = qdarts_record::scratch::scratch("data");
-    let p = dir.join(name);
+    // A folder per file: the tests run at once, and a scratch folder is emptied when asked for.
+    let p = qdarts_record::scratch::scratch(&format!("data-{name}")).join(name);
     std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
     p
 }

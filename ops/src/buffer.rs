@@ -145,8 +145,8 @@ mod tests {
     }
 
     fn file(name: &str) -> std::path::PathBuf {
-        let dir = qdarts_record::scratch::scratch("buffer");
-        dir.join(name)
+        // A folder per file: the tests run at once, and a scratch folder is emptied when asked for.
+        qdarts_record::scratch::scratch(&format!("buffer-{name}")).join(name)
     }
 
     #[test]

@@ -16,9 +16,9 @@ pub fn scratch_root() -> PathBuf {
     std::env::temp_dir().join("qdarts-tests")
 }
 
-/// An empty folder `<temp>/qdarts-tests/<pid>/<label>` (emptied if it was there). The first
-/// call in a process removes the folders of test processes that have ended (Linux, where
-/// `/proc` tells; elsewhere nothing is removed).
+/// An empty folder `<temp>/qdarts-tests/<pid>/<label>` (emptied if it was there, so a label
+/// belongs to one test: tests run at once). The first call in a process removes the folders of
+/// test processes that have ended (Linux, where `/proc` tells; elsewhere nothing is removed).
 ///
 /// # Panics
 /// When the folder cannot be made: a test cannot go on without it.
