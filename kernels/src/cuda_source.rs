@@ -116,17 +116,3 @@ pub fn nvrtc(source: &str, include: &Path, arch: &'static str) -> Result<usize, 
         Err(e) => Err(format!("{e:?}")),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::short_name;
-
-    #[test]
-    fn a_kernel_s_file_name_is_its_type_s_last_segment() {
-        assert_eq!(
-            short_name("qdarts_kernels::relu::ReluForward<f32, cubecl_wgpu::WgpuRuntime>"),
-            "ReluForward"
-        );
-        assert_eq!(short_name("plain"), "plain");
-    }
-}
