@@ -21,7 +21,7 @@ fn nvidia_gpu() -> bool {
 fn cuda_runs_a_search_or_refuses_cleanly() {
     let dir = qdarts_record::scratch::scratch_path("cuda");
     let results = format!("record.results_dir=\"{}\"", dir.display());
-    let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
+    let out = common::qdarts()
         .args(["--backend", "cuda", "search", "--set", "search.epochs=1"])
         .args(["--set", "data.limit=128", "--set", &results])
         .output()
@@ -48,11 +48,7 @@ fn a_device_the_backend_cannot_use_is_refused() {
         (&["--backend", "cuda", "--device", "cpu"][..], "it takes `cuda:N`"),
         (&["--backend", "cuda", "--device", "cuda:x"], "expected `cpu`, `cuda` or `cuda:N`"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
-            .args(args)
-            .args(["bench", "quant"])
-            .output()
-            .unwrap();
+        let out = common::qdarts().args(args).args(["bench", "quant"]).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(want), "{stderr}");
