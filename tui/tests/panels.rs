@@ -294,3 +294,32 @@ fn the_header_shows_the_selection_phase_and_its_last_verdict() {
     let header = draw(&Header { state: &state(), search: None }, 240, 3);
     assert!(!header.contains("selection"), "{header}");
 }
+
+#[test]
+fn the_alpha_and_genotype_panels_count_epochs_from_one_as_the_header_does() {
+    // The record counts epochs from 0; the screen from 1 ("epoch 2/2" in the header while the
+    // second epoch runs), so all three panels name the second epoch "epoch 2".
+    let mut s = state();
+    let alphas: Vec<String> = ["normal", "reduce"]
+        .iter()
+        .flat_map(|cell| {
+            (0..5).flat_map(move |edge| {
+                ["none", "max_pool_3x3", "sep_conv_3x3"]
+                    .iter()
+                    .map(move |op| format!("1,{cell},{edge},{op},0.333333"))
+            })
+        })
+        .collect();
+    let lines: Vec<&str> = alphas.iter().map(String::as_str).collect();
+    feed::<AlphaRow>(&mut s, Source::Alphas, &lines);
+    let changed = GENOTYPE.replacen("('sep_conv_3x3', 0)", "('dil_conv_3x3', 0)", 1);
+    feed::<GenotypeRow>(&mut s, Source::Genotypes, &[&format!("1,\"{changed}\"")]);
+    let header = draw(&Header { state: &s, search: None }, 200, 3);
+    assert!(header.contains("epoch 2/2"), "{header}");
+    let alpha = draw(&AlphaPanel { state: &s, cell: CellType::Normal }, 120, 30);
+    assert!(alpha.contains("normal cell, epoch 2 "), "{alpha}");
+    let genotype = draw(&GenotypePanel { state: &s, offset: 0, compact: false }, 120, 30);
+    assert!(genotype.contains("genotype after epoch 2"), "{genotype}");
+    assert!(genotype.contains("epoch 2: 1 node(s) changed"), "{genotype}");
+    assert!(!genotype.contains("epoch 1:"), "{genotype}");
+}

@@ -69,7 +69,7 @@ impl Widget for &AlphaPanel<'_> {
         let inner = framed(
             format!(
                 "softmax(α), {cell_name} cell, epoch {} (c: other cell) · bold: strongest non-none op",
-                latest.epoch
+                latest.epoch + 1
             ),
             top,
             buf,
@@ -107,13 +107,14 @@ impl Widget for &AlphaPanel<'_> {
         }
         Paragraph::new(lines).render(inner, buf);
 
-        // Entropy over epochs, both cells.
+        // Entropy over epochs, both cells; epochs counted from 1 as the header counts them (the
+        // record's rows count from 0).
         let series = |c: CellType| -> Vec<(f64, f64)> {
-            s.alphas.iter().filter_map(|a| Some((a.epoch as f64, a.entropy(c)?))).collect()
+            s.alphas.iter().filter_map(|a| Some(((a.epoch + 1) as f64, a.entropy(c)?))).collect()
         };
         let (n, r) = (series(CellType::Normal), series(CellType::Reduce));
         let now = |v: &[(f64, f64)]| v.last().map_or("-".into(), |p| format!("{:.3}", p.1));
-        let x_max = (latest.epoch as f64).max(1.0);
+        let x_max = ((latest.epoch + 1) as f64).max(2.0);
         // Entropy falls slowly: zoom the axis onto the range seen (never below 0).
         let lowest = n.iter().chain(&r).map(|p| p.1).fold(1.0_f64, f64::min);
         let y_lo = (lowest - 0.25 * (1.0 - lowest) - 0.005).max(0.0);
@@ -137,8 +138,8 @@ impl Widget for &AlphaPanel<'_> {
             Axis::default()
                 .title("epoch")
                 .style(THEME.dim)
-                .bounds([0.0, x_max])
-                .labels(["0".to_string(), format!("{x_max:.0}")]),
+                .bounds([1.0, x_max])
+                .labels(["1".to_string(), format!("{x_max:.0}")]),
         )
         .y_axis(Axis::default().style(THEME.dim).bounds([y_lo, 1.0]).labels([
             format!("{y_lo:.2}"),

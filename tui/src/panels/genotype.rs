@@ -79,7 +79,7 @@ impl Widget for &GenotypePanel<'_> {
         let s = self.state;
         let title = match (&s.final_genotype, s.genotypes.last()) {
             (Some(_), _) => "genotype (final)".to_string(),
-            (None, Some((e, _))) => format!("genotype after epoch {e}"),
+            (None, Some((e, _))) => format!("genotype after epoch {}", e + 1),
             (None, None) => "genotype".to_string(),
         };
         let hist_h = if self.compact { 0 } else { 12 };
@@ -112,12 +112,13 @@ impl Widget for &GenotypePanel<'_> {
             match (&w[0].1, new) {
                 (Some(a), Some(b)) => {
                     let c = changes(a, b);
-                    let head = format!("epoch {e}: {} node(s) changed", c.len());
+                    let head = format!("epoch {}: {} node(s) changed", e + 1, c.len());
                     let style = if c.is_empty() { THEME.dim } else { THEME.warn };
                     hist.push(Line::styled(head, style));
                     hist.extend(c.into_iter().map(|x| Line::styled(format!("  {x}"), THEME.value)));
                 }
-                _ => hist.push(Line::styled(format!("epoch {e}: unreadable genotype"), THEME.bad)),
+                _ => hist
+                    .push(Line::styled(format!("epoch {}: unreadable genotype", e + 1), THEME.bad)),
             }
         }
         let inner = framed(format!("changes over {} epochs", s.genotypes.len()), bottom, buf);
