@@ -48,7 +48,9 @@ impl Cell<'_> {
     }
 }
 
-fn state_name(s: usize) -> String {
+/// A cell state as pt.darts' `visualize.py` names it: the inputs `c_{k-2}` and `c_{k-1}`, the
+/// intermediate nodes from 0.
+pub(crate) fn state_name(s: usize) -> String {
     match s {
         0 => "c_{k-2}".into(),
         1 => "c_{k-1}".into(),

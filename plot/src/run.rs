@@ -11,7 +11,7 @@ use qdarts_record::{
     AlphaRow, CellType, MetricsRow, Phase, QuantErrorRow, RunLayout, Table, TensorRole, read_table,
 };
 
-use crate::cell::{Cell, Renderer, draw_cell};
+use crate::cell::{Cell, Renderer, draw_cell, state_name};
 use crate::{
     Figure, PlotError, de, io_err, new_chart, op_color, padded_range, save, series_color,
     series_legend,
@@ -216,7 +216,10 @@ impl Figure for Alphas {
         for ((edge, series), area) in self.edges.iter().enumerate().zip(panels.iter()) {
             let (node, input) = ends[edge];
             let mut chart = ChartBuilder::on(area)
-                .caption(format!("edge {edge}: node {} ← {input}", node - 2), ("sans-serif", 13))
+                .caption(
+                    format!("edge {edge}: node {} ← {}", state_name(node), state_name(input)),
+                    ("sans-serif", 13),
+                )
                 .margin(6)
                 .x_label_area_size(22)
                 .y_label_area_size(34)

@@ -155,7 +155,11 @@ fn a_run_gives_cells_curves_alphas_and_quantization_error_as_png_and_svg() {
         assert!(texts.iter().any(|t| t == label), "{label} not drawn");
     }
     let alpha = svg_texts(&out.join("alphas-normal.svg"));
-    assert!(alpha.iter().any(|t| t == "edge 13: node 3 ← 4"), "{alpha:?}");
+    // Named as the cell pictures name them (pt.darts' visualize.py): edge 13 is the last input
+    // of the fourth intermediate node, the third one's output; edge 9 its first, c_{k-2}.
+    assert!(alpha.iter().any(|t| t == "edge 13: node 3 ← 2"), "{alpha:?}");
+    assert!(alpha.iter().any(|t| t == "edge 9: node 3 ← c_{k-2}"), "{alpha:?}");
+    assert!(alpha.iter().any(|t| t == "edge 1: node 0 ← c_{k-1}"), "{alpha:?}");
     assert!(svg_texts(&out.join("quant-error.svg")).iter().any(|t| t.contains("1 exact")));
 }
 
