@@ -310,6 +310,29 @@ pub(crate) fn run_loop<R: Send>(
     })
 }
 
+/// The config file of a search or training: `given`, else `default`, a path relative to the
+/// folder qdarts runs in. A default that is not there is refused with the way out (run from the
+/// checkout, or `--config`), not with the bare "No such file" of the read; a resumed run reads
+/// its own folder's config, so it needs none.
+fn default_config(
+    given: Option<PathBuf>,
+    default: &str,
+    resuming: bool,
+) -> anyhow::Result<PathBuf> {
+    if let Some(path) = given {
+        return Ok(path);
+    }
+    let path = PathBuf::from(default);
+    if !resuming && !path.exists() {
+        let here = std::env::current_dir().map_or_else(|_| ".".into(), |d| d.display().to_string());
+        anyhow::bail!(
+            "{default}: not found in {here}: the default --config is read from the folder qdarts \
+             runs in; run it from the qdarts checkout, or give --config FILE"
+        );
+    }
+    Ok(path)
+}
+
 /// `s` as a TOML string value (quotes, backslashes, newlines and control characters escaped),
 /// for a `key=value` override.
 fn toml_string(s: &str) -> String {
@@ -358,7 +381,11 @@ fn main() -> ExitCode {
                 ));
             }
             data_overrides(&mut overrides, data, dataset);
-            let config = config.unwrap_or_else(|| PathBuf::from("experiments/default.toml"));
+            let config = match default_config(config, "experiments/default.toml", resume.is_some())
+            {
+                Ok(c) => c,
+                Err(e) => return finish(Err(e)),
+            };
             search_cmd::run(&search_cmd::SearchArgs {
                 config: &config,
                 overrides: &overrides,
@@ -397,7 +424,11 @@ fn main() -> ExitCode {
             if let Some(g) = genotype {
                 overrides.push(format!("genotype={}", toml_string(&g)));
             }
-            let config = config.unwrap_or_else(|| PathBuf::from("experiments/train-default.toml"));
+            let config =
+                match default_config(config, "experiments/train-default.toml", resume.is_some()) {
+                    Ok(c) => c,
+                    Err(e) => return finish(Err(e)),
+                };
             train_cmd::train(&train_cmd::TrainArgs {
                 config: &config,
                 overrides: &overrides,

@@ -95,6 +95,23 @@ fn bad_input_is_a_clear_error_and_a_nonzero_exit() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Run outside the checkout without `--config`, `search` and `train` say where they looked for
+/// their default config and how to give one, exit 1, and write no results folder.
+#[test]
+fn a_missing_default_config_names_the_folder_and_the_flag() {
+    let dir = scratch("no-default-config");
+    for (cmd, file) in
+        [("search", "experiments/default.toml"), ("train", "experiments/train-default.toml")]
+    {
+        let out = qdarts().current_dir(&dir).arg(cmd).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {err}");
+        assert!(err.contains(file) && err.contains("--config FILE"), "{cmd}: {err}");
+        assert!(err.contains(&dir.display().to_string()), "{cmd}: {err}");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing written in {dir:?}");
+}
+
 /// Values from the command line reach the config as TOML strings, whatever they hold: a quote
 /// and a newline in `--data` cannot add a key, and the error names the path (`--dataset` is
 /// one of three names). A `record.results_dir` that is a file says so.
