@@ -127,10 +127,24 @@ enum Command {
     },
     /// Write one search step's inputs for the PyTorch reference (scripts/torch_reference.py):
     /// a small supernet after one weight step, α, momentum, a training and a validation batch.
+    /// The shape options make other fixtures: `--channels 4 --layers 4 --nodes 3 --batch 32` is
+    /// the default experiment's supernet.
     DumpStep {
         /// Quantization preset of the supernet.
         #[arg(long, value_enum, default_value = "tensorrt")]
         preset: bench::PresetArg,
+        /// Channels of the first cell.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+        channels: u16,
+        /// Cells (reductions at a third and two thirds of them).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+        layers: u16,
+        /// Intermediate nodes per cell.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+        nodes: u16,
+        /// Images per batch (three batches are taken from the embedded training images).
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        batch: u16,
         /// Folder to write (spec.json and *.safetensors).
         #[arg(long)]
         out: PathBuf,
@@ -446,8 +460,14 @@ fn main() -> ExitCode {
             cpu_only(cli.backend, "check").and_then(|()| check_cmd::check(&run))
         }
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
-        Command::DumpStep { preset, out, with_outputs } => {
-            search_cmd::dump_step(preset.into(), &out, with_outputs, cli.backend)
+        Command::DumpStep { preset, channels, layers, nodes, batch, out, with_outputs } => {
+            let shape = search_cmd::StepShape {
+                channels: channels.into(),
+                layers: layers.into(),
+                nodes: nodes.into(),
+                batch: batch.into(),
+            };
+            search_cmd::dump_step(preset.into(), shape, &out, with_outputs, cli.backend)
         }
         Command::Parity { fixtures, write_outputs } => {
             search_cmd::parity(&fixtures, write_outputs.as_deref(), cli.backend)

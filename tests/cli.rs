@@ -307,6 +307,39 @@ fn device_flags_are_checked_against_the_backend() {
 }
 
 #[test]
+fn dump_step_writes_the_supernet_shape_asked_for() {
+    let d = scratch("dump-step");
+    let args = ["--preset", "float", "--channels", "2", "--layers", "4", "--nodes", "3"];
+    let mut cmd = qdarts();
+    let out = cmd.arg("dump-step").args(args).args(["--batch", "5", "--out"]).arg(&d).output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("spec.json")).unwrap()).unwrap();
+    for (key, want) in [("channels", 2), ("layers", 4), ("nodes", 3), ("batch", 5)] {
+        assert_eq!(spec[key], want, "{key} in {spec}");
+    }
+    assert_eq!(spec["preset"], "float", "{spec}");
+    let (x, _) = qdarts_engine::tensors::read(&d.join("batches.safetensors")).unwrap();
+    assert_eq!(x["train_x"].dims, [5, 1, 28, 28]);
+    // Three nodes: 2 + 3 + 4 edges, each mixing the eight DARTS candidates.
+    let (a, _) = qdarts_engine::tensors::read(&d.join("alphas.safetensors")).unwrap();
+    assert_eq!(a["normal"].dims, [9, 8]);
+    let (net, _) = qdarts_engine::tensors::read(&d.join("net.safetensors")).unwrap();
+    let cell = |i: usize| net.keys().any(|k| k.starts_with(&format!("cells.{i}.")));
+    assert!(cell(3) && !cell(4), "four cells expected: {:?}", net.keys().collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&d);
+
+    for bad in [["--batch", "0"], ["--batch", "1025"], ["--nodes", "0"]] {
+        let out = qdarts().arg("dump-step").args(bad).arg("--out").arg(&d).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains(bad[0]), "{bad:?}: {err}");
+        assert!(!d.exists(), "{bad:?} wrote {}", d.display());
+    }
+}
+
+#[test]
 fn parity_runs_the_fixtures_on_the_chosen_backend() {
     let d = scratch("parity-outputs");
     let out = qdarts().arg("parity").arg("--write-outputs").arg(&d).output().unwrap();
