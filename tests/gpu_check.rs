@@ -222,3 +222,28 @@ fn the_kernel_profile_sums_launches_per_kernel_and_skips_the_summaries() {
     assert!(text(&o).contains("no kernel timings"), "{}", text(&o));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `scripts/gpu_build.sh` refuses bad arguments before it builds or writes anything.
+#[test]
+fn gpu_build_refuses_bad_arguments_before_building() {
+    let dir = qdarts_record::scratch::scratch_path("gpu-build-args");
+    let out = dir.join("artefacts");
+    let out = out.to_str().expect("utf-8 path");
+    for (args, says) in [
+        (vec!["--tests", "golden,nope"], "--tests: 'nope' is none of golden fused"),
+        (vec!["--tests"], "--tests needs a list"),
+        (vec!["--tests-only", "--no-tests"], "leaves nothing to build"),
+        (vec!["--frobnicate"], "unknown argument '--frobnicate'"),
+    ] {
+        let o = Command::new("bash")
+            .arg(root().join("scripts/gpu_build.sh"))
+            .args(["--out", out])
+            .args(&args)
+            .current_dir(root())
+            .output()
+            .expect("bash runs");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+        assert!(!Path::new(out).exists(), "{args:?} made {out}");
+    }
+}
