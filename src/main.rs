@@ -461,13 +461,14 @@ fn main() -> ExitCode {
         }
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
         Command::DumpStep { preset, channels, layers, nodes, batch, out, with_outputs } => {
-            let shape = search_cmd::StepShape {
+            let spec = qdarts_search::parity::StepSpec {
                 channels: channels.into(),
                 layers: layers.into(),
                 nodes: nodes.into(),
                 batch: batch.into(),
+                ..qdarts_search::parity::StepSpec::small(preset.into())
             };
-            search_cmd::dump_step(preset.into(), shape, &out, with_outputs, cli.backend)
+            search_cmd::dump_step(&spec, &out, with_outputs, cli.backend)
         }
         Command::Parity { fixtures, write_outputs } => {
             search_cmd::parity(&fixtures, write_outputs.as_deref(), cli.backend)

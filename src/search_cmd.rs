@@ -153,41 +153,20 @@ pub fn run(args: &SearchArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The supernet shape of `qdarts dump-step`.
-#[derive(Debug, Clone, Copy)]
-pub struct StepShape {
-    /// Channels of the first cell.
-    pub channels: usize,
-    /// Cells.
-    pub layers: usize,
-    /// Intermediate nodes per cell.
-    pub nodes: usize,
-    /// Images per batch.
-    pub batch: usize,
-}
-
 /// Runs `qdarts dump-step`: a search step's inputs (and, asked for, qdarts's outputs) for the
-/// PyTorch reference.
+/// PyTorch reference, for the supernet and hyperparameters of `spec`.
 pub fn dump_step(
-    preset: qdarts_ops::qconfig::Preset,
-    shape: StepShape,
+    spec: &qdarts_search::parity::StepSpec,
     out: &Path,
     with_outputs: bool,
     backend: Backend,
 ) -> Result<()> {
-    use qdarts_search::parity::{StepSpec, compute, prepare, write_inputs};
+    use qdarts_search::parity::{compute, prepare, write_inputs};
     let device = backend.device()?.autodiff();
-    let spec = StepSpec {
-        channels: shape.channels,
-        layers: shape.layers,
-        nodes: shape.nodes,
-        batch: shape.batch,
-        ..StepSpec::small(preset)
-    };
-    let state = prepare(&spec, &device)?;
-    write_inputs(out, &spec, &state).with_context(|| format!("writing {}", out.display()))?;
+    let state = prepare(spec, &device)?;
+    write_inputs(out, spec, &state).with_context(|| format!("writing {}", out.display()))?;
     if with_outputs {
-        let outputs = compute(&spec, state)?;
+        let outputs = compute(spec, state)?;
         let path = out.join("qdarts.safetensors");
         qdarts_engine::tensors::write(&path, &outputs, &Default::default())?;
     }
