@@ -12,7 +12,7 @@ use qdarts_plot::cell::Renderer;
 use qdarts_plot::run::plot_run;
 use qdarts_record::write_atomic;
 use qdarts_search::config::ExperimentConfig;
-use qdarts_sweep::compare::{Comparison, csv, expand, read_run, report};
+use qdarts_sweep::compare::{Comparison, csv, expand, read_run, report, stats_csv};
 
 /// How `qdarts plot` lays out cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,12 +39,28 @@ pub fn plot(run: &Path, out: Option<&Path>, cells: CellRenderer) -> Result<()> {
     Ok(())
 }
 
-/// Runs `qdarts compare`.
+/// Where `qdarts compare` writes besides the terminal.
+#[derive(Debug, Clone, Copy)]
+pub struct Outputs<'a> {
+    /// The runs' CSV (and the methods' beside it).
+    pub csv: Option<&'a Path>,
+    /// The across-run figures' folder.
+    pub plot: Option<&'a Path>,
+}
+
+/// The methods' CSV beside the runs' one: `cmp.csv` → `cmp-methods.csv`.
+fn methods_csv_path(csv: &Path) -> PathBuf {
+    let stem = csv.file_stem().map_or_else(|| "compare".into(), |s| s.to_string_lossy());
+    csv.with_file_name(format!("{stem}-methods.csv"))
+}
+
+/// Runs `qdarts compare`. Training runs whose configs differ in more than the genotype and the
+/// seed are refused unless `allow_differing_keys`.
 pub fn compare(
     paths: &[PathBuf],
     baseline: &[PathBuf],
-    csv_out: Option<&Path>,
-    plot_out: Option<&Path>,
+    allow_differing_keys: bool,
+    out: Outputs<'_>,
 ) -> Result<()> {
     let mut runs = Vec::new();
     for (list, is_baseline) in [(paths, false), (baseline, true)] {
@@ -60,12 +76,33 @@ pub fn compare(
         bail!("no run to compare (the sweeps given have no started trial yet)");
     }
     let c = Comparison::new(runs);
+    let mismatch = c.training_mismatch();
+    if !mismatch.is_empty() {
+        let keys: Vec<String> =
+            mismatch.iter().map(|(k, v)| format!("{k} ({})", v.join(" / "))).collect();
+        let what = "the finished training runs differ in training keys other than the genotype \
+                    and the seed";
+        if !allow_differing_keys {
+            bail!(
+                "{what}: {}. Their scores would not compare genotypes alone: retrain one side \
+                 with the other's config, leave the odd runs out, or pass \
+                 --allow-differing-keys to compare them all the same",
+                keys.join(", ")
+            );
+        }
+        eprintln!("warning: {what} (allowed by --allow-differing-keys): {}", keys.join(", "));
+    }
     print!("{}", report(&c));
-    if let Some(path) = csv_out {
+    if let Some(path) = out.csv {
         write_atomic(path, csv(&c)?.as_bytes())?;
         eprintln!("wrote {}", path.display());
+        if let Some(methods) = stats_csv(&c)? {
+            let path = methods_csv_path(path);
+            write_atomic(&path, methods.as_bytes())?;
+            eprintln!("wrote {}", path.display());
+        }
     }
-    if let Some(dir) = plot_out {
+    if let Some(dir) = out.plot {
         for f in plot_comparison(&c, dir)? {
             eprintln!("wrote {}", f.display());
         }

@@ -179,9 +179,14 @@ enum Command {
         /// Runs of the random-genotype baseline (training runs of `qdarts sample` genotypes).
         #[arg(long, num_args = 1.., value_name = "RUN")]
         baseline: Vec<PathBuf>,
-        /// Also write the table as CSV.
+        /// Also write the table as CSV (with a baseline, the methods' figures beside it as
+        /// FILE's stem + `-methods.csv`).
         #[arg(long, value_name = "FILE")]
         csv: Option<PathBuf>,
+        /// Compare training runs that differ in training keys other than the genotype and the
+        /// seed (refused otherwise: the sides would not be trained alike).
+        #[arg(long)]
+        allow_differing_keys: bool,
         /// Also draw the across-run figures (SVG and PNG) into this folder.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
@@ -474,8 +479,9 @@ fn main() -> ExitCode {
             search_cmd::parity(&fixtures, write_outputs.as_deref(), cli.backend)
         }
         Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
-        Command::Compare { runs, baseline, csv, plot } => {
-            compare_cmd::compare(&runs, &baseline, csv.as_deref(), plot.as_deref())
+        Command::Compare { runs, baseline, csv, allow_differing_keys, plot } => {
+            let out = compare_cmd::Outputs { csv: csv.as_deref(), plot: plot.as_deref() };
+            compare_cmd::compare(&runs, &baseline, allow_differing_keys, out)
         }
         Command::Plot { run, out, cells } => compare_cmd::plot(&run, out.as_deref(), cells),
         Command::Sample { random, seed, config, out } => {

@@ -269,9 +269,70 @@ fn random_genotypes_train_as_a_baseline_sweep_and_compare_against_a_searched_one
             .output()
             .expect("compare"),
     );
-    assert!(table.contains("searched vs random baseline"), "{table}");
-    assert!(table.contains("of 2 random genotypes' seed means"), "{table}");
+    // DARTS_V2 is no search run folder: one method, said so.
+    assert!(
+        table.contains("methods against the random baseline (6 finished training runs"),
+        "{table}"
+    );
+    assert!(table.contains("is not a search run folder here"), "{table}");
+    assert!(table.contains("baseline  2 genotypes, 4 runs"), "{table}");
+    assert!(table.contains("Mann–Whitney U = "), "{table}");
+    assert!(!table.contains("beats"), "{table}");
     assert!(table.contains("configs differ in: genotype, seed"), "{table}");
+    // A baseline run trained with another learning rate: refused, the key and its values
+    // named; allowed on purpose with a warning.
+    let odd = d.join("odd");
+    copy_dir(&random[3], &odd);
+    let cfg = std::fs::read_to_string(odd.join("config.toml")).expect("config");
+    let lr = cfg.lines().find(|l| l.starts_with("lr = ")).expect("an lr line").to_string();
+    std::fs::write(odd.join("config.toml"), cfg.replace(&lr, "lr = 0.5")).expect("config");
+    let mut mixed = random[..3].to_vec();
+    mixed.push(odd.clone());
+    let cmp = |extra: &[&str]| {
+        qdarts()
+            .arg("compare")
+            .args(&searched)
+            .arg("--baseline")
+            .args(&mixed)
+            .args(extra)
+            .output()
+            .expect("compare")
+    };
+    let refused = cmp(&[]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    let err = stderr(&refused);
+    assert!(
+        err.contains("train.lr (0.05 / 0.5)") && err.contains("--allow-differing-keys"),
+        "{err}"
+    );
+    let allowed = cmp(&["--allow-differing-keys"]);
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+    assert!(stderr(&allowed).contains("warning: "), "{}", stderr(&allowed));
+    // An unfinished run (its plan says two epochs) is listed and left out of the statistics.
+    let plan = std::fs::read_to_string(odd.join("plan.json")).expect("plan");
+    let planned = plan.replace("\"epochs\":1", "\"epochs\":2");
+    assert_ne!(plan, planned, "{plan}");
+    std::fs::write(odd.join("plan.json"), planned).expect("plan");
+    let out = cmp(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        table.contains("unfinished, left out of every statistic:\n  odd: 1 of 2 epochs"),
+        "{table}"
+    );
+    assert!(table.contains("(5 finished training runs"), "{table}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir").filter_map(Result::ok) {
+        let target = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
 }
 
 #[test]

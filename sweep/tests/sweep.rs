@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use qdarts_genotypes::{Edge, Genotype, Primitive};
-use qdarts_sweep::compare::{Comparison, RunSummary, Stability, Stats, baseline_summary, csv};
+use qdarts_sweep::compare::{
+    Comparison, RunSummary, Stability, Stats, baseline_summary, csv, report,
+};
 use qdarts_sweep::emit::{
     K8sOptions, SlurmOptions, TaskCommand, k8s_manifest, k8s_name, slurm_script,
 };
@@ -391,7 +393,31 @@ fn summary(dir: &str, seed: u64, lr: &str, top1: Option<f64>, baseline: bool) ->
         genotype: None,
         eval: None,
         baseline,
+        source_config: None,
     }
+}
+
+/// A finished training run of a genotype with a seed and a final top-1.
+fn trained(dir: &str, genotype: &str, seed: u64, top1: f64, baseline: bool) -> RunSummary {
+    let mut r = summary(dir, seed, "x", Some(top1), baseline);
+    r.kind = "train";
+    r.config.remove("search.alpha_lr");
+    r.config.remove("search.epochs");
+    r.config.insert("genotype".into(), genotype.into());
+    r.config.insert("train.lr".into(), "0.05".into());
+    r
+}
+
+/// The same, its genotype from a search run with this guard setting.
+fn searched(dir: &str, genotype: &str, seed: u64, top1: f64, smoothing: &str) -> RunSummary {
+    let mut r = trained(dir, genotype, seed, top1, false);
+    let source = [
+        ("name".to_string(), format!("search-{genotype}")),
+        ("seed".to_string(), genotype.to_string()),
+        ("search.guards.random_smoothing".to_string(), smoothing.to_string()),
+    ];
+    r.source_config = Some(source.into_iter().collect());
+    r
 }
 
 #[test]
@@ -416,54 +442,125 @@ fn runs_that_differ_only_in_their_seed_form_a_group() {
     assert_eq!(
         lines.next(),
         Some(
-            "run,dir,group,baseline,kind,search.alpha_lr,seed,epochs_done,epochs_planned,steps,top1,integer_top1,agreement,bitops,param_bytes,seconds,genotype"
+            "run,dir,group,baseline,kind,search.alpha_lr,seed,finished,epochs_done,epochs_planned,steps,top1,integer_top1,agreement,bitops,param_bytes,seconds,genotype"
         )
     );
-    assert_eq!(lines.next(), Some("a,a,G1,false,search,0.01,1,6,6,60,0.700000,,,,,10.000,"));
+    assert_eq!(lines.next(), Some("a,a,G1,false,search,0.01,1,true,6,6,60,0.700000,,,,,10.000,"));
     assert_eq!(table.lines().count(), 5);
     assert!(baseline_summary(&c).is_none());
 }
 
 #[test]
-fn the_baseline_summary_compares_searched_runs_with_random_genotypes() {
+fn the_baseline_summary_compares_methods_with_random_genotypes_genotype_by_genotype() {
+    // Search runs are not training runs: no baseline analysis of them.
     let c = Comparison::new(vec![
         summary("s1", 1, "x", Some(0.76), false),
-        summary("s2", 2, "x", Some(0.78), false),
         summary("r1", 1, "x", Some(0.70), true),
-        summary("r2", 2, "x", Some(0.72), true),
     ]);
-    // Baseline runs are grouped apart from searched runs of the same config.
-    assert_eq!(c.groups.len(), 2);
-    assert!(c.groups[1].label.starts_with("baseline"));
+    assert!(baseline_summary(&c).is_none());
+    // Two genotypes a side, seeds 1 and 2 each: seeds shared, so the two-way analysis.
+    // Seed means 0.77, 0.81 against 0.71, 0.73 (balanced: adjusted means are the seed means).
+    let runs = vec![
+        trained("s1", "a", 1, 0.76, false),
+        trained("s2", "a", 2, 0.78, false),
+        trained("s3", "b", 1, 0.80, false),
+        trained("s4", "b", 2, 0.82, false),
+        trained("r1", "x", 1, 0.70, true),
+        trained("r2", "x", 2, 0.72, true),
+        trained("r3", "y", 1, 0.74, true),
+        trained("r4", "y", 2, 0.72, true),
+    ];
+    let c = Comparison::new(runs.clone());
+    assert!(c.training_mismatch().is_empty());
+    let a = c.analysis().expect("analysis");
+    assert_eq!(a.methods.len(), 1);
+    let m = &a.methods[0];
+    let mut scores = m.scores.clone();
+    scores.sort_by(f64::total_cmp);
+    assert!((scores[0] - 0.77).abs() < 1e-12 && (scores[1] - 0.81).abs() < 1e-12, "{scores:?}");
+    // se √(0.0008/2 + 0.0002/2), Welch–Satterthwaite df 0.0005² / (0.0004² + 0.0001²) = 1.47.
+    let w = m.welch.expect("welch");
+    assert!((w.diff - 0.07).abs() < 1e-12 && (w.df - 1.470_588).abs() < 1e-6, "{w:?}");
+    // Both searched genotypes beat both random ones: U = 4 of 4, exact p = 2/6.
+    let u = m.mann_whitney.expect("mann-whitney");
+    assert_eq!((u.u, u.p_greater), (4.0, 1.0));
+    assert!((u.p - 1.0 / 3.0).abs() < 1e-12);
+    // Of the 6 splits of four scores, 2 are as extreme: p = 2 · 1/6.
+    let p = m.permutation.expect("permutation");
+    assert!(p.exact && p.resamples == 6 && (p.p - 1.0 / 3.0).abs() < 1e-12, "{p:?}");
+    // One method: Holm changes nothing.
+    assert_eq!(m.holm[0], Some(w.p));
     let s = baseline_summary(&c).expect("summary");
-    assert!(s.contains("searched 77.00 ± 1.41 % (n=2)"), "{s}");
-    assert!(s.contains("random   71.00 ± 1.41 % (n=2)"), "{s}");
-    assert!(s.contains("difference +6.00 points"), "{s}");
-    assert!(s.contains("beats 1 of 1"), "{s}");
-    // Seed noise (pooled within-genotype variance 0.0002) against the genotypes' spread:
-    // F(1, 2) = 0.0036 / 0.0002 = 18, p = 1 − √18/√20 (t with 2 degrees of freedom).
-    assert!(s.contains("pooled std within a genotype 1.41 points"), "{s}");
-    assert!(s.contains("F(1, 2) = 18.00, p = 0.051 (one-way ANOVA over 2 genotypes)"), "{s}");
-    // One genotype a side: no test over genotypes.
-    assert!(!s.contains("Welch"), "{s}");
-    // Two genotypes a side: seed means 0.77, 0.81 against 0.71, 0.73; standard error
-    // √(0.0008/2 + 0.0002/2), Welch–Satterthwaite df 0.0005² / (0.0004² + 0.0001²) = 1.47.
-    let c = Comparison::new(vec![
-        summary("s1", 1, "x", Some(0.76), false),
-        summary("s2", 2, "x", Some(0.78), false),
-        summary("s3", 1, "y", Some(0.80), false),
-        summary("s4", 2, "y", Some(0.82), false),
-        summary("r1", 1, "x", Some(0.70), true),
-        summary("r2", 2, "x", Some(0.72), true),
-        summary("r3", 1, "y", Some(0.74), true),
-        summary("r4", 2, "y", Some(0.72), true),
-    ]);
-    let s = baseline_summary(&c).expect("summary");
-    assert!(
-        s.contains("(seed means, 2 searched, 2 random): +7.00 ± 2.24 points, Welch t(1.5) = 3.13"),
-        "{s}"
+    assert!(s.contains("two-way ANOVA, seed a crossed block, 4 genotypes"), "{s}");
+    assert!(s.contains("searched  2 genotypes, 4 runs, mean 79.00 %"), "{s}");
+    assert!(s.contains("difference +7.00 points, 95 % CI ["), "{s}");
+    assert!(!s.contains("beats"), "{s}");
+
+    // An unfinished run counts in no statistic, though its last validation row is high.
+    let mut late = trained("s5", "c", 1, 0.99, false);
+    late.epochs_done = 2;
+    let mut with_late = runs.clone();
+    with_late.push(late);
+    let c = Comparison::new(with_late);
+    assert_eq!(c.unfinished(), [8]);
+    assert_eq!(c.runs[8].state(), "2 of 6 epochs (running or stopped)");
+    let a = c.analysis().expect("analysis");
+    assert_eq!(a.units.len(), 4);
+    assert!((a.methods[0].welch.expect("welch").diff - 0.07).abs() < 1e-12);
+    assert!(report(&c).contains("unfinished, left out of every statistic:\n  s5: 2 of 6"));
+
+    // A side trained with another learning rate is named, with both values.
+    let mut odd = runs.clone();
+    odd[5].config.insert("train.lr".into(), "0.1".into());
+    odd[5].config.insert("record.checkpoint_every".into(), "7".into());
+    let c = Comparison::new(odd);
+    assert_eq!(
+        c.training_mismatch(),
+        [("train.lr".to_string(), vec!["0.05".into(), "0.1".into()])]
     );
-    assert!(s.contains("ANOVA over 4 genotypes"), "{s}");
+}
+
+#[test]
+fn methods_come_from_the_search_configs_and_holm_corrects_across_them() {
+    let mut runs = Vec::new();
+    for (g, top1, smoothing) in [
+        ("a", 0.80, "0.3"),
+        ("b", 0.81, "0.3"),
+        ("c", 0.82, "0.3"),
+        ("d", 0.74, "0.0"),
+        ("e", 0.75, "0.0"),
+        ("f", 0.73, "0.0"),
+    ] {
+        runs.push(searched(&format!("run-{g}"), g, 1, top1, smoothing));
+    }
+    for (g, top1) in [("x", 0.72), ("y", 0.74), ("z", 0.73), ("w", 0.75)] {
+        runs.push(trained(&format!("run-{g}"), g, 1, top1, true));
+    }
+    let c = Comparison::new(runs);
+    let a = c.analysis().expect("analysis");
+    let labels: Vec<&str> = a.methods.iter().map(|m| m.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["search.guards.random_smoothing=0.3", "search.guards.random_smoothing=0.0"]
+    );
+    assert!(a.method_note.is_none());
+    // One seed everywhere: no two-way fit, and no seed noise to estimate.
+    assert!(a.noise.is_none());
+    let welch: Vec<f64> = a.methods.iter().map(|m| m.welch.expect("welch").p).collect();
+    let holm = qdarts_sweep::stats::holm(&welch);
+    for (m, h) in a.methods.iter().zip(holm) {
+        assert_eq!(m.holm[0], Some(h));
+        assert!(m.holm[0] >= m.welch.map(|w| w.p));
+    }
+    let table = qdarts_sweep::compare::stats_csv(&c).expect("csv").expect("rows");
+    let mut lines = table.lines();
+    assert!(
+        lines.next().expect("head").starts_with("method,genotypes,runs,mean,baseline_genotypes")
+    );
+    assert!(lines.next().expect("row").starts_with(
+        "search.guards.random_smoothing=0.3,3,3,0.810000,4,0.735000,seed_mean,0.075000,0.950000,"
+    ));
+    assert_eq!(table.lines().count(), 3);
 }
 
 #[test]

@@ -13,10 +13,12 @@ use qdarts_record::{MetricsRow, Phase, RunLayout, read_plan, read_table};
 pub use crate::stats::Stats;
 use crate::trials::SweepDir;
 
+mod analysis;
 mod report;
 
 use crate::{SweepError, invalid, io_err};
-pub use report::{baseline_summary, csv, report};
+pub use analysis::{Analysis, MethodResult, Noise, RESAMPLE_SEED, RESAMPLES, Unit};
+pub use report::{baseline_summary, csv, report, stats_csv};
 
 /// What `qdarts eval` measured on a training run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,12 +58,24 @@ pub struct RunSummary {
     pub eval: Option<EvalSummary>,
     /// Part of the random-genotype baseline (`compare --baseline`).
     pub baseline: bool,
+    /// For a training run whose genotype came from a search run folder: that search's
+    /// config, flattened (what tells methods apart).
+    pub source_config: Option<BTreeMap<String, String>>,
 }
 
 impl RunSummary {
     /// Whether every planned epoch has its validation row.
     pub fn finished(&self) -> bool {
         self.epochs_planned.is_some_and(|p| self.epochs_done >= p)
+    }
+
+    /// `finished`, or how far it got: `3 of 6 epochs (running or stopped)`, `no plan.json`.
+    pub fn state(&self) -> String {
+        match self.epochs_planned {
+            _ if self.finished() => "finished".into(),
+            Some(p) => format!("{} of {p} epochs (running or stopped)", self.epochs_done),
+            None => format!("{} epochs, no plan.json", self.epochs_done),
+        }
     }
 
     /// Its seed, from the config.
@@ -139,6 +153,10 @@ pub fn read_run(dir: &Path) -> Result<RunSummary, SweepError> {
     };
     let mut config = BTreeMap::new();
     flatten("", &table, &mut config);
+    let source_config = match config.get("genotype") {
+        Some(g) if kind == "train" => read_source_config(Path::new(g))?,
+        _ => None,
+    };
     let metrics = layout.table::<MetricsRow>();
     let rows: Vec<MetricsRow> = if metrics.exists() {
         read_table(&metrics).map_err(|e| SweepError::Other(e.to_string()))?
@@ -165,7 +183,25 @@ pub fn read_run(dir: &Path) -> Result<RunSummary, SweepError> {
         genotype,
         eval: read_eval(&layout.eval_report())?,
         baseline: false,
+        source_config,
     })
+}
+
+/// The flattened config of the search run a genotype source names, when it is a search run
+/// folder.
+fn read_source_config(source: &Path) -> Result<Option<BTreeMap<String, String>>, SweepError> {
+    let path = RunLayout::new(source).config();
+    if !source.is_dir() || !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| invalid(&path, e.to_string()))?;
+    if !table.contains_key("search") {
+        return Ok(None);
+    }
+    let mut config = BTreeMap::new();
+    flatten("", &table, &mut config);
+    Ok(Some(config))
 }
 
 /// The run folders a path names: a run, a sweep (its trials that have started), or a folder
@@ -206,7 +242,7 @@ pub struct Group {
     pub label: String,
     /// Indices into [`Comparison::runs`].
     pub members: Vec<usize>,
-    /// Mean and sample standard deviation of the final top-1 over members that have one.
+    /// Mean and sample standard deviation of the final top-1 over the finished members.
     pub top1: Option<Stats>,
 }
 
@@ -252,7 +288,12 @@ impl Comparison {
             }
         }
         for g in &mut groups {
-            let v: Vec<f64> = g.members.iter().filter_map(|&i| runs[i].top1).collect();
+            let v: Vec<f64> = g
+                .members
+                .iter()
+                .filter(|&&i| runs[i].finished())
+                .filter_map(|&i| runs[i].top1)
+                .collect();
             g.top1 = Stats::of(&v);
         }
         Comparison { runs, varying, groups }

@@ -1,14 +1,14 @@
-//! The comparison written out: the text report (runs, groups, genotype stability, searched
-//! against random) and the CSV table.
+//! The comparison written out: the text report (runs, the unfinished ones, groups, genotype
+//! stability, methods against the random baseline) and the CSV tables (runs; methods).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use qdarts_genotypes::Genotype;
 
-use super::{Comparison, RunSummary, Stability, cell_short};
+use super::{Comparison, Noise, RunSummary, Stability, cell_short};
 use crate::SweepError;
-use crate::stats::{Anova, Stats, Welch};
+use crate::stats::Stats;
 
 fn pct(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{:.2}", 100.0 * v))
@@ -101,16 +101,23 @@ pub fn report(c: &Comparison) -> String {
     } else {
         let _ = writeln!(out, "configs differ in: {}", c.varying.join(", "));
     }
-    let _ = writeln!(out, "\ngroups (runs that differ only in their seed):");
+    let unfinished = c.unfinished();
+    if !unfinished.is_empty() {
+        let _ = writeln!(out, "\nunfinished, left out of every statistic:");
+        for i in unfinished {
+            let _ = writeln!(out, "  {}: {}", c.runs[i].name(), c.runs[i].state());
+        }
+    }
+    let _ = writeln!(out, "\ngroups (runs that differ only in their seed; finished runs):");
     for (gi, g) in c.groups.iter().enumerate() {
-        let stats = g.top1.map_or_else(|| "no finished epoch".into(), |s| s.percent());
+        let stats = g.top1.map_or_else(|| "no finished run".into(), |s| s.percent());
         let _ = writeln!(out, "  G{}  {}: top-1 {stats}", gi + 1, g.label);
     }
     for (gi, g) in c.groups.iter().enumerate() {
         let genos: Vec<&Genotype> = g
             .members
             .iter()
-            .filter(|&&i| c.runs[i].kind == "search")
+            .filter(|&&i| c.runs[i].kind == "search" && c.runs[i].finished())
             .filter_map(|&i| c.runs[i].genotype.as_ref())
             .collect();
         if genos.len() >= 2 {
@@ -126,70 +133,210 @@ pub fn report(c: &Comparison) -> String {
     out
 }
 
-/// Searched genotypes against the random baseline: each side's mean ± std over runs, the
-/// difference, and how many baseline genotypes (their seed means) the searched mean beats.
-/// With seeds repeated, also the noise: the pooled seed std within a genotype and a one-way
-/// ANOVA over the genotypes (does the training tell them apart at all?), and Welch's t-test
-/// of the searched genotypes' seed means against the random ones' (is the difference more
-/// than a lucky draw of genotypes?).
-pub fn baseline_summary(c: &Comparison) -> Option<String> {
-    let top = |base: bool| -> Vec<f64> {
-        c.runs.iter().filter(|r| r.baseline == base).filter_map(|r| r.top1).collect()
-    };
-    let (searched, random) = (Stats::of(&top(false))?, Stats::of(&top(true))?);
-    // Each group of runs that differ only in their seed is one genotype: its runs' top-1 and
-    // their mean.
-    let genotypes = |base: bool| -> Vec<(Vec<f64>, f64)> {
-        c.groups
-            .iter()
-            .filter(|g| g.members.iter().all(|&i| c.runs[i].baseline == base))
-            .filter_map(|g| {
-                let top1 = g.members.iter().filter_map(|&i| c.runs[i].top1).collect();
-                g.top1.map(|s| (top1, s.mean))
-            })
-            .collect()
-    };
-    let (searched_g, random_g) = (genotypes(false), genotypes(true));
-    let means = |g: &[(Vec<f64>, f64)]| -> Vec<f64> { g.iter().map(|v| v.1).collect() };
-    let baseline_means = means(&random_g);
-    let beaten = baseline_means.iter().filter(|&&m| searched.mean > m).count();
-    let mut out = format!(
-        "searched vs random baseline (final top-1 over runs):\n  searched {}\n  random   {}\n  \
-         difference {:+.2} points; the searched mean beats {beaten} of {} random genotypes' seed means",
-        searched.percent(),
-        random.percent(),
-        100.0 * (searched.mean - random.mean),
-        baseline_means.len()
-    );
-    let all: Vec<Vec<f64>> = searched_g.iter().chain(&random_g).map(|g| g.0.clone()).collect();
-    if let Some(a) = Anova::of(&all) {
-        let _ = write!(
-            out,
-            "\n  seed noise: pooled std within a genotype {:.2} points; genotypes differ beyond \
-             it: F({}, {}) = {:.2}, p = {:.3} (one-way ANOVA over {} genotypes)",
-            100.0 * a.within_std,
-            a.df_between,
-            a.df_within,
-            a.f,
-            a.p,
-            all.len()
-        );
+fn p_text(p: Option<f64>) -> String {
+    match p {
+        Some(p) if p < 0.001 => "<0.001".into(),
+        Some(p) => format!("{p:.3}"),
+        None => "-".into(),
     }
-    if let Some(w) = Welch::of(&means(&searched_g), &baseline_means) {
-        let _ = write!(
+}
+
+/// Methods against the random baseline, genotype by genotype: only finished training runs
+/// count; a genotype's score is the mean of its seeds, or its mean adjusted for the seeds when
+/// seeds are shared across genotypes (two-way ANOVA). Per method: its genotypes' mean, the
+/// difference from the baseline's with a 95 % percentile bootstrap interval, Welch's t-test,
+/// the exact Mann–Whitney test with P(method > baseline), a permutation test of the
+/// difference, and each p-value Holm-adjusted across the methods.
+pub fn baseline_summary(c: &Comparison) -> Option<String> {
+    let a = c.analysis()?;
+    let mut out = String::new();
+    let adjusted = matches!(a.noise, Some(Noise::TwoWay(_)));
+    let counted: usize = a.units.iter().map(|u| u.runs.len()).sum();
+    let _ = writeln!(
+        out,
+        "methods against the random baseline ({counted} finished training runs; the unit is the \
+         genotype, scored by {}):",
+        if adjusted { "its mean adjusted for the training seed" } else { "its seeds' mean top-1" }
+    );
+    if let Some(note) = &a.method_note {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    let base = Stats::of(&a.baseline)?;
+    let _ = writeln!(
+        out,
+        "  baseline  {} genotypes, {} runs, mean {:.2} %, sd {:.2} points",
+        base.n,
+        a.units.iter().filter(|u| u.method.is_none()).map(|u| u.runs.len()).sum::<usize>(),
+        100.0 * base.mean,
+        100.0 * base.std
+    );
+    for m in &a.methods {
+        let Some(s) = Stats::of(&m.scores) else { continue };
+        let _ = writeln!(
             out,
-            "\n  over genotypes (seed means, {} searched, {} random): {:+.2} ± {:.2} points, \
-             Welch t({:.1}) = {:.2}, p = {:.3}",
-            searched_g.len(),
-            random_g.len(),
-            100.0 * w.diff,
-            100.0 * w.se,
-            w.df,
-            w.t,
-            w.p
+            "  {}  {} genotypes, {} runs, mean {:.2} %, sd {:.2} points",
+            m.label,
+            s.n,
+            m.runs,
+            100.0 * s.mean,
+            100.0 * s.std
         );
+        if let Some(b) = m.bootstrap {
+            let _ = writeln!(
+                out,
+                "    difference {:+.2} points, {:.0} % CI [{:+.2}, {:+.2}] (percentile bootstrap, \
+                 {} resamples)",
+                100.0 * b.diff,
+                100.0 * b.level,
+                100.0 * b.low,
+                100.0 * b.high,
+                b.resamples
+            );
+        }
+        let [hw, hm, hp] = m.holm;
+        match m.welch {
+            Some(w) => {
+                let _ = writeln!(
+                    out,
+                    "    Welch t({:.1}) = {:.2}, p = {}, Holm p = {}",
+                    w.df,
+                    w.t,
+                    p_text(Some(w.p)),
+                    p_text(hw)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "    Welch: needs two genotypes a side with some spread");
+            }
+        }
+        if let Some(u) = m.mann_whitney {
+            let _ = writeln!(
+                out,
+                "    Mann–Whitney U = {:.1} (exact), p = {}, Holm p = {}; P(method > baseline) = {:.2}",
+                u.u,
+                p_text(Some(u.p)),
+                p_text(hm),
+                u.p_greater
+            );
+        }
+        if let Some(p) = m.permutation {
+            let how = if p.exact {
+                format!("all {} splits", p.resamples)
+            } else {
+                format!("{} random splits", p.resamples)
+            };
+            let _ = writeln!(
+                out,
+                "    permutation test of the difference ({how}): p = {}, Holm p = {}",
+                p_text(Some(p.p)),
+                p_text(hp)
+            );
+        }
+    }
+    match &a.noise {
+        Some(Noise::TwoWay(t)) => {
+            let _ = write!(
+                out,
+                "  seed noise: residual std {:.2} points once genotype and seed are fitted; \
+                 genotypes differ beyond it: F({}, {}) = {:.2}, p = {}; seeds: F({}, {}) = {:.2}, \
+                 p = {} (two-way ANOVA, seed a crossed block, {} genotypes)",
+                100.0 * t.residual_std,
+                t.df_genotype,
+                t.df_residual,
+                t.genotype_f,
+                p_text(Some(t.genotype_p)),
+                t.df_seed,
+                t.df_residual,
+                t.seed_f,
+                p_text(Some(t.seed_p)),
+                a.units.len()
+            );
+        }
+        Some(Noise::OneWay(o)) => {
+            let _ = write!(
+                out,
+                "  seed noise: pooled std within a genotype {:.2} points; genotypes differ beyond \
+                 it: F({}, {}) = {:.2}, p = {} (one-way ANOVA over {} genotypes)",
+                100.0 * o.within_std,
+                o.df_between,
+                o.df_within,
+                o.f,
+                p_text(Some(o.p)),
+                a.units.len()
+            );
+        }
+        None => {
+            let _ = write!(out, "  seed noise: no genotype has two finished runs");
+        }
     }
     Some(out)
+}
+
+/// The methods-against-baseline figures as CSV: one row per method.
+pub fn stats_csv(c: &Comparison) -> Result<Option<String>, SweepError> {
+    let Some(a) = c.analysis() else { return Ok(None) };
+    let mut w = csv_writer();
+    let head = [
+        "method",
+        "genotypes",
+        "runs",
+        "mean",
+        "baseline_genotypes",
+        "baseline_mean",
+        "scores",
+        "diff",
+        "ci_level",
+        "ci_low",
+        "ci_high",
+        "welch_t",
+        "welch_df",
+        "welch_p",
+        "welch_p_holm",
+        "mann_whitney_u",
+        "p_method_greater",
+        "mann_whitney_p",
+        "mann_whitney_p_holm",
+        "permutation_p",
+        "permutation_p_holm",
+        "permutation_exact",
+        "permutation_splits",
+    ];
+    w.write_record(head).map_err(|e| SweepError::Other(e.to_string()))?;
+    let scores =
+        if matches!(a.noise, Some(Noise::TwoWay(_))) { "seed_adjusted" } else { "seed_mean" };
+    let f = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.6}"));
+    let base = Stats::of(&a.baseline);
+    for m in &a.methods {
+        let mean = Stats::of(&m.scores).map(|s| s.mean);
+        let row = vec![
+            m.label.clone(),
+            m.scores.len().to_string(),
+            m.runs.to_string(),
+            f(mean),
+            a.baseline.len().to_string(),
+            f(base.map(|s| s.mean)),
+            scores.to_string(),
+            f(m.bootstrap.map(|b| b.diff)),
+            f(m.bootstrap.map(|b| b.level)),
+            f(m.bootstrap.map(|b| b.low)),
+            f(m.bootstrap.map(|b| b.high)),
+            f(m.welch.map(|w| w.t)),
+            f(m.welch.map(|w| w.df)),
+            f(m.welch.map(|w| w.p)),
+            f(m.holm[0]),
+            f(m.mann_whitney.map(|u| u.u)),
+            f(m.mann_whitney.map(|u| u.p_greater)),
+            f(m.mann_whitney.map(|u| u.p)),
+            f(m.holm[1]),
+            f(m.permutation.map(|p| p.p)),
+            f(m.holm[2]),
+            m.permutation.map_or_else(String::new, |p| p.exact.to_string()),
+            m.permutation.map_or_else(String::new, |p| p.resamples.to_string()),
+        ];
+        w.write_record(&row).map_err(|e| SweepError::Other(e.to_string()))?;
+    }
+    let bytes = w.into_inner().map_err(|e| SweepError::Other(e.to_string()))?;
+    String::from_utf8(bytes).map(Some).map_err(|e| SweepError::Other(e.to_string()))
 }
 
 /// The comparison as CSV: one row per run.
@@ -200,6 +347,7 @@ pub fn csv(c: &Comparison) -> Result<String, SweepError> {
     head.extend(c.varying.iter().cloned());
     head.extend(
         [
+            "finished",
             "epochs_done",
             "epochs_planned",
             "steps",
@@ -226,6 +374,7 @@ pub fn csv(c: &Comparison) -> Result<String, SweepError> {
         ];
         row.extend(c.varying.iter().map(|k| r.config.get(k).cloned().unwrap_or_default()));
         row.extend([
+            r.finished().to_string(),
             r.epochs_done.to_string(),
             opt(r.epochs_planned.map(|p| p.to_string())),
             r.steps.to_string(),
