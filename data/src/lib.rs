@@ -172,7 +172,8 @@ fn idx_set(
     })
 }
 
-/// The embedded Fashion-MNIST subset: 10 000 training and 2 000 test images.
+/// The embedded Fashion-MNIST data: the first 10 000 training images and the whole test split
+/// (10 000 images).
 pub fn embedded(train: bool) -> Result<ImageSet, DataError> {
     let (img, lab, iname, lname) = if train {
         (

@@ -145,8 +145,8 @@ pub trait EpochTask: Sized {
     fn discard(self) -> Self;
     /// The architecture learning rate for the metrics rows (0: no architecture step).
     fn arch_lr(&self) -> f64;
-    /// The end-of-epoch validation.
-    fn validate(&mut self) -> Result<Evaluation, RunError>;
+    /// The validation at the end of epoch `epoch` (from 0).
+    fn validate(&mut self, epoch: usize) -> Result<Evaluation, RunError>;
     /// Extra rows at the end of epoch `epoch`, after its validation. A task may change its
     /// state here and write rows of its own to `run` as it goes (the search's selection
     /// decisions, `selection.csv`): the epoch's checkpoint is taken after, and a resume cuts
@@ -298,7 +298,7 @@ pub fn run_epochs<T: EpochTask>(
             stop_after_epoch |= stop;
         }
 
-        let mut val = task.validate()?;
+        let mut val = task.validate(epoch)?;
         if !injected && injects_val(guard, epoch, steps) {
             injected = true;
             val.loss = f64::NAN;

@@ -22,9 +22,20 @@ pub struct TrainData {
     /// Use only the first `limit` training images (0: all).
     #[serde(default)]
     pub limit: usize,
-    /// Evaluate on only the first `test_limit` test images (0: all).
+    /// Score only the first `test_limit` test images (0: all): the last epoch's evaluation,
+    /// the run's figure, and `qdarts eval`.
     #[serde(default)]
     pub test_limit: usize,
+    /// Score only the first `epoch_test_limit` of them at the end of the other epochs, a
+    /// cheaper figure to watch (0: as many as the last epoch).
+    #[serde(default = "TrainData::default_epoch_test_limit")]
+    pub epoch_test_limit: usize,
+}
+
+impl TrainData {
+    fn default_epoch_test_limit() -> usize {
+        2000
+    }
 }
 
 /// The evaluation network.

@@ -1,7 +1,8 @@
 //! `qdarts train`: quantization-aware training of a genotype's evaluation network (pt.darts'
 //! `augment.py`) as a step of the shared epoch loop: SGD with momentum, cosine learning rate,
 //! gradient clipping, auxiliary loss, drop-path rising linearly over the epochs, cutout on
-//! CIFAR. The end-of-epoch validation is the test set. The run record is the search's kind
+//! CIFAR. The end-of-epoch validation is the test set (the whole of it after the last epoch, its
+//! first `data.epoch_test_limit` images after the others). The run record is the search's kind
 //! (metrics, quantization error, NaN events, plan, checkpoints with resume).
 
 use std::ops::ControlFlow;
@@ -78,7 +79,19 @@ pub fn evaluate(
     bs: usize,
     device: &Device,
 ) -> Evaluation {
-    let idx: Vec<usize> = (0..set.len()).collect();
+    evaluate_first(net, set, set.len(), kind, bs, device)
+}
+
+/// [`evaluate`] on the first `count` images of `set` (all of them when it has fewer).
+pub fn evaluate_first(
+    net: &EvalNetwork,
+    set: &ImageSet,
+    count: usize,
+    kind: DatasetKind,
+    bs: usize,
+    device: &Device,
+) -> Evaluation {
+    let idx: Vec<usize> = (0..count.min(set.len())).collect();
     let (mut loss, mut right) = (0.0, 0usize);
     for chunk in idx.chunks(bs.max(1)) {
         let (x, y) = data::batch(set, kind, chunk, None, device);
@@ -87,7 +100,7 @@ pub fn evaluate(
             * chunk.len() as f64;
         right += correct(logits, y);
     }
-    let n = set.len().max(1) as f64;
+    let n = idx.len().max(1) as f64;
     Evaluation { loss: loss / n, top1: right as f64 / n }
 }
 
@@ -199,9 +212,18 @@ impl EpochTask for TrainTask<'_> {
         0.0
     }
 
-    fn validate(&mut self) -> Result<Evaluation, RunError> {
-        let bs = self.cfg.train.batch_size;
-        Ok(evaluate(&self.net.valid(), &self.test, self.cfg.data.dataset, bs, self.device))
+    /// The last epoch scores the whole test set (`data.test_limit`), the others its first
+    /// `data.epoch_test_limit` images.
+    fn validate(&mut self, epoch: usize) -> Result<Evaluation, RunError> {
+        let (bs, data) = (self.cfg.train.batch_size, &self.cfg.data);
+        let last = epoch + 1 >= self.cfg.train.epochs;
+        let n = if last || data.epoch_test_limit == 0 {
+            self.test.len()
+        } else {
+            data.epoch_test_limit
+        };
+        let net = self.net.valid();
+        Ok(evaluate_first(&net, &self.test, n, data.dataset, bs, self.device))
     }
 
     fn epoch_rows(&mut self, _epoch: usize, _run: &RunDir) -> Result<EpochRows, RunError> {

@@ -176,7 +176,7 @@ impl EpochTask for SearchTask<'_> {
     }
 
     /// Validation on the α split, with frozen statistics.
-    fn validate(&mut self) -> Result<Evaluation, RunError> {
+    fn validate(&mut self, _epoch: usize) -> Result<Evaluation, RunError> {
         let bs = self.cfg.search.batch_size;
         let eval = self.net.valid();
         let arch = self.alphas.valid().arch();
