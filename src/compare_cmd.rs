@@ -12,7 +12,7 @@ use qdarts_plot::cell::Renderer;
 use qdarts_plot::run::plot_run;
 use qdarts_record::write_atomic;
 use qdarts_search::config::ExperimentConfig;
-use qdarts_sweep::compare::{Comparison, csv, expand, read_run, report, stats_csv};
+use qdarts_sweep::compare::{Comparison, Options, Score, csv, expand, read_run, report, stats_csv};
 
 /// How `qdarts plot` lays out cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,6 +39,32 @@ pub fn plot(run: &Path, out: Option<&Path>, cells: CellRenderer) -> Result<()> {
     Ok(())
 }
 
+/// The figure `qdarts compare` scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScoreArg {
+    /// The last evaluation's top-1 of the fake-quant network.
+    FakeQuant,
+    /// `qdarts eval`'s integer model top-1 (runs without eval.json are left out).
+    Integer,
+}
+
+impl From<ScoreArg> for Score {
+    fn from(s: ScoreArg) -> Score {
+        match s {
+            ScoreArg::FakeQuant => Score::FakeQuant,
+            ScoreArg::Integer => Score::Integer,
+        }
+    }
+}
+
+/// `--equivalence-margin`: points of top-1, above 0 and at most 100.
+pub fn parse_margin(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100.0 => Ok(v),
+        _ => Err(format!("{text:?} is not a margin in points of top-1 (above 0, at most 100)")),
+    }
+}
+
 /// Where `qdarts compare` writes besides the terminal.
 #[derive(Debug, Clone, Copy)]
 pub struct Outputs<'a> {
@@ -60,6 +86,7 @@ pub fn compare(
     paths: &[PathBuf],
     baseline: &[PathBuf],
     allow_differing_keys: bool,
+    options: Options,
     out: Outputs<'_>,
 ) -> Result<()> {
     let mut runs = Vec::new();
@@ -75,7 +102,7 @@ pub fn compare(
     if runs.is_empty() {
         bail!("no run to compare (the sweeps given have no started trial yet)");
     }
-    let c = Comparison::new(runs);
+    let c = Comparison::with_options(runs, options);
     let mismatch = c.training_mismatch();
     if !mismatch.is_empty() {
         let keys: Vec<String> =

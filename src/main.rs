@@ -187,6 +187,18 @@ enum Command {
         /// seed (refused otherwise: the sides would not be trained alike).
         #[arg(long)]
         allow_differing_keys: bool,
+        /// The figure compared: the last evaluation's top-1 (fake-quant) or `qdarts eval`'s
+        /// integer model top-1.
+        #[arg(long, value_enum, default_value = "fake-quant")]
+        score: compare_cmd::ScoreArg,
+        /// Also pair each method's genotypes with the baseline's by the seed of the search they
+        /// came from, and test the paired differences (t, Wilcoxon, sign flips).
+        #[arg(long)]
+        paired: bool,
+        /// With --paired: test equivalence within this many points of top-1 (two one-sided
+        /// tests).
+        #[arg(long, value_name = "POINTS", requires = "paired", value_parser = compare_cmd::parse_margin)]
+        equivalence_margin: Option<f64>,
         /// Also draw the across-run figures (SVG and PNG) into this folder.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
@@ -479,9 +491,23 @@ fn main() -> ExitCode {
             search_cmd::parity(&fixtures, write_outputs.as_deref(), cli.backend)
         }
         Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
-        Command::Compare { runs, baseline, csv, allow_differing_keys, plot } => {
+        Command::Compare {
+            runs,
+            baseline,
+            csv,
+            allow_differing_keys,
+            score,
+            paired,
+            equivalence_margin,
+            plot,
+        } => {
             let out = compare_cmd::Outputs { csv: csv.as_deref(), plot: plot.as_deref() };
-            compare_cmd::compare(&runs, &baseline, allow_differing_keys, out)
+            let options = qdarts_sweep::compare::Options {
+                score: score.into(),
+                paired,
+                margin: equivalence_margin.map(|points| points / 100.0),
+            };
+            compare_cmd::compare(&runs, &baseline, allow_differing_keys, options, out)
         }
         Command::Plot { run, out, cells } => compare_cmd::plot(&run, out.as_deref(), cells),
         Command::Sample { random, seed, config, out } => {

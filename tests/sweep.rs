@@ -270,10 +270,7 @@ fn random_genotypes_train_as_a_baseline_sweep_and_compare_against_a_searched_one
             .expect("compare"),
     );
     // DARTS_V2 is no search run folder: one method, said so.
-    assert!(
-        table.contains("methods against the random baseline (6 finished training runs"),
-        "{table}"
-    );
+    assert!(table.contains("methods against the baseline (6 finished training runs"), "{table}");
     assert!(table.contains("is not a search run folder here"), "{table}");
     assert!(table.contains("baseline  2 genotypes, 4 runs"), "{table}");
     assert!(table.contains("Mann–Whitney U = "), "{table}");
@@ -302,7 +299,7 @@ fn random_genotypes_train_as_a_baseline_sweep_and_compare_against_a_searched_one
     assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
     let err = stderr(&refused);
     assert!(
-        err.contains("train.lr (0.05 / 0.5)") && err.contains("--allow-differing-keys"),
+        err.contains("train.lr (0.025 / 0.5)") && err.contains("--allow-differing-keys"),
         "{err}"
     );
     let allowed = cmp(&["--allow-differing-keys"]);
@@ -409,6 +406,16 @@ fn bad_sweeps_and_trials_are_refused_before_anything_is_written() {
     let out = qdarts().arg("plot").arg(&d).output().expect("runs");
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not a run folder"), "{}", stderr(&out));
+    // An equivalence margin needs pairs, and is a number of points.
+    for (args, says) in [
+        (&["--equivalence-margin", "0.5"][..], "--paired"),
+        (&["--paired", "--equivalence-margin", "0"][..], "not a margin in points"),
+        (&["--score", "int8"][..], "fake-quant, integer"),
+    ] {
+        let out = qdarts().arg("compare").arg(&d).args(args).output().expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
 }
 
 /// A `sweep --local` killed (SIGKILL) and started again: the trials of the killed sweep stop

@@ -7,8 +7,11 @@
 //!   Kubernetes' environment;
 //! - [`emit`]: a Slurm array script and a Kubernetes Indexed Job manifest that run the trials;
 //! - [`compare`]: the run records of many runs side by side, grouped by config, with
-//!   mean ± std over seeds and how often each edge was chosen;
-//! - [`stats`]: the tests `compare --baseline` reports (ANOVA over genotypes, Welch's t).
+//!   mean ± std over seeds and how often each edge was chosen; methods against a baseline,
+//!   genotype by genotype, finished runs only, sides trained alike;
+//! - [`stats`]: the tests `compare --baseline` reports (bootstrap intervals, Welch, exact
+//!   Mann–Whitney, permutation and sign-flip tests, paired t, Wilcoxon, equivalence, Holm, one-
+//!   and two-way ANOVA), held to SciPy and statsmodels.
 
 pub mod compare;
 pub mod emit;

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use qdarts_genotypes::{Edge, Genotype, Primitive};
 use qdarts_sweep::compare::{
-    Comparison, RunSummary, Stability, Stats, baseline_summary, csv, report,
+    Comparison, Options, RunSummary, Score, Stability, Stats, baseline_summary, csv, report,
 };
 use qdarts_sweep::emit::{
     K8sOptions, SlurmOptions, TaskCommand, k8s_manifest, k8s_name, slurm_script,
@@ -561,6 +561,65 @@ fn methods_come_from_the_search_configs_and_holm_corrects_across_them() {
         "search.guards.random_smoothing=0.3,3,3,0.810000,4,0.735000,seed_mean,0.075000,0.950000,"
     ));
     assert_eq!(table.lines().count(), 3);
+}
+
+#[test]
+fn a_paired_comparison_sets_genotypes_from_the_same_search_seed_against_each_other() {
+    // Quantization-aware searches (method) against float ones (baseline), seeds 1-4 and a
+    // fifth quantized search with no float partner; scored by the integer model.
+    let run = |dir: &str, seed: &str, preset: &str, top1: f64, baseline: bool| {
+        let mut r = searched(dir, dir, 1, 0.5, "0.0");
+        r.baseline = baseline;
+        let source = r.source_config.as_mut().expect("source");
+        source.insert("seed".into(), seed.into());
+        source.insert("quant.preset".into(), preset.into());
+        source.remove("search.guards.random_smoothing");
+        r.eval = Some(qdarts_sweep::compare::EvalSummary {
+            integer_top1: top1,
+            agreement: 1.0,
+            bitops: 1,
+            param_bytes: 1,
+        });
+        r
+    };
+    let mut runs = Vec::new();
+    for (seed, q, f) in
+        [("1", 0.861, 0.858), ("2", 0.850, 0.851), ("3", 0.866, 0.860), ("4", 0.855, 0.853)]
+    {
+        runs.push(run(&format!("q{seed}"), seed, "tensorrt", q, false));
+        runs.push(run(&format!("f{seed}"), seed, "float", f, true));
+    }
+    runs.push(run("q5", "5", "tensorrt", 0.9, false));
+    // A finished run without eval.json: not scored under the integer score.
+    let mut plain = run("q6", "6", "tensorrt", 0.9, false);
+    plain.eval = None;
+    runs.push(plain);
+    let options = Options { score: Score::Integer, paired: true, margin: Some(0.005) };
+    let c = Comparison::with_options(runs, options);
+    assert_eq!(c.unscored(), [9]);
+    let a = c.analysis().expect("analysis");
+    let p = a.methods[0].paired.as_ref().expect("paired");
+    assert_eq!(p.pairs.len(), 4);
+    assert_eq!(p.unpaired, 1);
+    // Differences +0.3, −0.1, +0.6, +0.2 points: mean +0.25.
+    let t = p.t.expect("paired t");
+    assert!((t.mean - 0.0025).abs() < 1e-12 && t.df == 3.0, "{t:?}");
+    // Three of four positive: W+ = 2 + 3 + 4 = 9 of 10 (ranks of 0.1, 0.2, 0.3, 0.6: 1..4).
+    let w = p.wilcoxon.expect("wilcoxon");
+    assert_eq!((w.w_plus, w.statistic, w.n), (9.0, 1.0, 4));
+    let f = p.sign_flip.expect("sign flips");
+    assert!(f.exact && f.resamples == 16);
+    let (margin, q) = p.equivalence.expect("equivalence");
+    assert_eq!(margin, 0.005);
+    assert!((0.0..=1.0).contains(&q));
+    let text = baseline_summary(&c).expect("summary");
+    assert!(text.contains("scored by its seeds' mean integer model top-1"), "{text}");
+    assert!(
+        text.contains("paired by search seed: 4 pairs (1 of the method's genotypes unpaired)"),
+        "{text}"
+    );
+    assert!(text.contains("equivalence within ±0.50 points"), "{text}");
+    assert!(report(&c).contains("finished but not evaluated (no eval.json), left out:\n  q6"));
 }
 
 #[test]

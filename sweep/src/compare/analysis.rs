@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Comparison, RunSummary};
+use super::{Comparison, PairedResult, RunSummary};
 use crate::stats::{Anova, Bootstrap, MannWhitney, Permutation, Stats, TwoWay, Welch, holm};
 
 /// Keys a run's config may differ in from another's on the same side of a comparison without
@@ -35,8 +35,10 @@ pub struct Unit {
     pub method: Option<usize>,
     /// Indices into [`Comparison::runs`].
     pub runs: Vec<usize>,
-    /// The mean top-1 of its runs, or its seed-adjusted mean.
+    /// The mean score of its runs, or its seed-adjusted mean.
     pub score: f64,
+    /// The seed of the search it came from (what pairs it with another side's genotype).
+    pub search_seed: Option<String>,
 }
 
 /// One method against the baseline.
@@ -58,6 +60,8 @@ pub struct MethodResult {
     pub permutation: Option<Permutation>,
     /// Holm-adjusted p-values across methods: Welch, Mann–Whitney, permutation.
     pub holm: [Option<f64>; 3],
+    /// With `Options::paired`: the differences paired by search seed, and their tests.
+    pub paired: Option<PairedResult>,
 }
 
 /// How the genotypes' scores were made and how much the genotypes differ beyond seed noise.
@@ -90,11 +94,20 @@ impl Comparison {
         (0..self.runs.len()).filter(|&i| !self.runs[i].finished()).collect()
     }
 
+    /// Finished training runs without the score compared (no `eval.json` when the integer
+    /// model is scored): left out too.
+    pub fn unscored(&self) -> Vec<usize> {
+        (0..self.runs.len())
+            .filter(|&i| self.runs[i].finished() && self.runs[i].kind == "train")
+            .filter(|&i| self.runs[i].score(self.options.score).is_none())
+            .collect()
+    }
+
     /// Finished training runs: what the analysis against a baseline counts.
     fn counted(&self) -> Vec<usize> {
         (0..self.runs.len())
             .filter(|&i| self.runs[i].finished() && self.runs[i].kind == "train")
-            .filter(|&i| self.runs[i].top1.is_some())
+            .filter(|&i| self.runs[i].score(self.options.score).is_some())
             .collect()
     }
 
@@ -180,9 +193,11 @@ impl Comparison {
                 g.members.iter().copied().filter(|i| counted.contains(i)).collect();
             let Some(&first) = runs.first() else { continue };
             let method = method_of.get(&first).copied();
-            let top: Vec<f64> = runs.iter().filter_map(|&i| self.runs[i].top1).collect();
+            let top: Vec<f64> =
+                runs.iter().filter_map(|&i| self.runs[i].score(self.options.score)).collect();
             let score = Stats::of(&top)?.mean;
-            units.push(Unit { label: g.label.clone(), method, runs, score });
+            let search_seed = self.runs[first].search_seed().map(str::to_string);
+            units.push(Unit { label: g.label.clone(), method, runs, score, search_seed });
         }
         if !units.iter().any(|u| u.method.is_none()) || !units.iter().any(|u| u.method.is_some()) {
             return None;
@@ -204,6 +219,10 @@ impl Comparison {
                     mann_whitney: MannWhitney::of(&scores, &baseline),
                     permutation: Permutation::of(&scores, &baseline, RESAMPLES, RESAMPLE_SEED),
                     holm: [None; 3],
+                    paired: self
+                        .options
+                        .paired
+                        .then(|| PairedResult::of(&units, m, self.options.margin)),
                     scores,
                     runs,
                 }
@@ -222,6 +241,7 @@ impl Comparison {
                 methods[m].holm[c] = Some(adjusted);
             }
         }
+        PairedResult::holm_across(&mut methods);
         Some(Analysis { units, baseline, methods, noise, method_note })
     }
 
@@ -243,7 +263,7 @@ impl Comparison {
             .filter_map(|(u, i)| {
                 let r: &RunSummary = &self.runs[i];
                 let s = seeds.iter().position(|s| s == r.seed().unwrap_or("-"))?;
-                Some((u, s, r.top1?))
+                Some((u, s, r.score(self.options.score)?))
             })
             .collect();
         if let Some(t) = TwoWay::of(&triples) {
@@ -254,7 +274,9 @@ impl Comparison {
         }
         let groups: Vec<Vec<f64>> = units
             .iter()
-            .map(|u| u.runs.iter().filter_map(|&i| self.runs[i].top1).collect())
+            .map(|u| {
+                u.runs.iter().filter_map(|&i| self.runs[i].score(self.options.score)).collect()
+            })
             .collect();
         Anova::of(&groups).map(Noise::OneWay)
     }

@@ -14,10 +14,12 @@ pub use crate::stats::Stats;
 use crate::trials::SweepDir;
 
 mod analysis;
+mod paired;
 mod report;
 
 use crate::{SweepError, invalid, io_err};
 pub use analysis::{Analysis, MethodResult, Noise, RESAMPLE_SEED, RESAMPLES, Unit};
+pub use paired::PairedResult;
 pub use report::{baseline_summary, csv, report, stats_csv};
 
 /// What `qdarts eval` measured on a training run.
@@ -76,6 +78,19 @@ impl RunSummary {
             Some(p) => format!("{} of {p} epochs (running or stopped)", self.epochs_done),
             None => format!("{} epochs, no plan.json", self.epochs_done),
         }
+    }
+
+    /// The figure `score` names, when the run has it.
+    pub fn score(&self, score: Score) -> Option<f64> {
+        match score {
+            Score::FakeQuant => self.top1,
+            Score::Integer => self.eval.map(|e| e.integer_top1),
+        }
+    }
+
+    /// The seed of the search its genotype came from, when it came from a search run folder.
+    pub fn search_seed(&self) -> Option<&str> {
+        self.source_config.as_ref()?.get("seed").map(String::as_str)
     }
 
     /// Its seed, from the config.
@@ -242,13 +257,38 @@ pub struct Group {
     pub label: String,
     /// Indices into [`Comparison::runs`].
     pub members: Vec<usize>,
-    /// Mean and sample standard deviation of the final top-1 over the finished members.
+    /// Mean and sample standard deviation of the score over the finished members.
     pub top1: Option<Stats>,
+}
+
+/// Which figure of a training run a comparison scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Score {
+    /// The last evaluation's top-1 (the fake-quant network on the test set).
+    #[default]
+    FakeQuant,
+    /// `qdarts eval`'s integer model top-1 (`eval.json`); runs without it are not counted.
+    Integer,
+}
+
+/// How a comparison is made.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Options {
+    /// The figure compared.
+    pub score: Score,
+    /// Pair each method's genotypes with the baseline's by the seed of the search they came
+    /// from (one pair per search seed), and test the paired differences.
+    pub paired: bool,
+    /// With `paired`: the margin (a fraction, 0.005 = 0.5 points) of the two one-sided tests of
+    /// equivalence.
+    pub margin: Option<f64>,
 }
 
 /// The comparison of some runs.
 #[derive(Debug, Clone)]
 pub struct Comparison {
+    /// How it is made.
+    pub options: Options,
     /// The runs, in the order given.
     pub runs: Vec<RunSummary>,
     /// Config keys whose values differ between runs (seed included when it differs).
@@ -258,8 +298,13 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    /// Compares runs (already read).
+    /// Compares runs (already read) by their final top-1, unpaired.
     pub fn new(runs: Vec<RunSummary>) -> Comparison {
+        Comparison::with_options(runs, Options::default())
+    }
+
+    /// Compares runs (already read) as `options` say.
+    pub fn with_options(runs: Vec<RunSummary>, options: Options) -> Comparison {
         let keys: BTreeSet<&String> = runs.iter().flat_map(|r| r.config.keys()).collect();
         let varying: Vec<String> = keys
             .into_iter()
@@ -296,7 +341,7 @@ impl Comparison {
                 .collect();
             g.top1 = Stats::of(&v);
         }
-        Comparison { runs, varying, groups }
+        Comparison { options, runs, varying, groups }
     }
 
     /// The group a run belongs to.

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use qdarts_genotypes::Genotype;
 
-use super::{Comparison, Noise, RunSummary, Stability, cell_short};
+use super::{Comparison, Noise, PairedResult, RunSummary, Score, Stability, cell_short};
 use crate::SweepError;
 use crate::stats::Stats;
 
@@ -108,6 +108,13 @@ pub fn report(c: &Comparison) -> String {
             let _ = writeln!(out, "  {}: {}", c.runs[i].name(), c.runs[i].state());
         }
     }
+    let unscored = c.unscored();
+    if !unscored.is_empty() && c.options.score == Score::Integer {
+        let _ = writeln!(out, "\nfinished but not evaluated (no eval.json), left out:");
+        for i in unscored {
+            let _ = writeln!(out, "  {}", c.runs[i].name());
+        }
+    }
     let _ = writeln!(out, "\ngroups (runs that differ only in their seed; finished runs):");
     for (gi, g) in c.groups.iter().enumerate() {
         let stats = g.top1.map_or_else(|| "no finished run".into(), |s| s.percent());
@@ -133,6 +140,10 @@ pub fn report(c: &Comparison) -> String {
     out
 }
 
+fn genotypes(n: usize) -> String {
+    if n == 1 { "1 genotype".into() } else { format!("{n} genotypes") }
+}
+
 fn p_text(p: Option<f64>) -> String {
     match p {
         Some(p) if p < 0.001 => "<0.001".into(),
@@ -152,11 +163,19 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
     let mut out = String::new();
     let adjusted = matches!(a.noise, Some(Noise::TwoWay(_)));
     let counted: usize = a.units.iter().map(|u| u.runs.len()).sum();
+    let figure = match c.options.score {
+        Score::FakeQuant => "top-1",
+        Score::Integer => "integer model top-1",
+    };
     let _ = writeln!(
         out,
-        "methods against the random baseline ({counted} finished training runs; the unit is the \
+        "methods against the baseline ({counted} finished training runs; the unit is the \
          genotype, scored by {}):",
-        if adjusted { "its mean adjusted for the training seed" } else { "its seeds' mean top-1" }
+        if adjusted {
+            format!("its {figure} adjusted for the training seed")
+        } else {
+            format!("its seeds' mean {figure}")
+        }
     );
     if let Some(note) = &a.method_note {
         let _ = writeln!(out, "  note: {note}");
@@ -164,8 +183,8 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
     let base = Stats::of(&a.baseline)?;
     let _ = writeln!(
         out,
-        "  baseline  {} genotypes, {} runs, mean {:.2} %, sd {:.2} points",
-        base.n,
+        "  baseline  {}, {} runs, mean {:.2} %, sd {:.2} points",
+        genotypes(base.n),
         a.units.iter().filter(|u| u.method.is_none()).map(|u| u.runs.len()).sum::<usize>(),
         100.0 * base.mean,
         100.0 * base.std
@@ -174,9 +193,9 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
         let Some(s) = Stats::of(&m.scores) else { continue };
         let _ = writeln!(
             out,
-            "  {}  {} genotypes, {} runs, mean {:.2} %, sd {:.2} points",
+            "  {}  {}, {} runs, mean {:.2} %, sd {:.2} points",
             m.label,
-            s.n,
+            genotypes(s.n),
             m.runs,
             100.0 * s.mean,
             100.0 * s.std
@@ -232,6 +251,9 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
                 p_text(hp)
             );
         }
+        if let Some(p) = &m.paired {
+            paired_lines(&mut out, p);
+        }
     }
     match &a.noise {
         Some(Noise::TwoWay(t)) => {
@@ -272,6 +294,66 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
     Some(out)
 }
 
+/// A method's paired differences (by search seed) in the report.
+fn paired_lines(out: &mut String, p: &PairedResult) {
+    let _ = writeln!(
+        out,
+        "    paired by search seed: {} pairs ({} of the method's genotypes unpaired)",
+        p.pairs.len(),
+        p.unpaired
+    );
+    if let Some(b) = p.bootstrap {
+        let _ = writeln!(
+            out,
+            "      mean difference {:+.2} points, 95 % CI [{:+.2}, {:+.2}] (pairs resampled)",
+            100.0 * b.diff,
+            100.0 * b.low,
+            100.0 * b.high
+        );
+    }
+    let [ht, hw, hs] = p.holm;
+    if let Some(t) = p.t {
+        let _ = writeln!(
+            out,
+            "      paired t({:.0}) = {:.2}, p = {}, Holm p = {}",
+            t.df,
+            t.t,
+            p_text(Some(t.p)),
+            p_text(ht)
+        );
+    }
+    if let Some(w) = p.wilcoxon {
+        let _ = writeln!(
+            out,
+            "      Wilcoxon signed-rank W = {:.1} over {} non-zero differences (exact), p = {}, \
+             Holm p = {}",
+            w.statistic,
+            w.n,
+            p_text(Some(w.p)),
+            p_text(hw)
+        );
+    }
+    if let Some(f) = p.sign_flip {
+        let how = if f.exact { "all" } else { "random" };
+        let _ = writeln!(
+            out,
+            "      sign-flip permutation test ({how} {} flips): p = {}, Holm p = {}",
+            f.resamples,
+            p_text(Some(f.p)),
+            p_text(hs)
+        );
+    }
+    if let Some((margin, q)) = p.equivalence {
+        let verdict = if q < 0.05 { "equivalent at 0.05" } else { "not shown equivalent" };
+        let _ = writeln!(
+            out,
+            "      equivalence within ±{:.2} points (two one-sided t-tests): p = {} ({verdict})",
+            100.0 * margin,
+            p_text(Some(q))
+        );
+    }
+}
+
 /// The methods-against-baseline figures as CSV: one row per method.
 pub fn stats_csv(c: &Comparison) -> Result<Option<String>, SweepError> {
     let Some(a) = c.analysis() else { return Ok(None) };
@@ -300,6 +382,20 @@ pub fn stats_csv(c: &Comparison) -> Result<Option<String>, SweepError> {
         "permutation_p_holm",
         "permutation_exact",
         "permutation_splits",
+        "pairs",
+        "paired_mean",
+        "paired_ci_low",
+        "paired_ci_high",
+        "paired_t",
+        "paired_t_p",
+        "paired_t_p_holm",
+        "wilcoxon_w",
+        "wilcoxon_p",
+        "wilcoxon_p_holm",
+        "sign_flip_p",
+        "sign_flip_p_holm",
+        "equivalence_margin",
+        "equivalence_p",
     ];
     w.write_record(head).map_err(|e| SweepError::Other(e.to_string()))?;
     let scores =
@@ -333,6 +429,24 @@ pub fn stats_csv(c: &Comparison) -> Result<Option<String>, SweepError> {
             m.permutation.map_or_else(String::new, |p| p.exact.to_string()),
             m.permutation.map_or_else(String::new, |p| p.resamples.to_string()),
         ];
+        let p = m.paired.as_ref();
+        let mut row = row;
+        row.extend([
+            p.map_or_else(String::new, |p| p.pairs.len().to_string()),
+            f(p.and_then(|p| p.bootstrap).map(|b| b.diff)),
+            f(p.and_then(|p| p.bootstrap).map(|b| b.low)),
+            f(p.and_then(|p| p.bootstrap).map(|b| b.high)),
+            f(p.and_then(|p| p.t).map(|t| t.t)),
+            f(p.and_then(|p| p.t).map(|t| t.p)),
+            f(p.and_then(|p| p.holm[0])),
+            f(p.and_then(|p| p.wilcoxon).map(|w| w.statistic)),
+            f(p.and_then(|p| p.wilcoxon).map(|w| w.p)),
+            f(p.and_then(|p| p.holm[1])),
+            f(p.and_then(|p| p.sign_flip).map(|s| s.p)),
+            f(p.and_then(|p| p.holm[2])),
+            f(p.and_then(|p| p.equivalence).map(|e| e.0)),
+            f(p.and_then(|p| p.equivalence).map(|e| e.1)),
+        ]);
         w.write_record(&row).map_err(|e| SweepError::Other(e.to_string()))?;
     }
     let bytes = w.into_inner().map_err(|e| SweepError::Other(e.to_string()))?;

@@ -39,7 +39,7 @@ impl TwoWay {
         let used = |k: usize, pick: fn(&(usize, usize, f64)) -> usize| {
             (0..k).all(|i| values.iter().any(|v| pick(v) == i))
         };
-        if g < 2 || s < 2 || n <= g + s - 1 || !used(g, |v| v.0) || !used(s, |v| v.1) {
+        if g < 2 || s < 2 || n < g + s || !used(g, |v| v.0) || !used(s, |v| v.1) {
             return None;
         }
         if !connected(values, g, s) {
@@ -144,10 +144,11 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
         }
         a.swap(col, pivot);
         b.swap(col, pivot);
+        let pivot_row = a[col].clone();
         for r in col + 1..n {
-            let k = a[r][col] / a[col][col];
-            for c in col..n {
-                a[r][c] -= k * a[col][c];
+            let k = a[r][col] / pivot_row[col];
+            for (x, p) in a[r][col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= k * p;
             }
             b[r] -= k * b[col];
         }
