@@ -682,14 +682,20 @@ def search_step(net, alphas, train, val, spec, velocity, arch_grad=None):
     return first, {k: v.detach() for k, v in a.items()}, loss.detach()
 
 
+def widen(tensors):
+    """Floating tensors in PyTorch's default dtype (float64 under --float64), others as they are."""
+    dtype = torch.get_default_dtype()
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+
+
 def fixture(inputs, out, device="cpu"):
     spec = json.load(open(os.path.join(inputs, "spec.json")))
     net = build(spec)
     sd = load_file(os.path.join(inputs, "net.safetensors"), device=device)
-    net.load(sd)
-    alphas = load_file(os.path.join(inputs, "alphas.safetensors"), device=device)
-    velocity = load_file(os.path.join(inputs, "velocity.safetensors"), device=device)
-    b = load_file(os.path.join(inputs, "batches.safetensors"), device=device)
+    net.load(widen(sd))
+    alphas = widen(load_file(os.path.join(inputs, "alphas.safetensors"), device=device))
+    velocity = widen(load_file(os.path.join(inputs, "velocity.safetensors"), device=device))
+    b = widen(load_file(os.path.join(inputs, "batches.safetensors"), device=device))
     train, val = (b["train_x"], b["train_y"]), (b["val_x"], b["val_y"])
     res = {}
     d, h = second_order(net, alphas, train, val, spec["lr"], velocity, spec["w_momentum"], spec["w_weight_decay"])
@@ -708,7 +714,8 @@ def fixture(inputs, out, device="cpu"):
     for f in ("spec.json", "net.safetensors", "alphas.safetensors", "velocity.safetensors", "batches.safetensors"):
         if os.path.abspath(os.path.join(inputs, f)) != os.path.abspath(os.path.join(out, f)):
             shutil.copyfile(os.path.join(inputs, f), os.path.join(out, f))
-    meta = {"torch": torch.__version__, "generator": "scripts/torch_reference.py", "device": device}
+    meta = {"torch": torch.__version__, "generator": "scripts/torch_reference.py", "device": device,
+            "dtype": str(torch.get_default_dtype())}
     if device.startswith("cuda"):
         # PyTorch's defaults, recorded: convolutions through cuDNN may use TF32, matrix products not.
         meta["cudnn_allow_tf32"] = str(torch.backends.cudnn.allow_tf32)
@@ -730,6 +737,8 @@ def cmd_fixtures(args):
             torch.backends.cuda.matmul.allow_tf32 = False
     # Every tensor the step makes lands on the device.
     torch.set_default_device(args.device)
+    if args.float64:
+        torch.set_default_dtype(torch.float64)
     names = sorted(d for d in os.listdir(args.inputs) if os.path.isfile(os.path.join(args.inputs, d, "spec.json")))
     if not names:
         sys.exit(f"{args.inputs}: no fixture folders (spec.json) found; write them with `qdarts dump-step`")
@@ -851,6 +860,9 @@ def main():
     f.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: the same step on that GPU (PyTorch's TF32 defaults)")
     f.add_argument("--no-tf32", action="store_true", help="on a GPU, full float32 everywhere")
+    f.add_argument("--float64", action="store_true",
+                   help="the same step in double precision (written as float32): what float32 "
+                        "rounding does to either side, for a difference qdarts and PyTorch share")
     b = sub.add_parser("bench", help="seconds per search step of the same supernet")
     b.add_argument("--layers", type=int, default=8)
     b.add_argument("--init-channels", type=int, default=16)

@@ -66,6 +66,17 @@ fn parity_with_the_pytorch_reference_on_one_search_step() {
     assert_parity(&root);
 }
 
+/// The default experiment's supernet (C = 4, 4 cells of 3 nodes, batch 32) in float, against
+/// PyTorch computing the same step in float64 (`torch_reference.py fixtures --float64`): at this
+/// shape PyTorch's own float32 step is off its float64 result by up to 7.6e-4 (relative) in the
+/// second-order ∇α and 7e-2 in the Hessian term, so a float32 reference cannot hold qdarts to
+/// the bounds (docs/results/2026-12-03-second-order-reference.md).
+#[test]
+fn parity_at_the_default_shape_against_pytorch_in_float64() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity-default-shape");
+    assert_parity(&root);
+}
+
 #[test]
 fn parity_fails_on_a_perturbed_reference() {
     // The same comparison against expected outputs with one α gradient moved by 1 %: the check
