@@ -45,10 +45,23 @@ impl ConfigError {
     }
 }
 
-/// Splits `a.b.c=value` and parses the value as TOML (a bare word becomes a string).
+/// Splits `a.b.c=value` and parses the value as TOML (a bare word becomes a string). An empty
+/// value (`a.b.c=`) removes the key, which then takes its default (off, for an optional key).
 fn apply_override(doc: &mut toml::Table, item: &str) -> Result<(), String> {
     let (key, raw) = item.split_once('=').ok_or_else(|| format!("`{item}` is not KEY=VALUE"))?;
     let key = key.trim();
+    if raw.trim().is_empty() {
+        let parts: Vec<&str> = key.split('.').collect();
+        let (last, path) = parts.split_last().ok_or("empty key")?;
+        let mut table = Some(doc);
+        for p in path {
+            table = table.and_then(|t| t.get_mut(*p)).and_then(toml::Value::as_table_mut);
+        }
+        if let Some(t) = table {
+            t.remove(*last);
+        }
+        return Ok(());
+    }
     let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {}", raw.trim())) {
         Ok(mut t) => t.remove("v").ok_or("empty value")?,
         Err(_) => toml::Value::String(raw.trim().to_string()),

@@ -371,6 +371,18 @@ fn bad_configs_name_the_key() {
     let ok = ExperimentConfig::parse(&base, p, &["search.epochs=3".into(), "name=other".into()])
         .unwrap();
     assert_eq!((ok.search.epochs, ok.name.as_str()), (3, "other"));
+    // The default experiment limits parameter-free ops, which a perturbation selection does not
+    // take: the error says how to remove the key, and an empty `--set` value removes it.
+    let default = dir.join("default.toml");
+    let perturb = "search.selection=perturbation".to_string();
+    let err = ExperimentConfig::load(&default, std::slice::from_ref(&perturb)).unwrap_err();
+    assert!(err.to_string().contains("`--set search.guards.max_param_free=`"), "{err}");
+    let unset = [perturb, "search.guards.max_param_free=".to_string()];
+    let cfg = ExperimentConfig::load(&default, &unset).unwrap();
+    assert_eq!(cfg.search.guards.max_param_free, None);
+    // Removing a key that is not there changes nothing.
+    let cfg = ExperimentConfig::load(&default, &["search.bits.weight=".into()]).unwrap();
+    assert!(cfg.search.bits.is_none());
 }
 
 #[test]

@@ -317,10 +317,12 @@ impl Experiment for ExperimentConfig {
                 ("search.guards.max_param_free", s.guards.max_param_free),
             ] {
                 if set.is_some() {
-                    return bad(
-                        key,
-                        "limits the magnitude derivation; search.selection = \"perturbation\" decides every edge by measurement",
+                    let message = format!(
+                        "limits the magnitude derivation; search.selection = \"perturbation\" \
+                         decides every edge by measurement: remove it from the config, or with \
+                         `--set {key}=` (an empty value removes a key)"
                     );
+                    return bad(key, &message);
                 }
             }
             if s.guards.edge_normalization {
