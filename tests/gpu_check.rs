@@ -160,7 +160,7 @@ fn a_dry_run_with_kernels_profiles_a_float_and_a_tensorrt_step_in_folders_of_the
 #[test]
 fn the_kernel_profile_sums_launches_per_kernel_and_skips_the_summaries() {
     if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipped: no python3");
+        qdarts_record::scratch::tool_missing("there is no python3");
         return;
     }
     let dir = qdarts_record::scratch::scratch("kernel-profile");

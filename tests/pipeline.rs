@@ -57,7 +57,7 @@ fn make_onnx_python() -> Option<PathBuf> {
                 .is_ok_and(|s| s.success())
             && imports());
     if !ready {
-        eprintln!("note: python3 with onnxruntime unavailable; ONNX check skipped");
+        qdarts_record::scratch::tool_missing("python3 with onnxruntime is unavailable");
     }
     ready.then_some(py)
 }

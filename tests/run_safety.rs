@@ -448,7 +448,7 @@ fn a_full_disk_stops_the_run_cleanly_and_a_resume_finishes_it() {
     let whole = runs(&whole_dir).pop().unwrap();
 
     let Some(disk) = Tmpfs::mount(&full.join("results"), "2900k") else {
-        eprintln!("skipped: cannot mount a tmpfs here");
+        qdarts_record::scratch::tool_missing("a tmpfs cannot be mounted here");
         return;
     };
     let cfg = write_config(&full, "s.toml", &config);

@@ -179,7 +179,7 @@ fn the_dot_text_has_every_edge_and_graphviz_renders_it_when_installed() {
     assert!(dot.contains("\"c_{k-1}\" -> \"0\" [label=\"max_pool_3x3\""), "{dot}");
     assert_eq!(dot.lines().filter(|l| l.contains("-> \"c_{k}\"")).count(), 4);
     if !dot_available() {
-        eprintln!("note: graphviz is not installed; the dot rendering is not checked");
+        qdarts_record::scratch::tool_missing("graphviz (dot) is not installed");
         return;
     }
     let d = scratch("dot");

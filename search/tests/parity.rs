@@ -113,7 +113,9 @@ fn torch_python() -> Option<PathBuf> {
 #[test]
 fn parity_with_fixtures_regenerated_by_pytorch_now() {
     let Some(py) = torch_python() else {
-        eprintln!("note: no Python with torch, safetensors and numpy; regeneration check skipped");
+        qdarts_record::scratch::tool_missing(
+            "no Python with torch, safetensors and numpy (QDARTS_TORCH_PYTHON)",
+        );
         return;
     };
     let out = qdarts_record::scratch::scratch_path("parity");

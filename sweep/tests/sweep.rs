@@ -311,7 +311,7 @@ fn the_kubernetes_manifest_is_an_indexed_job_that_passes_the_schema() {
     let path = d.join("job.yaml");
     std::fs::write(&path, &text).expect("write");
     let Some(validate) = k8s_validator() else {
-        eprintln!("note: kubernetes-validate could not be installed; schema check skipped");
+        qdarts_record::scratch::tool_missing("kubernetes-validate could not be installed");
         return;
     };
     let o = Command::new(&validate).arg("--strict").arg(&path).output().expect("run");
