@@ -35,7 +35,10 @@ Commands:
       net/alphas/velocity/batches.safetensors), compute the second-order gradient and one
       first-order search step and write them to DIR/<fixture>/expected.safetensors beside a
       copy of the inputs. The Rust test `search/tests/parity.rs` compares qdarts with them
-      (QDARTS_PARITY_DIR=DIR to use this folder).
+      (QDARTS_PARITY_DIR=DIR to use this folder). --float64 computes in double precision;
+      --with-float32 then also writes the float32 step's Hessian term and second-order
+      gradient as expected-float32.safetensors, which bound how close a float32 step can be
+      held to the exact one (`qdarts_search::parity::check_fixture`).
   bench --layers 8 --init-channels 16 --batch 64 --quant float|tensorrt --order first|second
       Seconds per search step (architecture step + weight step) and peak RSS of the same
       supernet on random 3x32x32 data, for a side-by-side comparison with `qdarts bench search`.
@@ -51,6 +54,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 
 import torch
@@ -726,6 +730,11 @@ def fixture(inputs, out, device="cpu"):
     return res
 
 
+# The outputs whose float32 value is not the float64 one to float32 precision: the unheld central
+# difference through ReLU kinks and pooling ties, and the gradient it enters.
+KINK_PRONE = ("second.hessian.", "second.total.")
+
+
 def cmd_fixtures(args):
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -742,9 +751,21 @@ def cmd_fixtures(args):
     names = sorted(d for d in os.listdir(args.inputs) if os.path.isfile(os.path.join(args.inputs, d, "spec.json")))
     if not names:
         sys.exit(f"{args.inputs}: no fixture folders (spec.json) found; write them with `qdarts dump-step`")
+    if args.with_float32 and not args.float64:
+        sys.exit("--with-float32 goes with --float64 (it writes the float32 step beside the float64 one)")
     for name in names:
         res = fixture(os.path.join(args.inputs, name), os.path.join(args.out, name), args.device)
         print(f"{name}: {len(res)} tensors, loss {res['loss'].item():.6f} (torch {torch.__version__})")
+        if args.with_float32:
+            torch.set_default_dtype(torch.float32)
+            with tempfile.TemporaryDirectory() as tmp:
+                res32 = fixture(os.path.join(args.inputs, name), tmp, args.device)
+            torch.set_default_dtype(torch.float64)
+            kept = {k: v.contiguous().float().cpu() for k, v in res32.items() if k.startswith(KINK_PRONE)}
+            save_file(kept, os.path.join(args.out, name, "expected-float32.safetensors"),
+                      metadata={"torch": torch.__version__, "generator": "scripts/torch_reference.py",
+                                "device": args.device, "dtype": "torch.float32"})
+            print(f"{name}: {len(kept)} float32 tensors beside it")
 
 
 def cmd_bench(args):
@@ -863,6 +884,9 @@ def main():
     f.add_argument("--float64", action="store_true",
                    help="the same step in double precision (written as float32): what float32 "
                         "rounding does to either side, for a difference qdarts and PyTorch share")
+    f.add_argument("--with-float32", action="store_true",
+                   help="with --float64: also the float32 step's kink-prone outputs, "
+                        "expected-float32.safetensors")
     b = sub.add_parser("bench", help="seconds per search step of the same supernet")
     b.add_argument("--layers", type=int, default=8)
     b.add_argument("--init-channels", type=int, default=16)

@@ -177,7 +177,7 @@ pub fn dump_step(
 /// Runs `qdarts parity`: every fixture folder's step on `backend`, against its expected
 /// outputs; an error when a quantity is off its bound.
 pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backend) -> Result<()> {
-    use qdarts_search::parity::{compare, compute, read_inputs};
+    use qdarts_search::parity::{check_fixture, compute, read_inputs};
     let mut dirs = Vec::new();
     for f in fixtures {
         if f.join("spec.json").is_file() {
@@ -211,12 +211,11 @@ pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backe
             qdarts_engine::tensors::write(&path, &ours, &Default::default())
                 .with_context(|| format!("--write-outputs: writing {}", path.display()))?;
         }
-        let expected = dir.join("expected.safetensors");
-        let (reference, _) = qdarts_engine::tensors::read(&expected)
-            .with_context(|| format!("reading {}", expected.display()))?;
+        let checks = check_fixture(dir, spec.preset, &ours)
+            .with_context(|| format!("reading the expected outputs of {}", dir.display()))?;
         println!("{} on {}", dir.display(), backend.label());
         println!("  {:<48} {:>11} {:>11} {:>9}", "quantity", "max |diff|", "relative", "bound");
-        for c in compare(spec.preset, &ours, &reference) {
+        for c in checks {
             let flag = if c.ok { "" } else { "  FAILED" };
             println!(
                 "  {:<48} {:>11.3e} {:>11.3e} {:>9.1e}{flag}",
