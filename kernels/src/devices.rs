@@ -84,10 +84,32 @@ static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// must not nest.
 pub fn seeded<T>(device: &Device, seed: u64, draw: impl FnOnce() -> T) -> T {
     let _guard = SEED_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _inside = InSeeded::enter();
     #[cfg(feature = "flex")]
     Device::flex().seed(seed);
     device.seed(seed);
     draw()
+}
+
+std::thread_local! {
+    /// Whether this thread is inside a [`seeded`] block (and so holds [`SEED_LOCK`]).
+    static IN_SEEDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as inside a [`seeded`] block until dropped (a panic included).
+struct InSeeded;
+
+impl InSeeded {
+    fn enter() -> Self {
+        IN_SEEDED.with(|f| f.set(true));
+        InSeeded
+    }
+}
+
+impl Drop for InSeeded {
+    fn drop(&mut self) {
+        IN_SEEDED.with(|f| f.set(false));
+    }
 }
 
 /// `Tensor::random` drawn on the host, from flex's generator, and copied to `device`: a seeded
@@ -95,11 +117,16 @@ pub fn seeded<T>(device: &Device, seed: u64, draw: impl FnOnce() -> T) -> T {
 /// search on a GPU starts from the supernet the CPU's starts from (each CubeCL and LibTorch
 /// backend has a generator of its own, with other numbers for the same seed). On flex it is
 /// `Tensor::random` itself. A build without flex draws on `device`.
+///
+/// Outside a [`seeded`] block the draw waits for the lock, so that an unseeded draw (a test's
+/// random input, say) never takes numbers from the middle of another thread's seeded block.
 pub fn random<const D: usize>(
     shape: impl Into<Shape>,
     distribution: Distribution,
     device: &Device,
 ) -> Tensor<D> {
+    let _guard = (!IN_SEEDED.with(std::cell::Cell::get))
+        .then(|| SEED_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     #[cfg(feature = "flex")]
     {
         let host = Device::flex();
