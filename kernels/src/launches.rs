@@ -8,7 +8,7 @@ use burn::tensor::Device;
 /// otherwise (flex and LibTorch do not launch kernels through CubeCL).
 pub fn counted<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
     #[cfg(feature = "cube")]
-    if crate::lanes::on_cube(device) {
+    if crate::support::on_cube(device) {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicU64, Ordering};
 

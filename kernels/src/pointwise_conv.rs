@@ -32,7 +32,7 @@ pub fn is_pointwise(weight: &Tensor<4>, options: &ConvOptions<2>) -> bool {
 /// is a batched matrix product, and any convolution on a CubeCL backend runs
 /// [`crate::direct_conv`]'s kernels.
 pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
-    if !is_pointwise(&weight, &options) || !crate::lanes::on_flex_f32(&x.device(), x.dtype()) {
+    if !is_pointwise(&weight, &options) || !crate::support::on_flex_f32(&x.device(), x.dtype()) {
         return crate::direct_conv::conv2d(x, weight, options);
     }
     let [sh, sw] = options.stride;

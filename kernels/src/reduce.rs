@@ -14,7 +14,7 @@
 
 use burn::tensor::Tensor;
 
-use crate::lanes::on_cube;
+use crate::support::on_cube;
 
 /// Rows shorter than this are reduced in one pass everywhere.
 const SPLIT_FROM: usize = 4096;

@@ -21,7 +21,7 @@ use cubecl::prelude::*;
 use super::{ChannelBackend, FoldBackend};
 use crate::bias::TINY_STEP;
 use crate::bias::cube::int32_of;
-use crate::lanes::cube::{
+use crate::support::cube::{
     cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
 };
 

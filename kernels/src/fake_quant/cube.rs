@@ -15,7 +15,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::calculate_cube_count_elemwise;
 use cubecl::prelude::*;
 
-use crate::lanes::cube::{
+use crate::support::cube::{
     elementwise, empty_like, f32_contiguous, f32_strided, lt, read, round_ties, strided_at,
 };
 

@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 use super::HoldBackend;
 use crate::fake_quant::FusedLayout;
 use crate::fake_quant::cube::{channel, clipped, index_args};
-use crate::lanes::cube::{elementwise, empty_like, f32_contiguous, f32_strided_alike, lt, read};
+use crate::support::cube::{elementwise, empty_like, f32_contiguous, f32_strided_alike, lt, read};
 
 /// Whether `x_w` rounds inside `[qmin, qmax]` on `(mult, zp)`.
 #[cube]

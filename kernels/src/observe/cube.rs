@@ -12,7 +12,7 @@ use crate::fake_quant::cube::{
     clipped, empty_mask, fake_quant_masked, fake_quantized, pack_clipped,
 };
 use crate::fake_quant::{FakeQuantBackend, FusedLayout};
-use crate::lanes::cube::{empty_like, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
+use crate::support::cube::{empty_like, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
 
 /// Threads of a cube (a power of two: the tree halves it).
 const UNITS: u32 = 256;

@@ -14,8 +14,10 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{PoolBackend, Rounding};
-use crate::lanes::cube::{elementwise, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
 use crate::plane::PlaneGeom;
+use crate::support::cube::{
+    elementwise, empty_shaped, f32_contiguous, f32_strided, lt, round_ties,
+};
 
 /// The bits of −∞ (WGSL has no infinity literal).
 const NEGATIVE_INFINITY: u32 = 0xff80_0000;

@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 use super::QuantSumBackend;
 use crate::fake_quant::FusedLayout;
 use crate::fake_quant::cube::{channel, dequantized, index_args};
-use crate::lanes::cube::{
+use crate::support::cube::{
     elementwise, empty_like, f32_contiguous, f32_strided, lt, read, round_ties,
 };
 

@@ -1,0 +1,410 @@
+//! The convolution kernels for the CubeCL backends: forward, input gradient, weight gradient.
+
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::{ConvGeom, DirectConvBackend, UNITS};
+use crate::support::cube::{cube_sum, elementwise, empty_shaped, f32_contiguous, f32_strided};
+
+/// The sizes and steps the kernels index with, as u32 (every index of the kernels is 32-bit:
+/// `f32_contiguous` checks the operands, [`Sizes::new`] the output).
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    n: u32,
+    ci: u32,
+    h: u32,
+    w: u32,
+    co: u32,
+    oh: u32,
+    ow: u32,
+    /// Input and output channels per group.
+    cig: u32,
+    cog: u32,
+    sh: u32,
+    sw: u32,
+    ph: u32,
+    pw: u32,
+    dh: u32,
+    dw: u32,
+}
+
+impl Sizes {
+    fn new(n: usize, ci: usize, co: usize, g: &ConvGeom) -> Self {
+        let p = &g.plane;
+        let u = |v: usize| u32::try_from(v).expect("conv: a size exceeds the kernels' u32");
+        let outputs = n * co * g.output[0] * g.output[1];
+        let inputs = n * ci * p.input[0] * p.input[1];
+        assert!(
+            u32::try_from(outputs.max(inputs)).is_ok(),
+            "{OP}: [{n}, {ci}, {:?}] → [{n}, {co}, {:?}] exceeds the kernels' u32 indices",
+            p.input,
+            g.output
+        );
+        let divides = g.groups > 0 && ci.is_multiple_of(g.groups) && co.is_multiple_of(g.groups);
+        assert!(divides, "{OP}: groups");
+        Sizes {
+            n: u(n),
+            ci: u(ci),
+            h: u(p.input[0]),
+            w: u(p.input[1]),
+            co: u(co),
+            oh: u(g.output[0]),
+            ow: u(g.output[1]),
+            cig: u(ci / g.groups),
+            cog: u(co / g.groups),
+            sh: u(p.stride[0]),
+            sw: u(p.stride[1]),
+            ph: u(p.padding[0]),
+            pw: u(p.padding[1]),
+            dh: u(p.dilation[0]),
+            dw: u(p.dilation[1]),
+        }
+    }
+}
+
+/// The offset of tap `(i, j)` of the filter at `base` (its `(o, c)` offset) in the weight,
+/// through the weight's strides: a parameter uploaded to cuda is laid out with padded rows.
+#[cube]
+fn tap(wt: &Tensor<f32>, base: u32, i: u32, j: u32) -> usize {
+    (base + i * wt.stride(2) as u32 + j * wt.stride(3) as u32) as usize
+}
+
+/// `out[n, o, y, x] = Σ_c Σ_(i, j) w[o, c, i, j] · x[n, g·C_g + c, y·sh + i·dh − ph, x·sw + j·dw − pw]`
+/// (taps outside the input skipped), one thread per output.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn forward_kernel(
+    x: &[f32],
+    wt: &Tensor<f32>,
+    out: &mut [f32],
+    total: u32,
+    ci: u32,
+    h: u32,
+    w: u32,
+    co: u32,
+    oh: u32,
+    ow: u32,
+    cig: u32,
+    cog: u32,
+    sh: u32,
+    sw: u32,
+    ph: u32,
+    pw: u32,
+    dh: u32,
+    dw: u32,
+    #[comptime] kh: u32,
+    #[comptime] kw: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i < total {
+        let ox = i % ow;
+        let rest = i / ow;
+        let oy = rest % oh;
+        let rest = rest / oh;
+        let o = rest % co;
+        let b = rest / co;
+        let first = (o / cog) * cig;
+        let mut acc = 0.0f32;
+        let mut c = 0u32;
+        while c < cig {
+            let plane = (b * ci + first + c) * h;
+            let taps = o * wt.stride(0) as u32 + c * wt.stride(1) as u32;
+            #[unroll]
+            for ki in 0..kh {
+                let y = oy * sh + ki * dh;
+                if y >= ph && y < h + ph {
+                    let row = (plane + y - ph) * w;
+                    #[unroll]
+                    for kj in 0..kw {
+                        let xx = ox * sw + kj * dw;
+                        if xx >= pw && xx < w + pw {
+                            let v = x[(row + xx - pw) as usize];
+                            acc += wt[tap(wt, taps, ki, kj)] * v;
+                        }
+                    }
+                }
+            }
+            c += 1;
+        }
+        out[i as usize] = acc;
+    }
+}
+
+/// `∂x[n, c, y, x] = Σ_o Σ_(i, j) w[o, c mod C_g, i, j] · ∂y[n, o, q_y, q_x]` over the group's
+/// output channels and the taps whose output `q` reads `(y, x)`: `q·s + t·d − pad = (y, x)`.
+/// One thread per input.
+#[cube(launch)]
+// `is_multiple_of` is not a CubeCL operation: the kernel tests divisibility with `%`.
+#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
+fn x_backward_kernel(
+    grad: &[f32],
+    wt: &Tensor<f32>,
+    out: &mut [f32],
+    total: u32,
+    ci: u32,
+    h: u32,
+    w: u32,
+    co: u32,
+    oh: u32,
+    ow: u32,
+    cig: u32,
+    cog: u32,
+    sh: u32,
+    sw: u32,
+    ph: u32,
+    pw: u32,
+    dh: u32,
+    dw: u32,
+    #[comptime] kh: u32,
+    #[comptime] kw: u32,
+) {
+    let i = ABSOLUTE_POS as u32;
+    if i < total {
+        let x = i % w;
+        let rest = i / w;
+        let y = rest % h;
+        let rest = rest / h;
+        let c = rest % ci;
+        let b = rest / ci;
+        let (group, cc) = (c / cig, c % cig);
+        let (yp, xp) = (y + ph, x + pw);
+        let mut acc = 0.0f32;
+        let mut o = group * cog;
+        let end = o + cog;
+        while o < end {
+            let plane = (b * co + o) * oh;
+            let taps = o * wt.stride(0) as u32 + cc * wt.stride(1) as u32;
+            #[unroll]
+            for ki in 0..kh {
+                let reach = ki * dh;
+                if yp >= reach {
+                    let ty = yp - reach;
+                    if ty % sh == 0 && ty / sh < oh {
+                        let row = (plane + ty / sh) * ow;
+                        #[unroll]
+                        for kj in 0..kw {
+                            let across = kj * dw;
+                            if xp >= across {
+                                let tx = xp - across;
+                                if tx % sw == 0 && tx / sw < ow {
+                                    let g = grad[(row + tx / sw) as usize];
+                                    acc += wt[tap(wt, taps, ki, kj)] * g;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            o += 1;
+        }
+        out[i as usize] = acc;
+    }
+}
+
+/// `∂w[o, c, i, j] = Σ_(n, q) ∂y[n, o, q] · x[n, g·C_g + c, q·s + t·d − pad]`, one cube per
+/// weight (the cube grid is `(x, y)`, weight `y·X + x`): each thread sums a fixed stride of
+/// the `N·H'·W'` products, then a tree.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn weight_kernel(
+    x: &[f32],
+    grad: &[f32],
+    out: &mut [f32],
+    weights: u32,
+    n: u32,
+    ci: u32,
+    h: u32,
+    w: u32,
+    co: u32,
+    oh: u32,
+    ow: u32,
+    cig: u32,
+    cog: u32,
+    sh: u32,
+    sw: u32,
+    ph: u32,
+    pw: u32,
+    dh: u32,
+    dw: u32,
+    kh: u32,
+    kw: u32,
+    #[comptime] units: usize,
+) {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let at = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    // Uniform over the cube: a cube past the last weight leaves before any sync.
+    if at < weights {
+        let kj = at % kw;
+        let rest = at / kw;
+        let ki = rest % kh;
+        let rest = rest / kh;
+        let cc = rest % cig;
+        let o = rest / cig;
+        let c = (o / cog) * cig + cc;
+        let (reach, across) = (ki * dh, kj * dw);
+        let count = n * oh * ow;
+        let mut sum = 0.0f32;
+        let mut j = UNIT_POS_X;
+        while j < count {
+            let qx = j % ow;
+            let rest = j / ow;
+            let qy = rest % oh;
+            let b = rest / oh;
+            let (y, xx) = (qy * sh + reach, qx * sw + across);
+            if y >= ph && y < h + ph && xx >= pw && xx < w + pw {
+                let g = grad[(((b * co + o) * oh + qy) * ow + qx) as usize];
+                sum += g * x[(((b * ci + c) * h + y - ph) * w + xx - pw) as usize];
+            }
+            j += CUBE_DIM_X;
+        }
+        let total = cube_sum(&mut shared, sum);
+        if UNIT_POS_X == 0 {
+            out[at as usize] = total;
+        }
+    }
+}
+
+/// The panics' name for these kernels.
+const OP: &str = "conv";
+
+fn dims4(t: &CubeTensor, what: &str) -> [usize; 4] {
+    let d = t.meta.shape();
+    assert_eq!(d.len(), 4, "{OP}: {what} must be [N, C, H, W], got {d:?}");
+    [d[0], d[1], d[2], d[3]]
+}
+
+/// The kernel window `(kh, kw)` as the comptime arguments of the unrolled tap loops.
+fn window(g: &ConvGeom) -> (u32, u32) {
+    let [kh, kw] = g.plane.kernel;
+    let u = |v: usize| u32::try_from(v).expect("conv: kernel size");
+    (u(kh), u(kw))
+}
+
+impl DirectConvBackend for CubeBackend {
+    fn direct_conv2d(x: CubeTensor, weight: CubeTensor, geom: ConvGeom) -> CubeTensor {
+        let (x, wt) = (f32_contiguous(x, OP), f32_strided(weight, OP));
+        let [n, ci, _, _] = dims4(&x, "x");
+        let co = dims4(&wt, "the weight")[0];
+        let s = Sizes::new(n, ci, co, &geom);
+        let out = empty_shaped(&x, vec![n, co, geom.output[0], geom.output[1]]);
+        let total = out.meta.num_elements();
+        let (cubes, dim) = elementwise(&x.client, total);
+        let (kh, kw) = window(&geom);
+        forward_kernel::launch(
+            &x.client,
+            cubes,
+            dim,
+            x.clone().into_buffer_arg(),
+            wt.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            total as u32,
+            s.ci,
+            s.h,
+            s.w,
+            s.co,
+            s.oh,
+            s.ow,
+            s.cig,
+            s.cog,
+            s.sh,
+            s.sw,
+            s.ph,
+            s.pw,
+            s.dh,
+            s.dw,
+            kh,
+            kw,
+        );
+        out
+    }
+
+    fn direct_conv2d_x_backward(
+        grad: CubeTensor,
+        weight: CubeTensor,
+        geom: ConvGeom,
+    ) -> CubeTensor {
+        let (grad, wt) = (f32_contiguous(grad, OP), f32_strided(weight, OP));
+        let [n, co, _, _] = dims4(&grad, "∂y");
+        let [_, cig, _, _] = dims4(&wt, "the weight");
+        let ci = cig * geom.groups;
+        let s = Sizes::new(n, ci, co, &geom);
+        let [h, w] = geom.plane.input;
+        let out = empty_shaped(&grad, vec![n, ci, h, w]);
+        let total = out.meta.num_elements();
+        let (cubes, dim) = elementwise(&grad.client, total);
+        let (kh, kw) = window(&geom);
+        x_backward_kernel::launch(
+            &grad.client,
+            cubes,
+            dim,
+            grad.clone().into_buffer_arg(),
+            wt.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            total as u32,
+            s.ci,
+            s.h,
+            s.w,
+            s.co,
+            s.oh,
+            s.ow,
+            s.cig,
+            s.cog,
+            s.sh,
+            s.sw,
+            s.ph,
+            s.pw,
+            s.dh,
+            s.dw,
+            kh,
+            kw,
+        );
+        out
+    }
+
+    fn direct_conv2d_weight_backward(
+        x: CubeTensor,
+        grad: CubeTensor,
+        geom: ConvGeom,
+    ) -> CubeTensor {
+        let (x, grad) = (f32_contiguous(x, OP), f32_contiguous(grad, OP));
+        let [n, ci, _, _] = dims4(&x, "x");
+        let [_, co, _, _] = dims4(&grad, "∂y");
+        let s = Sizes::new(n, ci, co, &geom);
+        let [kh, kw] = geom.plane.kernel;
+        let shape = vec![co, ci / geom.groups, kh, kw];
+        let weights: usize = shape.iter().product();
+        let out = empty_shaped(&x, shape);
+        // One cube per weight, on a 2-D grid: a 1-D grid stops at 65 535 cubes on some APIs.
+        let across = weights.clamp(1, 65_535);
+        let cubes = CubeCount::new_2d(across as u32, weights.div_ceil(across).max(1) as u32);
+        weight_kernel::launch(
+            &x.client,
+            cubes,
+            CubeDim::new_1d(UNITS),
+            x.clone().into_buffer_arg(),
+            grad.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            weights as u32,
+            s.n,
+            s.ci,
+            s.h,
+            s.w,
+            s.co,
+            s.oh,
+            s.ow,
+            s.cig,
+            s.cog,
+            s.sh,
+            s.sw,
+            s.ph,
+            s.pw,
+            s.dh,
+            s.dw,
+            kh as u32,
+            kw as u32,
+            UNITS as usize,
+        );
+        out
+    }
+}

@@ -1,0 +1,203 @@
+//! The SGD update and squared-sum kernels for the CubeCL backends.
+
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::StepBackend;
+use crate::support::cube::{
+    cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
+    f32_strided_alike, strided_at,
+};
+
+/// Threads of the cube that sums a gradient (a power of two: the tree halves it).
+const UNITS: u32 = 256;
+
+/// `v = d` or `d·1 + velocity·μ` with `d = w·λ + g`; `out = w − v·lr`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn sgd_kernel(
+    w: &Tensor<f32>,
+    g: &Tensor<f32>,
+    velocity: &[f32],
+    out: &mut [f32],
+    v: &mut [f32],
+    decay: f32,
+    momentum: f32,
+    lr: f32,
+    #[comptime] has_velocity: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let wi = w[strided_at(w, i)];
+        let d = wi * decay + g[strided_at(g, i)];
+        let mut vi = d;
+        if has_velocity {
+            vi = d + velocity[i] * momentum;
+        }
+        v[i] = vi;
+        out[i] = wi - vi * lr;
+    }
+}
+
+/// `out[0] = Σ g²` over the `n` elements of `g` (`before[0] + Σ g²` with `has_acc`): each unit
+/// a fixed stride of them, then a tree in shared memory.
+#[cube(launch)]
+fn squared_sum_kernel(
+    g: &Tensor<f32>,
+    before: &[f32],
+    out: &mut [f32],
+    n: u32,
+    #[comptime] units: usize,
+    #[comptime] has_acc: bool,
+) {
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let mut acc = 0.0f32;
+    let mut j = UNIT_POS_X as usize;
+    while j < n as usize {
+        let v = g[strided_at(g, j)];
+        acc += v * v;
+        j += CUBE_DIM_X as usize;
+    }
+    let total = cube_sum(&mut shared, acc);
+    if UNIT_POS_X == 0 {
+        if has_acc {
+            out[0] = before[0] + total;
+        } else {
+            out[0] = total;
+        }
+    }
+}
+
+/// `out = w·keep + g·step`.
+#[cube(launch)]
+fn axpy_kernel(w: &Tensor<f32>, g: &Tensor<f32>, out: &mut [f32], keep: f32, step: f32) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        out[i] = w[strided_at(w, i)] * keep + g[strided_at(g, i)] * step;
+    }
+}
+
+/// `out = w − ((velocity·μ + g) + w·λ)·ξ`, or `w − (g + w·λ)·ξ`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn virtual_step_kernel(
+    w: &Tensor<f32>,
+    g: &Tensor<f32>,
+    velocity: &Tensor<f32>,
+    out: &mut [f32],
+    momentum: f32,
+    decay: f32,
+    xi: f32,
+    #[comptime] has_velocity: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let wi = w[strided_at(w, i)];
+        let mut m = g[strided_at(g, i)];
+        if has_velocity {
+            m += velocity[strided_at(velocity, i)] * momentum;
+        }
+        out[i] = wi - (m + wi * decay) * xi;
+    }
+}
+
+/// The panics' name for these kernels.
+const OP: &str = "optimizer step";
+
+impl StepBackend for CubeBackend {
+    fn sgd_update(
+        w: CubeTensor,
+        g: CubeTensor,
+        velocity: CubeTensor,
+        has_velocity: bool,
+        decay: f32,
+        momentum: f32,
+        lr: f32,
+    ) -> (CubeTensor, CubeTensor) {
+        let (w, g) = (f32_strided(w, OP), f32_strided(g, OP));
+        let n = w.meta.num_elements();
+        assert_eq!(g.meta.shape(), w.meta.shape(), "optimizer step: gradient and weight differ");
+        let velocity = f32_contiguous(velocity, OP);
+        assert_eq!(velocity.meta.num_elements(), n, "optimizer step: momentum buffer size");
+        let (out, v) = (empty_like(&w), empty_shaped(&w, vec![n]));
+        let (cubes, dim) = elementwise(&w.client, n);
+        sgd_kernel::launch(
+            &w.client,
+            cubes,
+            dim,
+            w.clone().into_tensor_arg(),
+            g.into_tensor_arg(),
+            velocity.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            v.clone().into_buffer_arg(),
+            decay,
+            momentum,
+            lr,
+            has_velocity,
+        );
+        (out, v)
+    }
+
+    fn axpy(w: CubeTensor, g: CubeTensor, keep: f32, step: f32) -> CubeTensor {
+        let [w, g] = f32_strided_alike([w, g], OP);
+        let out = empty_like(&w);
+        let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
+        axpy_kernel::launch(
+            &w.client,
+            cubes,
+            dim,
+            w.clone().into_tensor_arg(),
+            g.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            keep,
+            step,
+        );
+        out
+    }
+
+    fn virtual_step(
+        w: CubeTensor,
+        g: CubeTensor,
+        velocity: CubeTensor,
+        has_velocity: bool,
+        [momentum, decay, xi]: [f32; 3],
+    ) -> CubeTensor {
+        let [w, g, velocity] = f32_strided_alike([w, g, velocity], OP);
+        let out = empty_like(&w);
+        let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
+        virtual_step_kernel::launch(
+            &w.client,
+            cubes,
+            dim,
+            w.clone().into_tensor_arg(),
+            g.into_tensor_arg(),
+            velocity.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            momentum,
+            decay,
+            xi,
+            has_velocity,
+        );
+        out
+    }
+
+    fn squared_sum(g: CubeTensor, acc: CubeTensor, has_acc: bool) -> CubeTensor {
+        let g = f32_strided(g, OP);
+        let acc = if has_acc { f32_contiguous(acc, OP) } else { g.clone() };
+        let n = g.meta.num_elements() as u32;
+        let out = empty_shaped(&g, vec![1]);
+        squared_sum_kernel::launch(
+            &g.client,
+            CubeCount::new_1d(1),
+            CubeDim::new_1d(UNITS),
+            g.clone().into_tensor_arg(),
+            acc.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            n,
+            UNITS as usize,
+            has_acc,
+        );
+        out
+    }
+}
