@@ -1,11 +1,16 @@
 //! The DARTS supernet over quantized candidate ops, and its architecture parameters.
 
 mod alphas;
+mod batched;
 mod cell;
 mod network;
+pub mod waves;
 
 pub use alphas::{
     AlphaRows, Alphas, ArchWeights, BIT_ALPHA_INIT, BitAlphas, BitWeights, EdgeRows, smooth_row,
+};
+pub use batched::{
+    BatchError, BatchedCell, Slot, StackedConv, StackedReduce, StackedStage, WaveOps,
 };
 pub use cell::{CellShape, SearchCell};
 pub use network::{NetShape, SearchNetwork};

@@ -1,0 +1,168 @@
+//! The batched cell (waves) against the per-edge cell it batches: the same output, the same
+//! gradients of the inputs, the mixing weights and every weight, the same running statistics,
+//! in normal and reduction cells; and the cells it refuses.
+
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{Device, Distribution, Gradients, Tensor};
+use qdarts_genotypes::Primitive;
+use qdarts_ops::candidates::{CandidateOp, QTensor};
+use qdarts_ops::qconfig::{Preset, QuantConfig};
+use qdarts_search::supernet::waves::waves;
+use qdarts_search::supernet::{BatchError, BatchedCell, CellShape, SearchCell, Slot};
+
+const PRIMS: [Primitive; 8] = Primitive::DARTS;
+
+struct Case {
+    cell: SearchCell,
+    batched: BatchedCell,
+    s0: Tensor<4>,
+    s1: Tensor<4>,
+    weights: Vec<Tensor<1>>,
+    probe: Tensor<4>,
+}
+
+fn shape(reduction: bool, reduction_prev: bool) -> CellShape {
+    CellShape { c_pp: 6, c_p: 8, c: 4, reduction, reduction_prev, nodes: 4, partial: 1 }
+}
+
+fn case(reduction: bool, reduction_prev: bool, seed: u64) -> Case {
+    let d = Device::flex().autodiff();
+    qdarts_ops::seeded(&d, seed, || {
+        let s = shape(reduction, reduction_prev);
+        let cell = SearchCell::new(s, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap();
+        let batched = BatchedCell::from_cell(&cell, &PRIMS).unwrap();
+        let side = if reduction_prev { 16 } else { 8 };
+        let normal = Distribution::Normal(0.0, 1.0);
+        let s0 = Tensor::<4>::random([2, s.c_pp, side, side], normal, &d).require_grad();
+        let s1 = Tensor::<4>::random([2, s.c_p, 8, 8], normal, &d).require_grad();
+        let weights = (0..14)
+            .map(|_| softmax(Tensor::<1>::random([8], normal, &d), 0).detach().require_grad())
+            .collect();
+        let out = if reduction { 4 } else { 8 };
+        let probe = Tensor::<4>::random([2, 4 * s.c, out, out], normal, &d);
+        Case { cell, batched, s0, s1, weights, probe }
+    })
+}
+
+fn q(t: &Tensor<4>) -> QTensor {
+    QTensor::float(t.clone())
+}
+
+fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().unwrap()
+}
+
+/// `max |a − b|` within `rel` of `max |a|` (and a floor for tensors near zero).
+fn close<const D: usize>(a: Tensor<D>, b: Tensor<D>, rel: f32, what: &str) {
+    let (a, b) = (vals(a), vals(b));
+    assert_eq!(a.len(), b.len(), "{what}: sizes");
+    let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = a.iter().zip(&b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(diff <= rel * scale + 1e-6, "{what}: max |Δ| {diff:e} at scale {scale:e}");
+}
+
+fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
+    t.grad(g).unwrap()
+}
+
+fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
+    let a = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, None).value;
+    let b = c.batched.forward(q(&c.s0), q(&c.s1), &c.weights).value;
+    let ga = a.clone().mul(c.probe.clone()).sum().backward();
+    let gb = b.clone().mul(c.probe.clone()).sum().backward();
+    (a, ga, b, gb)
+}
+
+fn index(p: Primitive) -> usize {
+    PRIMS.iter().position(|&x| x == p).unwrap()
+}
+
+#[test]
+fn the_batched_cell_computes_the_per_edge_cell_forward_and_backward() {
+    for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
+        let what = format!("reduction {reduction}, after a reduction {reduction_prev}");
+        let c = case(reduction, reduction_prev, 11);
+        let (a, ga, b, gb) = run(&c);
+        close(a, b, 1e-5, &format!("{what}: output"));
+        close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
+        close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
+        for (k, w) in c.weights.iter().enumerate() {
+            close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {k}"));
+        }
+        for (wi, wave) in waves(4).iter().enumerate() {
+            let ops = &c.batched.waves[wi];
+            for (j, &k) in wave.edges.iter().enumerate() {
+                let edge = &c.cell.edges[k];
+                let at = |p: Primitive| &edge.ops[index(p)];
+                // Separable 3×3: both stages' depthwise and pointwise weights, and the BN's
+                // running statistics (one forward pass each).
+                let Slot::Conv(i) = ops.slots[index(Primitive::SepConv3x3)] else { panic!() };
+                let CandidateOp::Sep(sep) = at(Primitive::SepConv3x3) else { panic!() };
+                for (s, op) in [&sep.op1, &sep.op2].into_iter().enumerate() {
+                    let stage = &ops.convs[i].stages[s];
+                    let name = format!("{what}: edge {k} sep_conv_3x3 stage {s}");
+                    let c4 = op.dw.weight.val().dims()[0];
+                    let slice = |t: Tensor<4>| t.narrow(0, j * c4, c4);
+                    let dw = grad(&stage.dw.val(), &gb);
+                    close(grad(&op.dw.weight.val(), &ga), slice(dw), 1e-4, &format!("{name} ∂dw"));
+                    let pw = grad(&stage.pw.val(), &gb);
+                    close(grad(&op.pw.weight.val(), &ga), slice(pw), 1e-4, &format!("{name} ∂pw"));
+                    let rm = stage.bn.running_mean.value().narrow(0, j * c4, c4);
+                    close(op.bn.running_mean.value(), rm, 1e-5, &format!("{name} running mean"));
+                    let rv = stage.bn.running_var.value().narrow(0, j * c4, c4);
+                    close(op.bn.running_var.value(), rv, 1e-5, &format!("{name} running var"));
+                }
+                // Dilated 5×5's depthwise weight.
+                let Slot::Conv(i) = ops.slots[index(Primitive::DilConv5x5)] else { panic!() };
+                let CandidateOp::Dil(dil) = at(Primitive::DilConv5x5) else { panic!() };
+                let c4 = dil.dw.weight.val().dims()[0];
+                let dw = grad(&ops.convs[i].stages[0].dw.val(), &gb).narrow(0, j * c4, c4);
+                let name = format!("{what}: edge {k} dil_conv_5x5 ∂dw");
+                close(grad(&dil.dw.weight.val(), &ga), dw, 1e-4, &name);
+                // Max pool's BN: every edge's running statistics are the pool's of its source.
+                let Slot::Pool(i) = ops.slots[index(Primitive::MaxPool3x3)] else { panic!() };
+                let CandidateOp::Pool(pool) = at(Primitive::MaxPool3x3) else { panic!() };
+                let shared = &ops.pools[i * wave.sources.len() + wave.source_of[j]];
+                let name = format!("{what}: edge {k} max_pool_3x3 running mean");
+                close(pool.bn.running_mean.value(), shared.bn.running_mean.value(), 1e-6, &name);
+                // FactorizedReduce (the reduction cell's first wave).
+                if let CandidateOp::Reduce(fr) = at(Primitive::SkipConnect) {
+                    let reduce = ops.reduce.as_ref().unwrap();
+                    let half = fr.conv1.weight.val().dims()[0];
+                    for (mine, stacked) in [(&fr.conv1, &reduce.conv1), (&fr.conv2, &reduce.conv2)]
+                    {
+                        let g = grad(&stacked.val(), &gb).narrow(0, j * half, half);
+                        let name = format!("{what}: edge {k} FactorizedReduce ∂w");
+                        close(grad(&mine.weight.val(), &ga), g, 1e-4, &name);
+                    }
+                    let rm = reduce.bn.running_mean.value().narrow(0, j * 2 * half, 2 * half);
+                    let name = format!("{what}: edge {k} FactorizedReduce running mean");
+                    close(fr.bn.running_mean.value(), rm, 1e-5, &name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_batched_cell_refuses_what_it_does_not_batch_naming_it() {
+    let d = Device::flex();
+    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    let cell = SearchCell::new(shape(false, false), &PRIMS, &cfg, "cells.0", &d).unwrap();
+    let err = BatchedCell::from_cell(&cell, &PRIMS).unwrap_err();
+    assert!(matches!(err, BatchError::Quantized(n) if n > 0), "{err}");
+    assert!(err.to_string().contains("float cells only"), "{err}");
+
+    let partial = CellShape { partial: 2, ..shape(false, false) };
+    let cell = SearchCell::new(partial, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap();
+    let err = BatchedCell::from_cell(&cell, &PRIMS).unwrap_err();
+    assert!(matches!(err, BatchError::Partial(2)), "{err}");
+
+    let fac = [Primitive::SepConv3x3, Primitive::Conv7x1_1x7];
+    let cell = SearchCell::new(shape(false, false), &fac, &QuantConfig::float(), "c", &d).unwrap();
+    let err = BatchedCell::from_cell(&cell, &fac).unwrap_err();
+    assert!(err.to_string().contains("conv_7x1_1x7"), "{err}");
+}
