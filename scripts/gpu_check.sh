@@ -22,7 +22,7 @@
 #   --batch/--layers/--init-channels: the search-step shape (default DARTS': 64, 8, 16; 4 nodes,
 #        3x32x32), the same on both sides.
 #   --step-timeout S: stop any one step after S seconds and count it failed (default 900).
-#   --skip LIST: comma-separated steps left out, of tests, parity, search, quant, step, torch.
+#   --skip LIST: comma-separated steps left out, of tests, parity, search, quant, cell, step, torch.
 #   --kernels: also profile the CubeCL backends' kernels (cuda, wgpu): one default-shape
 #        step (first order, float, then tensorrt) after one warm-up, every kernel timed by
 #        CubeCL's profiling logger; scripts/cubecl_profile.py sums the timed step's launches
@@ -82,8 +82,8 @@ for b in "${list[@]}"; do
 done
 IFS=, read -r -a skips <<< "$skip"
 for k in "${skips[@]}"; do
-  case "$k" in tests|parity|search|quant|step|torch) ;;
-    *) die "--skip: '$k' is none of tests, parity, search, quant, step, torch" ;; esac
+  case "$k" in tests|parity|search|quant|cell|step|torch) ;;
+    *) die "--skip: '$k' is none of tests, parity, search, quant, cell, step, torch" ;; esac
 done
 wanted() { [[ ",$skip," != *",$1,"* ]]; }
 [ -d "$artefacts" ] || die "$artefacts: no such folder (make it with scripts/gpu_build.sh)"
@@ -296,6 +296,11 @@ for b in "${list[@]}"; do
   if wanted quant; then
     run "$b-quant" "${pre[@]}" "$exe" "${dev[@]}" bench quant --reps "$reps" \
       --csv "$out/quant-$b.csv" || failed=1
+  fi
+  if wanted cell && [ "$b" != tch ]; then
+    # One float DARTS cell edge by edge against in waves (the batched cell): launches, seconds.
+    run "$b-cell" "${pre[@]}" "$exe" "${dev[@]}" bench cell --batch 64 --channels 16 \
+      --size 32 --rounds 5 --csv "$out/cell-$b.csv" || failed=1
   fi
   timed+=("$b $(printf '%q ' "${pre[@]}" "$exe" "${dev[@]}")")
   if [ "$adaptive" = 1 ] && [ "$b" != tch ]; then

@@ -4,6 +4,7 @@
 //! ([`quant`]), candidate ops ([`ops`]), search steps ([`search`]), the integer runtime
 //! ([`runtime`]), and the whole suite as one table ([`suite`]).
 
+mod cell;
 mod ops;
 mod quant;
 mod runtime;
@@ -86,6 +87,25 @@ pub enum BenchCommand {
         /// Timed repetitions per row (after one warm-up).
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Also write the table as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+    /// One float search cell's forward+backward, edge by edge against in waves (the batched
+    /// cell): kernel launches (CubeCL backends) and seconds, in interleaved rounds.
+    Cell {
+        /// Batch size.
+        #[arg(long, default_value_t = 2)]
+        batch: usize,
+        /// Channels of the cell.
+        #[arg(long, default_value_t = 4)]
+        channels: usize,
+        /// Height and width of its inputs.
+        #[arg(long, default_value_t = 8)]
+        size: usize,
+        /// Rounds of edges then waves, alternating, after one warm-up each.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
         /// Also write the table as CSV.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -344,6 +364,25 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     rows,
                 )
                 .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
+        BenchCommand::Cell { batch, channels, size, rounds, csv } => {
+            if rounds == 0 || batch == 0 || channels < 2 || size < 4 {
+                bail!("--rounds, --batch must be >= 1, --channels >= 2, --size >= 4");
+            }
+            let device = backend.device()?;
+            let shape = [batch, channels, size];
+            let rows = cell::cell_rows(shape, rounds, &device)?;
+            println!(
+                "one float DARTS cell (4 nodes, 8 candidates), forward+backward on {}, inputs \
+                 {batch}x{channels}x{size}x{size}, median of {rounds} interleaved rounds",
+                backend.label()
+            );
+            print!("{}", cell::render(&rows));
+            if let Some(path) = csv {
+                cell::write_cell_csv(&path, backend, shape, &rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
         }

@@ -1,0 +1,162 @@
+//! `qdarts bench cell`: one float search cell's forward and backward, edge by edge
+//! (`SearchCell`) against in waves (`BatchedCell`), in interleaved rounds: the kernels each
+//! launches and its seconds.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Result;
+use burn::tensor::activation::softmax;
+use burn::tensor::{Device, Distribution, Tensor};
+use qdarts_genotypes::Primitive;
+use qdarts_kernels::launches::counted;
+use qdarts_ops::candidates::QTensor;
+use qdarts_ops::qconfig::QuantConfig;
+use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell};
+
+use super::timing::{Timing, settle, write_csv};
+use crate::backend::Backend;
+
+/// One cell's two forms, measured.
+#[derive(Debug, Clone)]
+pub struct CellRow {
+    /// `normal` or `reduction`.
+    pub cell: &'static str,
+    /// Kernel launches of one forward+backward, edge by edge and in waves (CubeCL runtimes).
+    pub launches: [Option<u64>; 2],
+    /// Seconds of one forward+backward, edge by edge and in waves.
+    pub seconds: [Timing; 2],
+    /// The per-round ratio waves / edges.
+    pub ratio: Timing,
+}
+
+/// One forward and backward of `f`'s output, finished.
+fn step(f: &dyn Fn(QTensor, QTensor) -> Tensor<4>, s0: &Tensor<4>, s1: &Tensor<4>) {
+    let x = s1.clone().require_grad();
+    let out = f(QTensor::float(s0.clone()), QTensor::float(x.clone()));
+    let grads = out.sum().backward();
+    settle(x.grad(&grads).expect("the cell's input has a gradient"));
+}
+
+/// Both forms of a DARTS cell (4 nodes, the 8 DARTS candidates) on `[batch, c, size, size]`
+/// inputs, normal and reduction, each measured in `rounds` interleaved rounds after a warm-up.
+pub fn cell_rows(
+    [batch, c, size]: [usize; 3],
+    rounds: usize,
+    device: &Device,
+) -> Result<Vec<CellRow>> {
+    let d = device.clone().autodiff();
+    let mut rows = Vec::new();
+    for reduction in [false, true] {
+        let shape = CellShape {
+            c_pp: c,
+            c_p: c,
+            c,
+            reduction,
+            reduction_prev: false,
+            nodes: 4,
+            partial: 1,
+        };
+        let prims = Primitive::DARTS;
+        let (cell, s0, s1, weights) = qdarts_ops::seeded(&d, 1, || -> Result<_> {
+            let cell = SearchCell::new(shape, &prims, &QuantConfig::float(), "cells.0", &d)?;
+            let normal = Distribution::Normal(0.0, 1.0);
+            let x = || Tensor::<4>::random([batch, c, size, size], normal, &d);
+            let weights: Vec<Tensor<1>> = (0..14)
+                .map(|_| softmax(Tensor::<1>::random([prims.len()], normal, &d), 0))
+                .collect();
+            Ok((cell, x(), x(), weights))
+        })?;
+        let batched = BatchedCell::from_cell(&cell, &prims)?;
+        let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
+        let waves = |a: QTensor, b: QTensor| batched.forward(a, b, &weights).value;
+        let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
+        for f in forms {
+            step(f, &s0, &s1); // warm-up: kernels compiled, pools grown
+        }
+        let launches = forms.map(|f| counted(device, || step(f, &s0, &s1)).1);
+        let mut seconds = [Vec::new(), Vec::new()];
+        let mut ratios = Vec::new();
+        for _ in 0..rounds {
+            for (i, f) in forms.iter().enumerate() {
+                let start = Instant::now();
+                step(*f, &s0, &s1);
+                seconds[i].push(start.elapsed().as_secs_f64());
+            }
+            let n = seconds[0].len() - 1;
+            ratios.push(seconds[1][n] / seconds[0][n]);
+        }
+        rows.push(CellRow {
+            cell: if reduction { "reduction" } else { "normal" },
+            launches,
+            seconds: seconds.map(Timing::of),
+            ratio: Timing::of(ratios),
+        });
+    }
+    Ok(rows)
+}
+
+fn launches(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
+}
+
+/// The table.
+pub fn render(rows: &[CellRow]) -> String {
+    let mut out = format!(
+        "{:<10} {:>14} {:>14} {:>24} {:>24} {:>22}\n",
+        "cell",
+        "launches edges",
+        "launches waves",
+        "s edges (min..max)",
+        "s waves (min..max)",
+        "waves/edges (min..max)"
+    );
+    let t = |t: &Timing| format!("{:.4} ({:.4}..{:.4})", t.median, t.min, t.max);
+    for r in rows {
+        out.push_str(&format!(
+            "{:<10} {:>14} {:>14} {:>24} {:>24} {:>22}\n",
+            r.cell,
+            launches(r.launches[0]),
+            launches(r.launches[1]),
+            t(&r.seconds[0]),
+            t(&r.seconds[1]),
+            format!("{:.3} ({:.3}..{:.3})", r.ratio.median, r.ratio.min, r.ratio.max),
+        ));
+    }
+    out
+}
+
+/// The table as CSV.
+pub fn write_cell_csv(
+    path: &Path,
+    backend: Backend,
+    shape: [usize; 3],
+    rows: &[CellRow],
+) -> Result<()> {
+    let [batch, c, size] = shape;
+    let lines = rows.iter().map(|r| {
+        let [e, w] = &r.seconds;
+        format!(
+            "{},{batch},{c},{size},{},{},{},{},{},{},{},{},{},{},{},{}",
+            backend.label(),
+            r.cell,
+            launches(r.launches[0]),
+            launches(r.launches[1]),
+            e.median,
+            e.min,
+            e.max,
+            w.median,
+            w.min,
+            w.max,
+            r.ratio.median,
+            r.ratio.min,
+            r.ratio.max
+        )
+    });
+    write_csv(
+        path,
+        "backend,batch,channels,size,cell,launches_edges,launches_waves,edges_median_s,edges_min_s,\
+         edges_max_s,waves_median_s,waves_min_s,waves_max_s,ratio_median,ratio_min,ratio_max",
+        lines,
+    )
+}
