@@ -13,6 +13,7 @@ mod check_cmd;
 mod compare_cmd;
 mod dashboard_cmd;
 mod debug_log;
+mod kill_point;
 mod search_cmd;
 mod sweep_cmd;
 mod train_cmd;
@@ -327,7 +328,7 @@ pub(crate) fn on_rayon_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 
 /// A search or training loop: `run` on a rayon worker ([`on_rayon_worker`]) with `progress`,
 /// each finished step noted first for the message of a failed allocation
-/// ([`alloc::note_step`]).
+/// ([`alloc::note_step`]) and checked against a test's kill point ([`kill_point::check`]).
 pub(crate) fn run_loop<R: Send>(
     progress: &mut (impl FnMut(&Progress) -> ControlFlow<()> + Send),
     run: impl FnOnce(&mut dyn FnMut(&Progress) -> ControlFlow<()>) -> R + Send,
@@ -335,6 +336,7 @@ pub(crate) fn run_loop<R: Send>(
     on_rayon_worker(|| {
         let mut noted = |p: &Progress| {
             alloc::note_step(p.epoch, p.step, p.steps);
+            kill_point::check(p);
             progress(p)
         };
         run(&mut noted)
@@ -372,7 +374,7 @@ fn toml_string(s: &str) -> String {
 
 fn main() -> ExitCode {
     alloc::keep_freed_memory();
-    if let Err(e) = alloc::inject_from_env() {
+    if let Err(e) = alloc::inject_from_env().and_then(|()| kill_point::from_env()) {
         return finish(Err(e));
     }
     if let Err(e) = backend::capture_cuda_sources_from_env() {

@@ -1,13 +1,11 @@
-//! The `qdarts` binary as a user runs it: help, bad input, and a search killed with SIGKILL
-//! mid-run and resumed, which must end with the same genotype and metrics as an uninterrupted
-//! run, with no torn CSV rows.
+//! The `qdarts` binary as a user runs it: help, bad input, and a search and a training killed
+//! mid-run (aborted at a named step) and resumed, which must end with the same genotype and
+//! metrics as an uninterrupted run, with no torn CSV rows.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 mod common;
 
@@ -155,8 +153,9 @@ fn command_line_values_cannot_inject_config_and_a_file_is_no_results_folder() {
 }
 
 /// Runs `qdarts <sub> --config <cfg>` twice, each in a fresh folder: once to the end, and once
-/// killed with SIGKILL after its first epoch's checkpoint, then continued with `--resume`.
-/// Returns the two run folders.
+/// killed in its second epoch, after that epoch's first step (`QDARTS_TEST_KILL_AT=1:1`: the
+/// process aborts there, leaving its lock and files as a kill would), then continued with
+/// `--resume`. Returns the two run folders.
 fn uninterrupted_and_resumed(
     sub: &str,
     name: &str,
@@ -168,33 +167,16 @@ fn uninterrupted_and_resumed(
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run_a = only_run(&a);
 
-    // Killed with SIGKILL once the first epoch's checkpoint is there, then resumed.
+    // Killed at a named step, then resumed.
     let b = scratch(&format!("{name}-killed"));
-    let mut child = qdarts()
+    let out = qdarts()
+        .env("QDARTS_TEST_KILL_AT", "1:1")
         .args([sub, "--config"])
         .arg(write_config(&b))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+        .output()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let run_b = loop {
-        if let Ok(mut entries) = std::fs::read_dir(b.join("results"))
-            && let Some(Ok(e)) = entries.next()
-            && std::fs::read_to_string(e.path().join("checkpoint/state.json"))
-                .is_ok_and(|t| !t.contains("\"epochs_done\": 0"))
-        {
-            break e.path();
-        }
-        assert!(Instant::now() < deadline, "no checkpoint appeared");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // Let it run into the next epoch a little, then kill it mid-write.
-    std::thread::sleep(Duration::from_millis(300));
-    let finished_before_kill = child.try_wait().unwrap().is_some();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(!finished_before_kill, "the {sub} run finished before it could be killed");
+    assert!(!out.status.success(), "the {sub} run was not killed");
+    let run_b = only_run(&b);
     assert!(run_b.join("lock").exists(), "a killed run leaves its lock");
 
     let out = qdarts().args([sub, "--resume"]).arg(&run_b).output().unwrap();
