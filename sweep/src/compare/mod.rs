@@ -16,11 +16,13 @@ use crate::trials::SweepDir;
 mod analysis;
 mod paired;
 mod report;
+mod tables;
 
 use crate::{SweepError, invalid, io_err};
 pub use analysis::{Analysis, MethodResult, Noise, RESAMPLE_SEED, RESAMPLES, Unit};
 pub use paired::PairedResult;
-pub use report::{baseline_summary, csv, report, stats_csv};
+pub use report::{baseline_summary, report};
+pub use tables::{csv, stats_csv};
 
 /// What `qdarts eval` measured on a training run.
 #[derive(Debug, Clone, Copy, PartialEq)]
