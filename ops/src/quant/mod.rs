@@ -9,6 +9,7 @@ pub mod lsq;
 pub mod observer;
 mod observer_kind;
 pub mod quantizer;
+mod range;
 pub mod spec;
 pub mod stats;
 

@@ -17,65 +17,14 @@ use std::sync::{Arc, Mutex};
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
-use super::fake_quant::{Grid, MIN_SCALE};
+use super::fake_quant::Grid;
+pub use super::range::{abs_max, channel_rows, qparams_from_min_max};
+use super::range::{min_max, symmetric_zero_point};
 use super::spec::{ObserverKind, QuantSpec, RoundMode};
 use crate::buffer::Buffer;
 use qdarts_kernels::observe::{
     GridRule, Observed, Rule, observe, observe_available, observe_fake_quant,
 };
-use qdarts_kernels::reduce::{row_max, row_min};
-
-/// Flattens `x` to `[C, rest]` along `axis` (or `[1, numel]` per tensor).
-pub fn channel_rows<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<2> {
-    let dims = x.dims();
-    let numel: usize = dims.iter().product();
-    match axis {
-        None => x.reshape([1, numel]),
-        Some(a) => {
-            let c = dims[a];
-            x.swap_dims(0, a).reshape([c, numel / c])
-        }
-    }
-}
-
-/// Per-channel (or per-tensor) max |x|, shape `[C]` (or `[1]`).
-pub fn abs_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<1> {
-    row_max(channel_rows(x.detach(), axis).abs())
-}
-
-fn min_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> (Tensor<1>, Tensor<1>) {
-    let rows = channel_rows(x.detach(), axis);
-    (row_min(rows.clone()), row_max(rows))
-}
-
-/// torch.ao's zero point of a symmetric grid: 0 signed, the middle of the range unsigned.
-fn symmetric_zero_point(spec: &QuantSpec) -> f32 {
-    let (qmin, qmax) = spec.quant_range();
-    if spec.signed() { 0.0 } else { ((qmin + qmax + 1) / 2) as f32 }
-}
-
-/// torch.ao `_calculate_qparams`: scale and zero point from a min and a max.
-pub fn qparams_from_min_max(
-    min: Tensor<1>,
-    max: Tensor<1>,
-    spec: &QuantSpec,
-) -> (Tensor<1>, Tensor<1>) {
-    let (qmin, qmax) = spec.quant_range();
-    let (qmin_f, qmax_f) = (qmin as f32, qmax as f32);
-    let min_neg = min.clamp_max(0.0);
-    let max_pos = max.clamp_min(0.0);
-    if spec.is_symmetric() {
-        let max_abs = min_neg.neg().max_pair(max_pos);
-        let scale = max_abs.div_scalar((qmax_f - qmin_f) / 2.0).clamp_min(MIN_SCALE);
-        let zero_point = scale.zeros_like().add_scalar(symmetric_zero_point(spec));
-        (scale, zero_point)
-    } else {
-        let scale = max_pos.sub(min_neg.clone()).div_scalar(qmax_f - qmin_f).clamp_min(MIN_SCALE);
-        let zero_point =
-            min_neg.div(scale.clone()).round().neg().add_scalar(qmin_f).clamp(qmin_f, qmax_f);
-        (scale, zero_point)
-    }
-}
 
 /// The stored state of an observer; see the module docs.
 #[derive(Module, Debug)]
