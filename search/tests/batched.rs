@@ -5,6 +5,7 @@
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Gradients, Tensor};
 use qdarts_genotypes::Primitive;
@@ -165,4 +166,57 @@ fn the_batched_cell_refuses_what_it_does_not_batch_naming_it() {
     let cell = SearchCell::new(shape(false, false), &fac, &QuantConfig::float(), "c", &d).unwrap();
     let err = BatchedCell::from_cell(&cell, &fac).unwrap_err();
     assert!(err.to_string().contains("conv_7x1_1x7"), "{err}");
+}
+
+/// A batched cell trained a little (a forward pass moves its BatchNorms' running statistics,
+/// and its weights are changed as an optimizer step would), written back into a fresh
+/// per-edge cell of the same shape: that cell then computes what the batched cell computes,
+/// and batching it again gives back every weight and statistic.
+#[test]
+fn a_batched_cell_written_back_is_the_per_edge_cell_it_computes() {
+    for reduction in [false, true] {
+        let what = format!("reduction {reduction}");
+        let c = case(reduction, false, 5);
+        let d = Device::flex().autodiff();
+        let shape = shape(reduction, false);
+        let mut fresh = qdarts_ops::seeded(&d, 99, || {
+            SearchCell::new(shape, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap()
+        });
+        let batched = c.batched.clone();
+        let _ = batched.forward(q(&c.s0), q(&c.s1), &c.weights);
+        let batched = batched.map(&mut Twice);
+        batched.write_into(&mut fresh);
+        let again = BatchedCell::from_cell(&fresh, &PRIMS).unwrap();
+        let (mut x, mut y) = (Floats::default(), Floats::default());
+        batched.visit(&mut x);
+        again.visit(&mut y);
+        assert_eq!(x.0.len(), y.0.len(), "{what}: tensors");
+        for (i, (u, v)) in x.0.into_iter().zip(y.0).enumerate() {
+            assert_eq!(u, v, "{what}: tensor {i} of the round trip");
+        }
+        // (After the round trip: a forward pass moves the running statistics of both.)
+        let a = fresh.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, None).value;
+        let b = batched.forward(q(&c.s0), q(&c.s1), &c.weights).value;
+        close(a, b, 1e-5, &format!("{what}: output after the write-back"));
+    }
+}
+
+/// Doubles every float parameter and buffer (a stand-in for an optimizer step).
+struct Twice;
+
+impl ModuleMapper for Twice {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, value, mapper) = param.consume();
+        Param::from_mapped_value(id, value.mul_scalar(2.0).detach(), mapper)
+    }
+}
+
+/// Every float parameter and buffer's values, in visiting order.
+#[derive(Default)]
+struct Floats(Vec<Vec<f32>>);
+
+impl ModuleVisitor for Floats {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0.push(vals(param.val()));
+    }
 }

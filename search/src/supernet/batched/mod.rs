@@ -29,14 +29,10 @@ use qdarts_genotypes::Primitive;
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
 use qdarts_kernels::relu::relu;
-use qdarts_ops::candidates::{
-    CandidateOp, Ctx, QBatchNorm, QDilConv, QPoolBN, QStdConv, QTensor, QuantSites,
-};
+use qdarts_ops::candidates::{QBatchNorm, QPoolBN, QStdConv, QTensor};
 use qdarts_ops::network::Preprocess;
-use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::SpecError;
 
-use super::cell::SearchCell;
 use super::waves::{Wave, waves};
 
 /// Why a cell cannot run batched.
@@ -134,35 +130,7 @@ pub struct BatchedCell {
     pub nodes: usize,
 }
 
-/// A BN of the stacked channels holding each edge's running statistics.
-fn stacked_bn(bns: &[&QBatchNorm], path: &str) -> Result<QBatchNorm, SpecError> {
-    let mean = Tensor::cat(bns.iter().map(|b| b.running_mean.value()).collect(), 0);
-    let var = Tensor::cat(bns.iter().map(|b| b.running_var.value()).collect(), 0);
-    let cfg = QuantConfig::float();
-    let device = mean.device();
-    let bn = QBatchNorm::new(mean.dims()[0], false, &Ctx::new(&cfg, "bn", path, &device))?;
-    bn.running_mean.set(mean);
-    bn.running_var.set(var);
-    Ok(bn)
-}
-
-fn stacked(ws: Vec<Tensor<4>>) -> Param<Tensor<4>> {
-    Param::from_tensor(Tensor::cat(ws, 0).detach())
-}
-
 impl StackedStage {
-    fn new(ops: &[&QDilConv], path: &str) -> Result<Self, SpecError> {
-        let o = ops[0].dw.options();
-        let bns: Vec<&QBatchNorm> = ops.iter().map(|op| &op.bn).collect();
-        Ok(StackedStage {
-            dw: stacked(ops.iter().map(|op| op.dw.weight.val()).collect()),
-            pw: stacked(ops.iter().map(|op| op.pw.weight.val()).collect()),
-            bn: stacked_bn(&bns, path)?,
-            geometry: [o.stride[0], o.padding[0].0, o.dilation[0]],
-            edges: ops.len(),
-        })
-    }
-
     fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         let [stride, padding, dilation] = self.geometry;
         let c = x.dims()[1];
@@ -214,120 +182,7 @@ fn grouped_pointwise(x: Tensor<4>, w: Tensor<4>, groups: usize) -> Tensor<4> {
     w.matmul(x).reshape([n, co, h, wd])
 }
 
-impl WaveOps {
-    fn new(
-        cell: &SearchCell,
-        wave: &Wave,
-        primitives: &[Primitive],
-        path: &str,
-    ) -> Result<Self, BatchError> {
-        let (mut convs, mut pools, mut reduce, mut slots) = (vec![], vec![], None, vec![]);
-        let edge_ops = |p: usize| wave.edges.iter().map(move |&k| &cell.edges[k].ops[p]);
-        for (p, primitive) in primitives.iter().enumerate() {
-            let at = format!("{path}.{primitive}");
-            let first = &cell.edges[wave.edges[0]].ops[p];
-            let slot = match first {
-                CandidateOp::Zero(_) => Slot::Zero,
-                CandidateOp::Identity(_) => Slot::Identity,
-                CandidateOp::Sep(_) | CandidateOp::Dil(_) => {
-                    let mut stages: Vec<Vec<&QDilConv>> = vec![];
-                    for op in edge_ops(p) {
-                        let parts = match op {
-                            CandidateOp::Sep(o) => vec![&o.op1, &o.op2],
-                            CandidateOp::Dil(o) => vec![o],
-                            _ => unreachable!("one primitive is one kind of op on every edge"),
-                        };
-                        stages.resize_with(parts.len(), Vec::new);
-                        for (s, part) in stages.iter_mut().zip(parts) {
-                            s.push(part);
-                        }
-                    }
-                    let stages = stages
-                        .iter()
-                        .enumerate()
-                        .map(|(i, ops)| StackedStage::new(ops, &format!("{at}.op{}", i + 1)))
-                        .collect::<Result<_, _>>()?;
-                    convs.push(StackedConv { stages });
-                    Slot::Conv(convs.len() - 1)
-                }
-                CandidateOp::Reduce(_) => {
-                    let frs: Vec<_> = edge_ops(p)
-                        .map(|op| match op {
-                            CandidateOp::Reduce(fr) => fr,
-                            _ => unreachable!("one primitive is one kind of op on every edge"),
-                        })
-                        .collect();
-                    let bns: Vec<&QBatchNorm> = frs.iter().map(|fr| &fr.bn).collect();
-                    reduce = Some(StackedReduce {
-                        conv1: stacked(frs.iter().map(|fr| fr.conv1.weight.val()).collect()),
-                        conv2: stacked(frs.iter().map(|fr| fr.conv2.weight.val()).collect()),
-                        bn: stacked_bn(&bns, &format!("{at}.bn"))?,
-                        edges: frs.len(),
-                    });
-                    Slot::Reduce
-                }
-                CandidateOp::Pool(_) => {
-                    let index = pools.len() / wave.sources.len();
-                    // The first edge reading each source stands for all of them.
-                    for s in 0..wave.sources.len() {
-                        let k = wave.edges[s * wave.per_source()];
-                        let CandidateOp::Pool(op) = &cell.edges[k].ops[p] else {
-                            unreachable!("one primitive is one kind of op on every edge")
-                        };
-                        pools.push(pool_copy(op, &format!("{at}.source{s}"))?);
-                    }
-                    Slot::Pool(index)
-                }
-                CandidateOp::Fac(_) => return Err(BatchError::Primitive(*primitive)),
-            };
-            slots.push(slot);
-        }
-        Ok(WaveOps { convs, pools, reduce, slots })
-    }
-}
-
-/// A pool – BN with `op`'s kind, stride and running statistics, and state of its own.
-fn pool_copy(op: &QPoolBN, path: &str) -> Result<QPoolBN, SpecError> {
-    let cfg = QuantConfig::float();
-    let mean = op.bn.running_mean.value();
-    let device = mean.device();
-    let ctx = Ctx::new(&cfg, "pool", path, &device);
-    let copy = QPoolBN::new(op.kind, mean.dims()[0], op.stride(), false, &ctx)?;
-    copy.bn.running_mean.set(mean);
-    copy.bn.running_var.set(op.bn.running_var.value());
-    Ok(copy)
-}
-
 impl BatchedCell {
-    /// The batched form of `cell` (built over `primitives`), with copies of its weights and
-    /// running statistics (the preprocessing is `cell`'s, shared).
-    ///
-    /// # Errors
-    /// If `cell` has quantizers, partial channels or a candidate with no batched form.
-    pub fn from_cell(cell: &SearchCell, primitives: &[Primitive]) -> Result<Self, BatchError> {
-        let quantizers = cell.quantizers().len();
-        if quantizers > 0 {
-            return Err(BatchError::Quantized(quantizers));
-        }
-        if let Some(e) = cell.edges.iter().find(|e| e.partial > 1) {
-            return Err(BatchError::Partial(e.partial));
-        }
-        if primitives.iter().all(|p| *p == Primitive::None) {
-            return Err(BatchError::Primitive(Primitive::None));
-        }
-        let waves = waves(cell.nodes)
-            .iter()
-            .enumerate()
-            .map(|(w, wave)| WaveOps::new(cell, wave, primitives, &format!("waves.{w}")))
-            .collect::<Result<_, _>>()?;
-        Ok(BatchedCell {
-            preproc0: cell.preproc0.clone(),
-            preproc1: cell.preproc1.clone(),
-            waves,
-            nodes: cell.nodes,
-        })
-    }
-
     /// [`SearchCell::forward`] without partial channels, edge weights or β.
     ///
     /// # Shapes
@@ -438,3 +293,5 @@ impl WaveOps {
         (sum.expect("a cell has a candidate other than none"), shape)
     }
 }
+
+mod stack;
