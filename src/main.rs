@@ -58,8 +58,8 @@ pub(crate) fn cpu_only(backend: Backend, command: &str) -> anyhow::Result<()> {
 /// Burn's flex operations and qdarts' kernels each split their work over rayon's pool. Started
 /// from a thread outside the pool, every such operation hands its work over and puts the
 /// calling thread to sleep until the pool is done; a default-shape search step runs thousands
-/// of them, and the default search took 110 s that way against 81 s on a worker (2 cores,
-/// `docs/results/2026-11-25-rayon-worker.md`), where the thread that starts an operation works
+/// of them, and the default search takes about a third longer that way than on a worker
+/// (`docs/results/2026-11-25-rayon-worker.md`), where the thread that starts an operation works
 /// on it too. The records are the same bit for bit (`search/tests/threads.rs`).
 pub(crate) fn on_rayon_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::scope(|_| f())

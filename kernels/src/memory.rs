@@ -5,15 +5,13 @@
 //! neighbours and renumbering the slices behind a split, and frees are seen only by that walk,
 //! so its cost grows with the number of live tensors. A DARTS supernet keeps thousands alive
 //! from its forward pass to its backward pass (every candidate op's intermediates, on all 112
-//! edges at the DARTS shape), and its step issues about 60 000 launches, each allocating its
-//! output: on an H100 its step took 3.28 s against 1.70 s of kernel time, and a profile of the
-//! same step on a CPU (wgpu on Mesa's driver) put most of the runtime thread's own time in the
-//! pools' page walks.
+//! edges at the DARTS shape), and its step issues tens of thousands of launches, each
+//! allocating its output: on a GPU the step took about twice its kernel time, and a profile of
+//! the same step on a CPU (wgpu on Mesa's driver) put most of the runtime thread's own time in
+//! the pools' page walks.
 //! `MemoryConfiguration::ExclusivePages` gives each allocation a page of its own from size
-//! buckets, found by a scan of that bucket without merging or renumbering. At the DARTS shape
-//! (first order, float) it took the step from 2.73 s to 1.46–2.15 s, and a step of the same
-//! graph on tensors too small to cost the GPU anything from 5.82 s to 1.40 s
-//! (`docs/results/2026-11-28-gpu-h100-memory-pools.md`).
+//! buckets, found by a scan of that bucket without merging or renumbering; what it bought:
+//! `docs/results/2026-11-28-gpu-h100-memory-pools.md`.
 //!
 //! CubeCL 0.11.3's exclusive pages still looked at every page of the bucket and of every larger
 //! bucket before allocating, and let a small allocation take a large free page;

@@ -2,8 +2,7 @@
 //!
 //! Burn's CubeCL backends, built without CubeCL's autotune as qdarts builds them, reduce each
 //! output value with one thread. A row of an observer or a BatchNorm is long and there are few
-//! of them: a per-tensor abs-max of a 64×64×56×56 activation (one row of 12.8 M values) took
-//! 0.29 s on an H100, against 0.09 ms for a copy of the same tensor.
+//! of them, so one thread reads a whole activation (measured: `docs/results/2026-11-25-gpu-h100.md`).
 //!
 //! On those backends a long row is viewed as `[R, k, m]` (`k·m` its longest prefix, `k ≈ √L`)
 //! and reduced over `k` first, by `R·m` threads of which neighbours read neighbouring values,

@@ -19,9 +19,9 @@
 //! per (image, channel) plane in eight f32 lanes and are combined over the batch in f64 in a
 //! fixed order, so the result does not depend on thread timing; flex folds with the tensor
 //! expressions (each a pass over `C` values, cheap on a CPU). On the CubeCL backends (`cube`
-//! submodule) every primitive is one launch, the folding included: about 40 launches fewer per
-//! BatchNorm than the expressions, forward and backward (one default-shape search step: 60 059
-//! launches on Mesa's lavapipe before these kernels, 26 190 with them). LibTorch and other
+//! submodule) every primitive is one launch, the folding included: dozens of launches fewer per
+//! BatchNorm than the expressions, forward and backward (`docs/results/2026-11-27-launches.md`).
+//! LibTorch and other
 //! dtypes use the tensor expressions ([`channel_available`], [`fold_available`] decide);
 //! `tests/batch_norm.rs` holds the two together on every backend of the build.
 

@@ -6,8 +6,7 @@
 //! reshapes, partial and tail reductions, pair maxima), the moving average (`is_inf`, four
 //! arithmetic ops and a select per bound), torch.ao's `calculate_qparams` (each clamp a compare
 //! and a fill) and the grid (`clamp`, `recip`); a quantized search step runs hundreds of them,
-//! about half of its launches (97 262 launches in one default-shape tensorrt step on Mesa's
-//! lavapipe before this module). Here the extrema are one pass: one cube per row reads it
+//! about half of its launches (`docs/results/2026-11-27-launches.md`). Here the extrema are one pass: one cube per row reads it
 //! where it lies (through its strides), or, for rows longer than [`CHUNK`], one cube per
 //! chunk writes the chunk's extrema and one cube per row combines them; the cube that finishes
 //! a row also updates the state and writes the grid.

@@ -3,9 +3,9 @@
 //! gradient of `w` that keeps a GPU busy, on the CubeCL backends.
 //!
 //! As Burn's broadcast product, the gradient of `w` is `Σ ∂out ⊙ y` over the whole activation,
-//! and Burn's CubeCL backends, built without CubeCL's autotune, reduce it with one thread: on an
-//! H200 a DARTS-shape first-order step spent 5.8 s of its 7.7 s of kernel time in these sums
-//! (935 launches of 6.2 ms each, 896 of them one per candidate op of every edge). Here the
+//! and Burn's CubeCL backends, built without CubeCL's autotune, reduce it with one thread, one
+//! such sum per candidate op of every edge: most of a GPU step's kernel time
+//! (`docs/results/2026-11-27-gpu-h200-reductions.md`). Here the
 //! forward is one launch, and the backward two: the first writes `∂y = ∂out · w[i]` and sums
 //! `∂out ⊙ y` per chunk of 4 096 values (one cube of 256 threads per chunk, each thread a fixed
 //! stride of it, then a tree in shared memory), the second sums the chunks' partial sums in the

@@ -166,7 +166,8 @@ pub(crate) fn centered_squares(a: &[f32], m: f32) -> f32 {
 /// what it reads).
 ///
 /// A zeroed buffer costs a pass of `memset` over the whole buffer (memory the allocator
-/// reuses, so it must clear it) before the kernels overwrite it (8 % of a DARTS-shape step).
+/// reuses, so it must clear it) before the kernels overwrite it
+/// (`docs/results/2026-11-27-avx2-kernels.md`).
 /// Here each plane's chunk is zeroed just before its kernel runs, while the chunk is in cache,
 /// so the buffer goes through memory once.
 pub(crate) fn planes<const K: usize>(

@@ -17,10 +17,10 @@
 //!   and wave, `[nodes fed, E] × [E, C·H'·W']`, with the mixing weights masked to the edges
 //!   that feed each node.
 //!
-//! The values are those of [`SearchCell`], but for the order of the sums (a node's terms are
-//! added kind by kind rather than edge by edge); `tests/batched.rs` holds the two together,
-//! forward and every gradient. This first form runs float cells without partial channels; the
-//! per-edge cell stays the reference and runs everything else.
+//! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
+//! node's terms are added kind by kind rather than edge by edge); `tests/batched.rs` holds the two
+//! together, forward and every gradient. This first form runs float cells without partial
+//! channels; the per-edge cell stays the reference and runs everything else.
 
 use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
@@ -183,7 +183,8 @@ fn grouped_pointwise(x: Tensor<4>, w: Tensor<4>, groups: usize) -> Tensor<4> {
 }
 
 impl BatchedCell {
-    /// [`SearchCell::forward`] without partial channels, edge weights or β.
+    /// [`SearchCell::forward`](super::SearchCell::forward) without partial channels, edge
+    /// weights or β.
     ///
     /// # Shapes
     /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]`; weights: one `[K]` row per edge, in the

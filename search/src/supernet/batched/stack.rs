@@ -171,8 +171,9 @@ impl BatchedCell {
 
     /// Writes the batched cell's weights and running statistics back into `cell`, the cell it
     /// was built from (or one of the same shape): its preprocessing, each edge's slice of every
-    /// stacked tensor, and a pool's statistics to every edge that reads its source. The per-edge cell is the
-    /// form records and checkpoints name; this makes it the batched cell's storage.
+    /// stacked tensor, and a pool's statistics to every edge that reads its source. The
+    /// per-edge cell is the form records and checkpoints name; this makes it the batched
+    /// cell's storage.
     pub fn write_into(&self, cell: &mut SearchCell) {
         let set = |p: &mut Param<Tensor<4>>, value: Tensor<4>| {
             *p = Param::initialized(p.id, value.detach().require_grad());
