@@ -1,9 +1,14 @@
 //! The batched cell (waves) against the per-edge cell it batches: the same output, the same
 //! gradients of the inputs, the mixing weights and every weight, the same running statistics,
-//! in normal and reduction cells; and the cells it refuses.
+//! in normal and reduction cells; written back into a per-edge cell; a search run with it; and
+//! the cells and configs it refuses.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+use qdarts_engine::config::Experiment;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::softmax;
@@ -11,8 +16,10 @@ use burn::tensor::{Device, Distribution, Gradients, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, QTensor};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
-use qdarts_search::supernet::waves::waves;
+use qdarts_search::supernet::waves::waves as plan;
 use qdarts_search::supernet::{BatchError, BatchedCell, CellShape, SearchCell, Slot};
+
+mod common;
 
 const PRIMS: [Primitive; 8] = Primitive::DARTS;
 
@@ -69,9 +76,15 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
     t.grad(g).unwrap()
 }
 
+/// `batched` on the inputs after `cell`'s preprocessing.
+fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
+    let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
+    batched.forward(s0, s1, &c.weights).value
+}
+
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
     let a = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, None).value;
-    let b = c.batched.forward(q(&c.s0), q(&c.s1), &c.weights).value;
+    let b = waves(&c.cell, &c.batched, c);
     let ga = a.clone().mul(c.probe.clone()).sum().backward();
     let gb = b.clone().mul(c.probe.clone()).sum().backward();
     (a, ga, b, gb)
@@ -93,7 +106,7 @@ fn the_batched_cell_computes_the_per_edge_cell_forward_and_backward() {
         for (k, w) in c.weights.iter().enumerate() {
             close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {k}"));
         }
-        for (wi, wave) in waves(4).iter().enumerate() {
+        for (wi, wave) in plan(4).iter().enumerate() {
             let ops = &c.batched.waves[wi];
             for (j, &k) in wave.edges.iter().enumerate() {
                 let edge = &c.cell.edges[k];
@@ -182,8 +195,11 @@ fn a_batched_cell_written_back_is_the_per_edge_cell_it_computes() {
         let mut fresh = qdarts_ops::seeded(&d, 99, || {
             SearchCell::new(shape, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap()
         });
+        // The preprocessing is not the batched cell's: the two cells compare when it is shared.
+        fresh.preproc0 = c.cell.preproc0.clone();
+        fresh.preproc1 = c.cell.preproc1.clone();
         let batched = c.batched.clone();
-        let _ = batched.forward(q(&c.s0), q(&c.s1), &c.weights);
+        let _ = waves(&c.cell, &batched, &c);
         let batched = batched.map(&mut Twice);
         batched.write_into(&mut fresh);
         let again = BatchedCell::from_cell(&fresh, &PRIMS).unwrap();
@@ -196,7 +212,7 @@ fn a_batched_cell_written_back_is_the_per_edge_cell_it_computes() {
         }
         // (After the round trip: a forward pass moves the running statistics of both.)
         let a = fresh.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, None).value;
-        let b = batched.forward(q(&c.s0), q(&c.s1), &c.weights).value;
+        let b = waves(&c.cell, &batched, &c);
         close(a, b, 1e-5, &format!("{what}: output after the write-back"));
     }
 }
@@ -219,4 +235,51 @@ impl ModuleVisitor for Floats {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         self.0.push(vals(param.val()));
     }
+}
+
+/// The train rows of a run's metrics: `(loss, top-1)` per step.
+fn train_rows(run: &std::path::Path) -> Vec<(f64, f64)> {
+    let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    let (phase, loss, top1) = (col("phase"), col("loss"), col("top1"));
+    lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f[phase] == "train")
+        .map(|f| (f[loss].parse().unwrap(), f[top1].parse().unwrap()))
+        .collect()
+}
+
+/// A float search with `model.batched_cells` runs to its genotype, and its first step is the
+/// per-edge search's: the same loss to float rounding (both start from the same weights).
+/// A config that cannot run batched is refused before anything is written, naming the key.
+#[test]
+fn a_search_with_batched_cells_takes_the_per_edge_first_step_and_finishes() {
+    let d = Device::flex();
+    let dir = common::scratch("batched-search");
+    let float = "[quant]\npreset = \"float\"";
+    let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
+    let edges = common::tiny(&dir.join("edges"), float);
+    let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
+    let waves = common::tiny_with(&dir.join("waves"), float, &["model.batched_cells=true"]);
+    let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
+    assert!(edges.finished && waves.finished);
+    let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
+    assert_eq!(a.len(), b.len());
+    let (la, lb) = (a[0].0, b[0].0);
+    assert!(
+        (la - lb).abs() <= 1e-5 * la.abs(),
+        "first step's loss: {la} edge by edge, {lb} in waves"
+    );
+    assert!(b.iter().all(|(l, _)| l.is_finite()));
+    assert!(!waves.genotype.to_darts_text().is_empty());
+
+    let text = common::tiny_text(&dir.join("refused"), "");
+    let set = ["model.batched_cells=true".to_string()];
+    let err = qdarts_search::config::ExperimentConfig::parse(&text, Path::new("t.toml"), &set)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.batched_cells") && err.contains("quant.preset"), "{err}");
+    assert!(!dir.join("refused").exists());
 }

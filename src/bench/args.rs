@@ -44,6 +44,10 @@ pub enum BenchCommand {
         /// Only this quantization preset.
         #[arg(long, value_enum)]
         quant: Option<PresetArg>,
+        /// Run the supernet's cells in waves (the batched cell, `model.batched_cells`): float
+        /// only, with `--quant float`.
+        #[arg(long)]
+        batched_cells: bool,
         /// Timed steps per row.
         #[arg(long, default_value_t = 3)]
         reps: usize,

@@ -69,7 +69,10 @@ pub fn cell_rows(
         })?;
         let batched = BatchedCell::from_cell(&cell, &prims)?;
         let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
-        let waves = |a: QTensor, b: QTensor| batched.forward(a, b, &weights).value;
+        let waves = |a: QTensor, b: QTensor| {
+            let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
+            batched.forward(a, b, &weights).value
+        };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {
             step(f, &s0, &s1); // warm-up: kernels compiled, pools grown

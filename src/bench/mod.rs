@@ -30,6 +30,7 @@ struct SearchRequest {
     init_channels: Option<usize>,
     order: Option<OrderArg>,
     quant: Option<PresetArg>,
+    batched: bool,
 }
 
 impl SearchRequest {
@@ -54,6 +55,9 @@ impl SearchRequest {
             Some(p) => vec![p.into()],
             None => vec![Preset::Float, Preset::Tensorrt],
         };
+        if self.batched && presets.iter().any(|p| *p != Preset::Float) {
+            bail!("--batched-cells runs float cells only: add --quant float");
+        }
         let mut cases = Vec::new();
         for sh in shapes {
             let shape = SearchShape {
@@ -64,7 +68,7 @@ impl SearchRequest {
             };
             for &order in &orders {
                 for &preset in &presets {
-                    cases.push(SearchCase { shape, order, preset });
+                    cases.push(SearchCase { shape, order, preset, batched: self.batched });
                 }
             }
         }
@@ -107,6 +111,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             init_channels,
             order,
             quant,
+            batched_cells,
             reps,
             warmup,
             csv,
@@ -114,7 +119,15 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             if reps == 0 {
                 bail!("--reps must be at least 1");
             }
-            let request = SearchRequest { shape, batch, layers, init_channels, order, quant };
+            let request = SearchRequest {
+                shape,
+                batch,
+                layers,
+                init_channels,
+                order,
+                quant,
+                batched: batched_cells,
+            };
             let cases = request.cases()?;
             let device = backend.device()?;
             let pools = crate::backend::pools_in_use(&device);
@@ -148,10 +161,11 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 // The process's peak so far: with one case per process, that case's.
                 let rss = crate::alloc::peak_rss_bytes();
                 let launches = t.launches.map_or(String::new(), |n| n.to_string());
+                let network = case.network();
                 println!(
                     "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10} {:>10} {:>9}",
                     sh.name,
-                    sh.describe(),
+                    network,
                     order_name(case.order),
                     preset_name(case.preset),
                     tm.median,
@@ -164,7 +178,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     "{},{},{},{},{},{:.4},{:.4},{:.4},{},{},{},{pools_name}",
                     backend.label(),
                     sh.name,
-                    sh.describe(),
+                    network,
                     order_name(case.order),
                     preset_name(case.preset),
                     tm.median,
@@ -251,8 +265,12 @@ mod tests {
             init_channels: None,
             order: None,
             quant: None,
+            batched: false,
         };
         assert_eq!(all.cases().unwrap().len(), 4);
+        assert!(SearchRequest { batched: true, ..all }.cases().is_err());
+        let waves = SearchRequest { batched: true, quant: Some(PresetArg::Float), ..all };
+        assert!(waves.cases().unwrap().iter().all(|c| c.batched));
         let one = SearchRequest {
             batch: Some(8),
             layers: Some(5),

@@ -79,6 +79,16 @@ pub struct SearchCase {
     pub order: Order,
     /// Quantization preset (`Float`: none).
     pub preset: Preset,
+    /// The cells in waves (the batched cell).
+    pub batched: bool,
+}
+
+impl SearchCase {
+    /// The network column: the shape, and "in waves" for batched cells.
+    pub fn network(&self) -> String {
+        let d = self.shape.describe();
+        if self.batched { format!("{d}, in waves") } else { d }
+    }
 }
 
 /// The name of an order in tables.
@@ -155,6 +165,9 @@ fn time_steps_here(
         bits: None,
     };
     let mut net = SearchNetwork::new(&shape, &quant, &ad)?;
+    if case.batched {
+        net.batch_cells(&shape.primitives)?;
+    }
     let mut alphas = Alphas::new(sh.nodes, Primitive::DARTS.len(), &ad);
     let (mut w_optim, mut a_optim) = build_optimizers(&s);
     let batch = || -> Batch {

@@ -210,11 +210,16 @@ fn search_rows() -> Vec<SearchCase> {
     for shape in [DEFAULT_SHAPE, DARTS_SHAPE] {
         for order in [Order::First, Order::Second] {
             for preset in [Preset::Float, Preset::Tensorrt] {
-                rows.push(SearchCase { shape, order, preset });
+                rows.push(SearchCase { shape, order, preset, batched: false });
             }
         }
         if shape == DARTS_SHAPE {
-            let row = SearchCase { shape: pc, order: Order::First, preset: Preset::Tensorrt };
+            let row = SearchCase {
+                shape: pc,
+                order: Order::First,
+                preset: Preset::Tensorrt,
+                batched: false,
+            };
             rows.insert(rows.len() - 2, row);
         }
     }

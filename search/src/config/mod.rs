@@ -65,6 +65,11 @@ pub struct ModelConfig {
     /// passes the rest through (1: plain DARTS; PC-DARTS uses 4).
     #[serde(default = "ModelConfig::default_partial_channels")]
     pub partial_channels: usize,
+    /// Run each cell in waves (the batched cell, docs/design/waves.md): each candidate kind one
+    /// chain of kernels over a wave's stacked edges. Float searches without partial channels,
+    /// edge normalization, DARTS-' β, a bit-width search or perturbation selection.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batched_cells: bool,
 }
 
 impl ModelConfig {
@@ -255,6 +260,27 @@ impl Experiment for ExperimentConfig {
             );
         }
         r.count("model.nodes", m.nodes, 1, 16)?;
+        if m.batched_cells {
+            let conflict = [
+                (
+                    self.quant.preset != qdarts_ops::qconfig::Preset::Float,
+                    "quant.preset (not float)",
+                ),
+                (m.partial_channels > 1, "model.partial_channels > 1"),
+                (s.guards.edge_normalization, "search.guards.edge_normalization"),
+                (s.guards.aux_skip > 0.0, "search.guards.aux_skip > 0"),
+                (s.bits.is_some(), "[search.bits]"),
+                (s.selection == Selection::Perturbation, "search.selection = \"perturbation\""),
+            ];
+            if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
+                let message = format!(
+                    "runs float cells without partial channels, edge normalization, β, a \
+                     bit-width search or perturbation selection; this config has {what}: \
+                     set model.batched_cells = false (or leave it out) to run it edge by edge"
+                );
+                return bad("model.batched_cells", &message);
+            }
+        }
         r.count("model.stem_multiplier", m.stem_multiplier, 1, 16)?;
         if m.primitives.is_empty() || m.primitives.iter().all(|p| *p == Primitive::None) {
             return bad("model.primitives", "needs an op other than none");

@@ -320,7 +320,13 @@ pub fn prepare_search<'a>(
     // The backend's generator is process-wide: hold it from seeding to the last random
     // initial value, so that two searches in one process (tests) cannot interleave draws.
     let (net, alphas) = seeded(&ad, cfg.seed, || {
-        let net = SearchNetwork::new(&shape, &cfg.quant, &ad)?;
+        let mut net = SearchNetwork::new(&shape, &cfg.quant, &ad)?;
+        if cfg.model.batched_cells {
+            net.batch_cells(&cfg.model.primitives).map_err(|e| {
+                let config = Path::new("config");
+                RunError::Config(ConfigError::invalid(config, "model.batched_cells", e.to_string()))
+            })?;
+        }
         let alphas = Alphas::new(cfg.model.nodes, cfg.model.primitives.len(), &ad);
         let alphas = if cfg.search.guards.edge_normalization {
             alphas.with_edge_normalization(&ad)

@@ -13,6 +13,7 @@ use qdarts_ops::qconfig::{QuantConfig, Site};
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
 use super::alphas::ArchWeights;
+use super::batched::{BatchError, BatchedCell};
 use super::cell::{CellShape, SearchCell};
 
 /// The shape of a search network.
@@ -49,6 +50,10 @@ pub struct SearchNetwork {
     pub stem_act: Option<FakeQuantizer>,
     /// The cells (`cells.<i>`).
     pub cells: Vec<SearchCell>,
+    /// With `model.batched_cells`, each cell's edges in waves (`batched.<i>`), which the
+    /// forward pass runs in place of the cells' edges (their preprocessing still runs);
+    /// otherwise empty.
+    pub batched: Vec<BatchedCell>,
     /// Quantizer of the pooled features (`gap.act`).
     pub gap_act: Option<FakeQuantizer>,
     /// Classifier (`classifier`).
@@ -98,10 +103,25 @@ impl SearchNetwork {
             stem_bn,
             stem_act,
             cells,
+            batched: Vec::new(),
             gap_act: ctx("gap", "classifier").quantizer(Site::Act, "act", 1)?,
             classifier: QLinear::new(c_p, s.classes, &ctx("classifier", "classifier"))?,
             aux_skip: 0.0,
         })
+    }
+
+    /// Runs every cell's edges in waves from now on ([`BatchedCell`], built from the cells'
+    /// current weights; `model.batched_cells`).
+    ///
+    /// # Errors
+    /// Where a cell cannot run batched ([`BatchError`]).
+    pub fn batch_cells(&mut self, primitives: &[Primitive]) -> Result<(), BatchError> {
+        self.batched = self
+            .cells
+            .iter()
+            .map(|c| BatchedCell::from_cell(c, primitives))
+            .collect::<Result<_, _>>()?;
+        Ok(())
     }
 
     /// Logits for a batch, with the softmax of each cell type's α given per edge.
@@ -126,7 +146,13 @@ impl SearchNetwork {
         let (edge_n, edge_r) = (scalars(a.edge_normal), scalars(a.edge_reduce));
         let s = quantize_opt(&self.stem_act, self.stem_bn.forward(self.stem.forward(x)));
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
-        for cell in &self.cells {
+        for (i, cell) in self.cells.iter().enumerate() {
+            if let Some(b) = self.batched.get(i) {
+                let w = if cell.reduction { &reduce } else { &normal };
+                let (p0, p1) = (cell.preproc0.forward(s0), cell.preproc1.forward(s1.clone()));
+                (s0, s1) = (s1, b.forward(p0, p1, w));
+                continue;
+            }
             let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };
             let out = cell.forward(s0, s1.clone(), w, e.as_deref(), self.aux_skip, a.bits.as_ref());
             (s0, s1) = (s1, out);

@@ -29,8 +29,7 @@ use qdarts_genotypes::Primitive;
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
 use qdarts_kernels::relu::relu;
-use qdarts_ops::candidates::{QBatchNorm, QPoolBN, QStdConv, QTensor};
-use qdarts_ops::network::Preprocess;
+use qdarts_ops::candidates::{QBatchNorm, QPoolBN, QTensor};
 use qdarts_ops::quant::SpecError;
 
 use super::waves::{Wave, waves};
@@ -117,13 +116,10 @@ pub struct WaveOps {
     pub slots: Vec<Slot>,
 }
 
-/// A float search cell run wave by wave.
+/// A float search cell's edges run wave by wave (its input preprocessing stays the per-edge
+/// cell's).
 #[derive(Module, Debug)]
 pub struct BatchedCell {
-    /// Preprocessing of `s0`.
-    pub preproc0: Preprocess,
-    /// Preprocessing of `s1`.
-    pub preproc1: QStdConv,
     /// The candidates of each wave.
     pub waves: Vec<WaveOps>,
     /// Intermediate nodes.
@@ -183,14 +179,15 @@ fn grouped_pointwise(x: Tensor<4>, w: Tensor<4>, groups: usize) -> Tensor<4> {
 }
 
 impl BatchedCell {
-    /// [`SearchCell::forward`](super::SearchCell::forward) without partial channels, edge
-    /// weights or β.
+    /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing,
+    /// without partial channels, edge weights or β: `s0`, `s1` are the cell's preprocessed
+    /// inputs.
     ///
     /// # Shapes
-    /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]`; weights: one `[K]` row per edge, in the
-    ///   cell's order; output: `[N, nodes·C, H', W']`.
+    /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
+    ///   weights: one `[K]` row per edge, in the cell's order; output: `[N, nodes·C, H', W']`.
     pub fn forward(&self, s0: QTensor, s1: QTensor, weights: &[Tensor<1>]) -> QTensor {
-        let mut states = vec![self.preproc0.forward(s0).value, self.preproc1.forward(s1).value];
+        let mut states = vec![s0.value, s1.value];
         let plan = waves(self.nodes);
         // Each wave's terms of the nodes it feeds, `[N, fed, C·H'·W']`, from its first node.
         let mut terms: Vec<(usize, Tensor<3>)> = Vec::with_capacity(plan.len());

@@ -140,8 +140,8 @@ fn pool_copy(op: &QPoolBN, path: &str) -> Result<QPoolBN, SpecError> {
 }
 
 impl BatchedCell {
-    /// The batched form of `cell` (built over `primitives`), with copies of its weights and
-    /// running statistics (the preprocessing is `cell`'s, shared).
+    /// The batched form of `cell`'s edges (built over `primitives`), with copies of their
+    /// weights and running statistics; the input preprocessing stays `cell`'s.
     ///
     /// # Errors
     /// If `cell` has quantizers, partial channels or a candidate with no batched form.
@@ -161,19 +161,13 @@ impl BatchedCell {
             .enumerate()
             .map(|(w, wave)| WaveOps::new(cell, wave, primitives, &format!("waves.{w}")))
             .collect::<Result<_, _>>()?;
-        Ok(BatchedCell {
-            preproc0: cell.preproc0.clone(),
-            preproc1: cell.preproc1.clone(),
-            waves,
-            nodes: cell.nodes,
-        })
+        Ok(BatchedCell { waves, nodes: cell.nodes })
     }
 
     /// Writes the batched cell's weights and running statistics back into `cell`, the cell it
-    /// was built from (or one of the same shape): its preprocessing, each edge's slice of every
-    /// stacked tensor, and a pool's statistics to every edge that reads its source. The
-    /// per-edge cell is the form records and checkpoints name; this makes it the batched
-    /// cell's storage.
+    /// was built from (or one of the same shape): each edge's slice of every stacked tensor,
+    /// and a pool's statistics to every edge that reads its source. The per-edge cell is the
+    /// form records and checkpoints name; this makes it the batched cell's storage.
     pub fn write_into(&self, cell: &mut SearchCell) {
         let set = |p: &mut Param<Tensor<4>>, value: Tensor<4>| {
             *p = Param::initialized(p.id, value.detach().require_grad());
@@ -184,8 +178,6 @@ impl BatchedCell {
             to.running_mean.set(slice(from.running_mean.value(), j, c));
             to.running_var.set(slice(from.running_var.value(), j, c));
         };
-        cell.preproc0 = self.preproc0.clone();
-        cell.preproc1 = self.preproc1.clone();
         for (wave, ops) in waves(self.nodes).iter().zip(&self.waves) {
             for (p, slot) in ops.slots.iter().enumerate() {
                 for (j, &k) in wave.edges.iter().enumerate() {
