@@ -122,18 +122,27 @@ static INJECT_AFTER: AtomicU64 = AtomicU64::new(0);
 
 /// Reads [`INJECT_ENV`]; call it first in `main`. A malformed value is an error naming it.
 pub fn inject_from_env() -> anyhow::Result<()> {
-    let Some(v) = std::env::var_os(INJECT_ENV) else { return Ok(()) };
-    let v = v.to_string_lossy().into_owned();
-    let parsed =
-        v.split_once(':').and_then(|(e, s)| Some((e.parse::<u32>().ok()?, s.parse::<u32>().ok()?)));
-    let Some((epoch, step)) = parsed else {
-        anyhow::bail!("{INJECT_ENV}={v}: expected EPOCH:STEP, two integers");
-    };
-    INJECT_AFTER.store(position(epoch, step) + 1, Ordering::Relaxed);
+    if let Some((epoch, step)) = step_from_env(INJECT_ENV)? {
+        INJECT_AFTER.store(position(epoch, step) + 1, Ordering::Relaxed);
+    }
     Ok(())
 }
 
-fn position(epoch: u32, step: u32) -> u64 {
+/// The `EPOCH:STEP` the environment variable `name` gives, if it is set; a malformed value is
+/// an error naming it.
+pub fn step_from_env(name: &str) -> anyhow::Result<Option<(u32, u32)>> {
+    let Some(v) = std::env::var_os(name) else { return Ok(None) };
+    let v = v.to_string_lossy().into_owned();
+    let parsed =
+        v.split_once(':').and_then(|(e, s)| Some((e.parse::<u32>().ok()?, s.parse::<u32>().ok()?)));
+    match parsed {
+        Some(at) => Ok(Some(at)),
+        None => anyhow::bail!("{name}={v}: expected EPOCH:STEP, two integers"),
+    }
+}
+
+/// `(epoch << 32) | step`: one number per step, in the order a run takes them.
+pub fn position(epoch: u32, step: u32) -> u64 {
     (u64::from(epoch) << 32) | u64::from(step)
 }
 

@@ -7,29 +7,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use qdarts_engine::Progress;
 
+use crate::alloc;
+
 /// The environment variable.
 pub const KILL_ENV: &str = "QDARTS_TEST_KILL_AT";
 
-/// `(epoch << 32 | step) + 1` to abort after; 0: none.
+/// [`alloc::position`] of the step to abort after, plus one; 0: none.
 static KILL_AT: AtomicU64 = AtomicU64::new(0);
 
 /// Reads [`KILL_ENV`]; call it first in `main`. A malformed value is an error naming it.
 pub fn from_env() -> anyhow::Result<()> {
-    let Some(v) = std::env::var_os(KILL_ENV) else { return Ok(()) };
-    let v = v.to_string_lossy().into_owned();
-    let parsed =
-        v.split_once(':').and_then(|(e, s)| Some((e.parse::<u32>().ok()?, s.parse::<u32>().ok()?)));
-    let Some((epoch, step)) = parsed else {
-        anyhow::bail!("{KILL_ENV}={v}: expected EPOCH:STEP, two integers");
-    };
-    KILL_AT.store(((u64::from(epoch) << 32) | u64::from(step)) + 1, Ordering::Relaxed);
+    if let Some((epoch, step)) = alloc::step_from_env(KILL_ENV)? {
+        KILL_AT.store(alloc::position(epoch, step) + 1, Ordering::Relaxed);
+    }
     Ok(())
 }
 
 /// Aborts the process if `p` is the step [`KILL_ENV`] names.
 pub fn check(p: &Progress) {
+    let clip = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     let at = KILL_AT.load(Ordering::Relaxed);
-    if at != 0 && ((p.epoch as u64) << 32 | p.step as u64) + 1 == at {
+    if at != 0 && alloc::position(clip(p.epoch), clip(p.step)) + 1 == at {
         std::process::abort();
     }
 }
