@@ -43,16 +43,24 @@ impl StackedStage {
 
     /// Edge `j`'s slices into `op`.
     fn write_into(&self, op: &mut QDilConv, j: usize) {
-        let set = |p: &mut Param<Tensor<4>>, all: Tensor<4>| {
-            let c = p.val().dims()[0];
-            *p = Param::initialized(p.id, all.narrow(0, j * c, c).detach().require_grad());
-        };
-        set(&mut op.dw.weight, self.dw.val());
-        set(&mut op.pw.weight, self.pw.val());
-        let c = op.bn.running_mean.value().dims()[0];
-        op.bn.running_mean.set(self.bn.running_mean.value().narrow(0, j * c, c));
-        op.bn.running_var.set(self.bn.running_var.value().narrow(0, j * c, c));
+        slice_into(&mut op.dw.weight, &self.dw, j);
+        slice_into(&mut op.pw.weight, &self.pw, j);
+        bn_slice_into(&op.bn, &self.bn, j);
     }
+}
+
+/// Edge `j`'s slice of the stacked `all` (edge after edge) as `p`'s value, under `p`'s id.
+fn slice_into(p: &mut Param<Tensor<4>>, all: &Param<Tensor<4>>, j: usize) {
+    let c = p.val().dims()[0];
+    *p = Param::initialized(p.id, all.val().narrow(0, j * c, c).detach().require_grad());
+}
+
+/// Edge `j`'s slice of the stacked BN's running statistics into `to` (`j` 0 and a BN of
+/// `to`'s size: a copy).
+fn bn_slice_into(to: &QBatchNorm, from: &QBatchNorm, j: usize) {
+    let c = to.running_mean.value().dims()[0];
+    to.running_mean.set(from.running_mean.value().narrow(0, j * c, c));
+    to.running_var.set(from.running_var.value().narrow(0, j * c, c));
 }
 
 impl WaveOps {
@@ -134,8 +142,7 @@ fn pool_copy(op: &QPoolBN, path: &str) -> Result<QPoolBN, SpecError> {
     let device = mean.device();
     let ctx = Ctx::new(&cfg, "pool", path, &device);
     let copy = QPoolBN::new(op.kind, mean.dims()[0], op.stride(), false, &ctx)?;
-    copy.bn.running_mean.set(mean);
-    copy.bn.running_var.set(op.bn.running_var.value());
+    bn_slice_into(&copy.bn, &op.bn, 0);
     Ok(copy)
 }
 
@@ -169,15 +176,6 @@ impl BatchedCell {
     /// and a pool's statistics to every edge that reads its source. The per-edge cell is the
     /// form records and checkpoints name; this makes it the batched cell's storage.
     pub fn write_into(&self, cell: &mut SearchCell) {
-        let set = |p: &mut Param<Tensor<4>>, value: Tensor<4>| {
-            *p = Param::initialized(p.id, value.detach().require_grad());
-        };
-        let slice = |t: Tensor<1>, j: usize, c: usize| t.narrow(0, j * c, c);
-        let bn_into = |from: &QBatchNorm, to: &QBatchNorm, j: usize| {
-            let c = to.running_mean.value().dims()[0];
-            to.running_mean.set(slice(from.running_mean.value(), j, c));
-            to.running_var.set(slice(from.running_var.value(), j, c));
-        };
         for (wave, ops) in waves(self.nodes).iter().zip(&self.waves) {
             for (p, slot) in ops.slots.iter().enumerate() {
                 for (j, &k) in wave.edges.iter().enumerate() {
@@ -194,14 +192,13 @@ impl BatchedCell {
                         }
                         (Slot::Reduce, CandidateOp::Reduce(fr)) => {
                             let r = ops.reduce.as_ref().expect("a Reduce slot has its op");
-                            let half = fr.conv1.weight.val().dims()[0];
-                            set(&mut fr.conv1.weight, r.conv1.val().narrow(0, j * half, half));
-                            set(&mut fr.conv2.weight, r.conv2.val().narrow(0, j * half, half));
-                            bn_into(&r.bn, &fr.bn, j);
+                            slice_into(&mut fr.conv1.weight, &r.conv1, j);
+                            slice_into(&mut fr.conv2.weight, &r.conv2, j);
+                            bn_slice_into(&fr.bn, &r.bn, j);
                         }
                         (Slot::Pool(i), CandidateOp::Pool(op)) => {
                             let shared = &ops.pools[i * wave.sources.len() + wave.source_of[j]];
-                            bn_into(&shared.bn, &op.bn, 0);
+                            bn_slice_into(&op.bn, &shared.bn, 0);
                         }
                         (Slot::Zero | Slot::Identity, _) => {}
                         _ => unreachable!("the batched cell was built from a cell of this shape"),
