@@ -136,30 +136,47 @@ pub fn write_cell_csv(
     shape: [usize; 3],
     rows: &[CellRow],
 ) -> Result<()> {
-    let [batch, c, size] = shape;
+    /// One row of `bench cell --csv`.
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        backend: String,
+        batch: usize,
+        channels: usize,
+        size: usize,
+        cell: &'a str,
+        launches_edges: Option<u64>,
+        launches_waves: Option<u64>,
+        edges_median_s: f64,
+        edges_min_s: f64,
+        edges_max_s: f64,
+        waves_median_s: f64,
+        waves_min_s: f64,
+        waves_max_s: f64,
+        ratio_median: f64,
+        ratio_min: f64,
+        ratio_max: f64,
+    }
+    let [batch, channels, size] = shape;
     let lines = rows.iter().map(|r| {
         let [e, w] = &r.seconds;
-        format!(
-            "{},{batch},{c},{size},{},{},{},{},{},{},{},{},{},{},{},{}",
-            backend.label(),
-            r.cell,
-            launches(r.launches[0]),
-            launches(r.launches[1]),
-            e.median,
-            e.min,
-            e.max,
-            w.median,
-            w.min,
-            w.max,
-            r.ratio.median,
-            r.ratio.min,
-            r.ratio.max
-        )
+        Row {
+            backend: backend.label(),
+            batch,
+            channels,
+            size,
+            cell: r.cell,
+            launches_edges: r.launches[0],
+            launches_waves: r.launches[1],
+            edges_median_s: e.median,
+            edges_min_s: e.min,
+            edges_max_s: e.max,
+            waves_median_s: w.median,
+            waves_min_s: w.min,
+            waves_max_s: w.max,
+            ratio_median: r.ratio.median,
+            ratio_min: r.ratio.min,
+            ratio_max: r.ratio.max,
+        }
     });
-    write_csv(
-        path,
-        "backend,batch,channels,size,cell,launches_edges,launches_waves,edges_median_s,edges_min_s,\
-         edges_max_s,waves_median_s,waves_min_s,waves_max_s,ratio_median,ratio_min,ratio_max",
-        lines,
-    )
+    write_csv(path, lines)
 }

@@ -174,29 +174,24 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                     mib(rss),
                     launches
                 );
-                rows.push(format!(
-                    "{},{},{},{},{},{:.4},{:.4},{:.4},{},{},{},{pools_name}",
-                    backend.label(),
-                    sh.name,
+                rows.push(SearchCsvRow {
+                    backend: backend.label(),
+                    shape: sh.name,
                     network,
-                    order_name(case.order),
-                    preset_name(case.preset),
-                    tm.median,
-                    tm.min,
-                    tm.max,
-                    t.peak.map_or(String::new(), |p| p.to_string()),
-                    rss.map_or(String::new(), |p| p.to_string()),
-                    launches
-                ));
+                    order: order_name(case.order),
+                    quant: preset_name(case.preset),
+                    median_s: tm.median,
+                    min_s: tm.min,
+                    max_s: tm.max,
+                    peak_bytes: t.peak,
+                    peak_rss_bytes: rss,
+                    launches: t.launches,
+                    pools: pools_name,
+                });
             }
             if let Some(path) = csv {
-                timing::write_csv(
-                    &path,
-                    "backend,shape,network,order,quant,median_s,min_s,max_s,peak_bytes,peak_rss_bytes,\
-                     launches,pools",
-                    rows,
-                )
-                .with_context(|| format!("writing {}", path.display()))?;
+                timing::write_csv(&path, rows)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
         }
@@ -239,6 +234,23 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// One row of `bench search --csv`.
+#[derive(Debug, serde::Serialize)]
+struct SearchCsvRow<'a> {
+    backend: String,
+    shape: &'static str,
+    network: String,
+    order: &'static str,
+    quant: &'static str,
+    median_s: f64,
+    min_s: f64,
+    max_s: f64,
+    peak_bytes: Option<u64>,
+    peak_rss_bytes: Option<u64>,
+    launches: Option<u64>,
+    pools: &'a str,
 }
 
 #[cfg(test)]

@@ -90,24 +90,32 @@ pub fn write_ops_csv(
     shape: [usize; 4],
     rows: &[OpRow],
 ) -> Result<()> {
+    /// One row of `bench ops --csv`.
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        backend: String,
+        shape: &'a str,
+        op: &'a str,
+        stride: usize,
+        float_median_s: f64,
+        float_min_s: f64,
+        float_max_s: f64,
+        quant_median_s: f64,
+        quant_min_s: f64,
+        quant_max_s: f64,
+    }
     let shape = format!("{}x{}x{}x{}", shape[0], shape[1], shape[2], shape[3]);
-    let lines = rows.iter().map(|r| {
-        format!(
-            "{},{shape},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6}",
-            backend.label(),
-            r.op,
-            r.stride,
-            r.float.median,
-            r.float.min,
-            r.float.max,
-            r.quant.median,
-            r.quant.min,
-            r.quant.max
-        )
+    let lines = rows.iter().map(|r| Row {
+        backend: backend.label(),
+        shape: &shape,
+        op: &r.op,
+        stride: r.stride,
+        float_median_s: r.float.median,
+        float_min_s: r.float.min,
+        float_max_s: r.float.max,
+        quant_median_s: r.quant.median,
+        quant_min_s: r.quant.min,
+        quant_max_s: r.quant.max,
     });
-    write_csv(
-        path,
-        "backend,shape,op,stride,float_median_s,float_min_s,float_max_s,quant_median_s,quant_min_s,quant_max_s",
-        lines,
-    )
+    write_csv(path, lines)
 }

@@ -200,24 +200,32 @@ pub fn write_quant_csv(
     shape: [usize; 4],
     rows: &[QuantRow],
 ) -> Result<()> {
+    /// One row of `bench quant --csv`.
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        backend: String,
+        shape: &'a str,
+        observer: &'a str,
+        granularity: &'a str,
+        pass: &'a str,
+        median_s: f64,
+        min_s: f64,
+        max_s: f64,
+        elems_per_s: f64,
+        gb_per_s: f64,
+    }
     let shape = format!("{}x{}x{}x{}", shape[0], shape[1], shape[2], shape[3]);
-    let lines = rows.iter().map(|r| {
-        format!(
-            "{},{shape},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3}",
-            backend.label(),
-            r.what,
-            r.granularity,
-            r.pass.name(),
-            r.median_s,
-            r.min_s,
-            r.max_s,
-            r.elems_per_s(),
-            r.gb_per_s()
-        )
+    let lines = rows.iter().map(|r| Row {
+        backend: backend.label(),
+        shape: &shape,
+        observer: &r.what,
+        granularity: r.granularity,
+        pass: r.pass.name(),
+        median_s: r.median_s,
+        min_s: r.min_s,
+        max_s: r.max_s,
+        elems_per_s: r.elems_per_s(),
+        gb_per_s: r.gb_per_s(),
     });
-    write_csv(
-        path,
-        "backend,shape,observer,granularity,pass,median_s,min_s,max_s,elems_per_s,gb_per_s",
-        lines,
-    )
+    write_csv(path, lines)
 }

@@ -217,30 +217,40 @@ fn print_rates(rows: &[Rate], rounds: usize, csv: Option<&Path>) -> Result<()> {
             format!("{:.1}..{:.1}", r.min, r.max),
             shown
         );
-        let (m, lo, hi) = ratio.map_or((String::new(), String::new(), String::new()), |t| {
-            (format!("{:.4}", t.median), format!("{:.4}", t.min), format!("{:.4}", t.max))
+        lines.push(RateCsvRow {
+            runtime: &r.name,
+            threads: r.threads,
+            images_per_s: r.median(),
+            min: r.min,
+            max: r.max,
+            rounds,
+            vs_qdarts: ratio.map(|t| t.median),
+            vs_qdarts_min: ratio.map(|t| t.min),
+            vs_qdarts_max: ratio.map(|t| t.max),
         });
-        lines.push(format!(
-            "{},{},{:.3},{:.3},{:.3},{rounds},{m},{lo},{hi}",
-            r.name,
-            r.threads,
-            r.median(),
-            r.min,
-            r.max
-        ));
     }
     println!(
         "(vs qdarts: qdarts' images/s over the row's, same threads; above 1 means qdarts is faster{})",
         if rounds > 1 { "; median of the per-round ratios (min..max)" } else { "" }
     );
     if let Some(p) = csv {
-        write_csv(
-            p,
-            "runtime,threads,images_per_s,min,max,rounds,vs_qdarts,vs_qdarts_min,vs_qdarts_max",
-            lines,
-        )?;
+        write_csv(p, lines)?;
     }
     Ok(())
+}
+
+/// One row of `bench runtime --csv`.
+#[derive(serde::Serialize)]
+struct RateCsvRow<'a> {
+    runtime: &'a str,
+    threads: usize,
+    images_per_s: f64,
+    min: f64,
+    max: f64,
+    rounds: usize,
+    vs_qdarts: Option<f64>,
+    vs_qdarts_min: Option<f64>,
+    vs_qdarts_max: Option<f64>,
 }
 
 fn model_len(model: &qdarts_frozen::FrozenModel) -> usize {

@@ -116,36 +116,49 @@ fn render(lines: &[Line]) -> String {
     out
 }
 
-fn csv_lines(backend: Backend, lines: &[Line]) -> Vec<String> {
-    let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+fn csv_lines(backend: Backend, lines: &[Line]) -> Vec<CsvRow<'_>> {
+    let backend = backend.label();
     lines
         .iter()
-        .map(|l| {
-            let (m, lo, hi) = l.time.map_or((String::new(), String::new(), String::new()), |t| {
-                (format!("{:.6}", t.0), format!("{:.6}", t.1), format!("{:.6}", t.2))
-            });
-            let (e, gb) = l.rate.map_or((String::new(), String::new()), |(e, gb)| {
-                (format!("{e:.0}"), format!("{gb:.3}"))
-            });
-            let (r, of) = l.ratio.map_or((String::new(), ""), |(r, of)| (format!("{r:.4}"), of));
-            format!(
-                "{},{},{},{},{},{},{m},{lo},{hi},{e},{gb},{r},{},{},{}",
-                backend.label(),
-                l.section,
-                q(&l.case),
-                q(&l.variant),
-                l.runs.0,
-                l.runs.1,
-                q(of),
-                l.peak_bytes.map_or(String::new(), |b| b.to_string()),
-                q(&l.note)
-            )
+        .map(|l| CsvRow {
+            backend: backend.clone(),
+            section: l.section,
+            case: &l.case,
+            variant: &l.variant,
+            warmup: l.runs.0,
+            reps: l.runs.1,
+            median_s: l.time.map(|t| t.0),
+            min_s: l.time.map(|t| t.1),
+            max_s: l.time.map(|t| t.2),
+            elems_per_s: l.rate.map(|r| r.0),
+            gb_per_s: l.rate.map(|r| r.1),
+            ratio: l.ratio.map(|r| r.0),
+            ratio_of: l.ratio.map_or("", |r| r.1),
+            peak_bytes: l.peak_bytes,
+            note: &l.note,
         })
         .collect()
 }
 
-const CSV_HEADER: &str = "backend,section,case,variant,warmup,reps,median_s,min_s,max_s,\
-elems_per_s,gb_per_s,ratio,ratio_of,peak_bytes,note";
+/// One row of the suite's CSV.
+#[derive(serde::Serialize)]
+struct CsvRow<'a> {
+    backend: String,
+    section: &'static str,
+    case: &'a str,
+    variant: &'a str,
+    warmup: usize,
+    reps: usize,
+    median_s: Option<f64>,
+    min_s: Option<f64>,
+    max_s: Option<f64>,
+    elems_per_s: Option<f64>,
+    gb_per_s: Option<f64>,
+    ratio: Option<f64>,
+    ratio_of: &'static str,
+    peak_bytes: Option<u64>,
+    note: &'a str,
+}
 
 /// The fake-quant tensor: the shape of a ResNet-50 stage-1 activation at batch 64.
 const QUANT_SHAPE: [usize; 4] = [64, 64, 56, 56];
@@ -360,7 +373,7 @@ pub fn run(args: &SuiteArgs, backend: Backend) -> Result<()> {
         if backend == Backend::Flex { "" } else { " (device pool bytes reserved)" }
     );
     print!("{}", render(&lines));
-    write_csv(&csv, CSV_HEADER, csv_lines(backend, &lines))
+    write_csv(&csv, csv_lines(backend, &lines))
         .with_context(|| format!("writing {}", csv.display()))?;
     println!(
         "{} rows in {:.0} s; CSV: {}",
@@ -415,8 +428,28 @@ mod tests {
         };
         let table = render(std::slice::from_ref(&line));
         assert!(table.contains("skipped: ~80 s/step") && table.contains("0+0"), "{table}");
-        let csv = csv_lines(Backend::Flex, &[line]);
-        assert_eq!(csv[0].split(',').count(), CSV_HEADER.split(',').count() + 1, "{}", csv[0]);
-        assert!(csv[0].starts_with("flex,search,\"darts C=16 8 cells b64\",\"second order"));
+        let path =
+            std::env::temp_dir().join(format!("qdarts-suite-csv-{}.csv", std::process::id()));
+        write_csv(&path, csv_lines(Backend::Flex, &[line])).expect("write");
+        let text = std::fs::read_to_string(&path).expect("read");
+        std::fs::remove_file(&path).ok();
+        let mut lines = text.lines();
+        let header = lines.next().expect("header");
+        assert!(
+            header.starts_with("backend,section,case,variant,warmup,reps,median_s"),
+            "{header}"
+        );
+        let row = lines.next().expect("row");
+        assert!(
+            row.starts_with("flex,search,darts C=16 8 cells b64,\"second order, float\",0,0,,"),
+            "{row}"
+        );
+        let fields = csv::Reader::from_reader(text.as_bytes())
+            .records()
+            .next()
+            .expect("one record")
+            .expect("parses");
+        assert_eq!(fields.len(), header.split(',').count());
+        assert_eq!(&fields[14], "skipped: ~80 s/step does not fit");
     }
 }

@@ -1,14 +1,13 @@
 //! The timing harness of the benchmarks: repetitions after a warm-up with median, min and max,
 //! forcing lazy backends to finish, the peak memory of a step, and CSV output.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use burn::tensor::{Device, Tensor};
+use serde::Serialize;
 
 /// Median, min and max seconds of timed runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,13 +109,14 @@ pub fn sampled_pool_peak<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Optio
     })
 }
 
-/// Writes a header and one line per row, synced to disk.
-pub fn write_csv(path: &Path, header: &str, lines: impl IntoIterator<Item = String>) -> Result<()> {
-    let mut f = File::create(path)?;
-    writeln!(f, "{header}")?;
-    for line in lines {
-        writeln!(f, "{line}")?;
+/// Writes one CSV row per record, the header from the record's field names (`None`: an
+/// empty field; a text with a comma or a quote is quoted), synced to disk.
+pub fn write_csv<R: Serialize>(path: &Path, rows: impl IntoIterator<Item = R>) -> Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
+    for row in rows {
+        w.serialize(row)?;
     }
+    let f = w.into_inner().map_err(|e| e.into_error())?;
     f.sync_all()?;
     Ok(())
 }
