@@ -71,15 +71,18 @@ pub const FLOAT32_REFERENCE: &str = "expected-float32.safetensors";
 
 /// Compares qdarts' outputs with a fixture folder's `expected.safetensors`.
 ///
-/// Where the folder also holds [`FLOAT32_REFERENCE`], a group present there is held to the
-/// larger of its bound and the reference's own float32 distance from its float64 result. The
+/// Where the folder also holds [`FLOAT32_REFERENCE`], a group present there is held to its
+/// bound plus the reference's own float32 distance from its float64 result (what a step
+/// within the bound of PyTorch's float32 step can be off the exact one). The
 /// unheld central difference `(∇α L(w⁺) − ∇α L(w⁻)) / 2ε` sends a whole `O(1)/2ε` term to one
 /// side whenever an activation lies within last bits of a ReLU's kink or a pooling tie at `w±`,
 /// and which ones do depends on the order of every float32 sum before it: at the default
 /// experiment's shape PyTorch's float32 Hessian term is 2e-2 to 7e-2 (relative) from its
 /// float64 one, and qdarts' moves between 4e-6 and 4e-3 with the CPU's vector width
 /// (docs/results/2026-12-04-second-order-across-cpus.md). A float32 step cannot be held closer
-/// to the exact one than the reference's own float32 step is.
+/// to the exact one than the reference's own float32 step is. The second order's ∇α at `w'`
+/// (`second.dalpha.*`) is kink-prone too: an activation within last bits of a kink at `w'`
+/// moves it by 7.7e-4 (relative) between PyTorch's float32 and float64 steps at that shape.
 ///
 /// # Errors
 /// If a file cannot be read.
@@ -147,7 +150,9 @@ fn compare_with_floors(
     let mut checks: Vec<Check> = compare_groups(ours, reference)
         .into_iter()
         .map(|(g, max_abs, rel)| {
-            let b = bound(preset, &g).max(floors.get(&g).copied().unwrap_or(0.0));
+            // Within the bound of the reference's float32 step is, by the triangle inequality,
+            // within the bound plus that step's own distance of the exact one.
+            let b = bound(preset, &g) + floors.get(&g).copied().unwrap_or(0.0);
             Check { ok: rel <= b, quantity: g, max_abs, rel, bound: b }
         })
         .collect();
