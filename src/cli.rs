@@ -145,6 +145,11 @@ pub(crate) enum Command {
         /// expected.safetensors), to look into a difference tensor by tensor.
         #[arg(long, value_name = "DIR")]
         write_outputs: Option<PathBuf>,
+        /// Run the supernet's cells in waves (the batched cell, `model.batched_cells`), from
+        /// the same weights, statistics and momentum buffers: float fixtures only, the others
+        /// are listed as skipped.
+        #[arg(long)]
+        batched_cells: bool,
     },
     /// Expand a sweep file (a grid or list over config keys, and seeds) into numbered trials
     /// in results/<sweep>/; write Slurm / Kubernetes files that run them, or run them here.

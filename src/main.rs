@@ -228,8 +228,8 @@ fn main() -> ExitCode {
             };
             search_cmd::dump_step(&spec, &out, with_outputs, cli.backend)
         }
-        Command::Parity { fixtures, write_outputs } => {
-            search_cmd::parity(&fixtures, write_outputs.as_deref(), cli.backend)
+        Command::Parity { fixtures, write_outputs, batched_cells } => {
+            search_cmd::parity(&fixtures, write_outputs.as_deref(), batched_cells, cli.backend)
         }
         Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
         Command::Compare {

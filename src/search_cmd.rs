@@ -175,9 +175,15 @@ pub fn dump_step(
 }
 
 /// Runs `qdarts parity`: every fixture folder's step on `backend`, against its expected
-/// outputs; an error when a quantity is off its bound.
-pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backend) -> Result<()> {
-    use qdarts_search::parity::{check_fixture, compute, read_inputs};
+/// outputs; an error when a quantity is off its bound. `batched`: with the cells in waves
+/// (float fixtures; the others are skipped, and none left is an error).
+pub fn parity(
+    fixtures: &[PathBuf],
+    write_outputs: Option<&Path>,
+    batched: bool,
+    backend: Backend,
+) -> Result<()> {
+    use qdarts_search::parity::{batch_inputs, check_fixture, compute, read_inputs};
     let mut dirs = Vec::new();
     for f in fixtures {
         if f.join("spec.json").is_file() {
@@ -198,9 +204,20 @@ pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backe
     }
     let device = backend.device()?.autodiff();
     let mut failed = Vec::new();
+    let mut checked = 0;
+    let how = if batched { ", cells in waves" } else { "" };
     for dir in &dirs {
-        let (spec, state) = read_inputs(dir, &device)
+        let (spec, mut state) = read_inputs(dir, &device)
             .with_context(|| format!("reading fixture {}", dir.display()))?;
+        if batched {
+            if spec.preset != qdarts_ops::qconfig::Preset::Float {
+                println!("{}: skipped (--batched-cells runs float fixtures only)", dir.display());
+                continue;
+            }
+            state = batch_inputs(dir, &spec, state)
+                .with_context(|| format!("batching the cells of fixture {}", dir.display()))?;
+        }
+        checked += 1;
         let ours = compute(&spec, state)?;
         if let Some(root) = write_outputs {
             let name = dir.file_name().map_or_else(|| "fixture".into(), |n| n.to_os_string());
@@ -213,7 +230,7 @@ pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backe
         }
         let checks = check_fixture(dir, spec.preset, &ours)
             .with_context(|| format!("reading the expected outputs of {}", dir.display()))?;
-        println!("{} on {}", dir.display(), backend.label());
+        println!("{} on {}{how}", dir.display(), backend.label());
         println!("  {:<48} {:>11} {:>11} {:>9}", "quantity", "max |diff|", "relative", "bound");
         for c in checks {
             let flag = if c.ok { "" } else { "  FAILED" };
@@ -227,9 +244,12 @@ pub fn parity(fixtures: &[PathBuf], write_outputs: Option<&Path>, backend: Backe
         }
     }
     if !failed.is_empty() {
-        bail!("parity failed on {}: {}", backend.label(), failed.join("; "));
+        bail!("parity failed on {}{how}: {}", backend.label(), failed.join("; "));
     }
-    println!("parity: {} fixture(s) within bounds on {}", dirs.len(), backend.label());
+    if checked == 0 {
+        bail!("parity: no float fixture among {} to run with --batched-cells", dirs.len());
+    }
+    println!("parity: {checked} fixture(s) within bounds on {}{how}", backend.label());
     Ok(())
 }
 

@@ -269,6 +269,38 @@ pub fn read_inputs(dir: &Path, device: &Device) -> Result<(StepSpec, StepState),
     Ok((spec, st))
 }
 
+/// A fixture's inputs with the supernet's cells in waves ([`SearchNetwork::batch_cells`]): the
+/// stacked weights, BatchNorm statistics and momentum buffers are the per-edge ones stacked, so
+/// that [`compute`] checks the batched cell against the same reference. Float fixtures only.
+pub fn batch_inputs(dir: &Path, spec: &StepSpec, st: StepState) -> Result<StepState, RunError> {
+    let StepState { mut net, alphas, mut w_optim, train, val } = st;
+    let device = train.0.device();
+    let vp = dir.join("velocity.safetensors");
+    let (v, _) = tensors::read(&vp)?;
+    // A network of its own (a clone would share the running states) whose weights are the
+    // momentum buffers (zero where a weight has none), batched as the network is: its stacked
+    // weights are the stacked buffers.
+    let mut values = tensors::collect(&net)?;
+    for (path, _, dims) in ids(&net) {
+        let n = dims.iter().product();
+        let buf = v.get(&path).map_or_else(|| vec![0.0; n], |t| t.values.clone());
+        values.insert(path, HostTensor { dims, values: buf });
+    }
+    let mut momentum = tensors::assign(build(spec, &device)?.0, &values, &vp)?;
+    let refuse =
+        |e: crate::supernet::BatchError| qdarts_engine::checkpoint_error(dir, e.to_string());
+    net.batch_cells(&Primitive::DARTS).map_err(refuse)?;
+    momentum.batch_cells(&Primitive::DARTS).map_err(refuse)?;
+    let stacked = tensors::collect(&momentum)?;
+    for (path, id, _) in ids(&net) {
+        if let Some(t) = stacked.get(&path).filter(|_| path.starts_with("batched.")) {
+            let flat = HostTensor { dims: vec![t.values.len()], values: t.values.clone() };
+            w_optim.set_velocity(id, flat.to_tensor::<1>(&device));
+        }
+    }
+    Ok(StepState { net, alphas, w_optim, train, val })
+}
+
 fn grads(g: &AlphaGrads, prefix: &str) -> Result<TensorMap, RunError> {
     alpha_map(g.normal.clone(), g.reduce.clone(), prefix)
 }
@@ -297,7 +329,9 @@ pub fn compute(spec: &StepSpec, st: StepState) -> Result<TensorMap, RunError> {
     out.extend(alpha_map(alphas.normal.val(), alphas.reduce.val(), "alphas_after.")?);
     let (back, _) = weight_backward(&net, &alphas, &train, None, &s, None);
     let net = qdarts_ops::quant::lsq::apply_init(net);
-    let net = w_optim.step(spec.lr, net, back.grads);
+    let mut net = w_optim.step(spec.lr, net, back.grads);
+    // Batched cells ([`batch_inputs`]): their weights are reported under the per-edge names.
+    net.unbatch_cells();
     out.insert("loss".into(), HostTensor { dims: vec![1], values: vec![back.loss as f32] });
     for (name, t) in tensors::collect(&net)? {
         out.insert(format!("net_after.{name}"), t);

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use burn::tensor::Device;
 use qdarts_engine::tensors;
-use qdarts_search::parity::{Check, check_fixture, compare, compute, read_inputs};
+use qdarts_search::parity::{Check, batch_inputs, check_fixture, compare, compute, read_inputs};
 
 fn committed() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parity")
@@ -64,6 +64,29 @@ fn assert_parity(root: &Path) {
 fn parity_with_the_pytorch_reference_on_one_search_step() {
     let root = std::env::var_os("QDARTS_PARITY_DIR").map_or_else(committed, PathBuf::from);
     assert_parity(&root);
+}
+
+/// The batched cell (`model.batched_cells`, `qdarts parity --batched-cells`) on the float
+/// fixtures, small and default shape: the cells in waves from the same weights, BatchNorm
+/// statistics and momentum buffers, held to the same bounds as the cells edge by edge.
+#[test]
+fn parity_with_the_cells_in_waves() {
+    let device = Device::flex().autodiff();
+    for dir in [committed().join("float"), default_shape().join("float")] {
+        let (spec, state) = read_inputs(&dir, &device).unwrap();
+        let state = batch_inputs(&dir, &spec, state).unwrap();
+        assert!(!state.net.batched.is_empty());
+        let ours = compute(&spec, state).unwrap();
+        let checks = check_fixture(&dir, spec.preset, &ours).unwrap();
+        print(&dir, &checks);
+        let bad: Vec<&Check> = checks.iter().filter(|c| !c.ok).collect();
+        assert!(bad.is_empty(), "{} in waves: {bad:#?}", dir.display());
+    }
+    // A quantized supernet has no batched form: refused, naming the fixture.
+    let dir = committed().join("tensorrt");
+    let (spec, state) = read_inputs(&dir, &device).unwrap();
+    let err = batch_inputs(&dir, &spec, state).unwrap_err().to_string();
+    assert!(err.contains("tensorrt") && err.contains("float cells only"), "{err}");
 }
 
 fn default_shape() -> PathBuf {

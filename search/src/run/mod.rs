@@ -209,7 +209,13 @@ impl EpochTask for SearchTask<'_> {
         // A running state (BN statistics, observer ranges) records its last update per thread
         // and folds it in only on a sync; saving reads the folded value. `valid()` syncs them.
         drop(self.net.valid());
-        save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
+        // Batched cells: the per-edge cells beside them get their current weights and
+        // statistics too.
+        if self.net.batched.is_empty() {
+            save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
+        } else {
+            save_module(&self.net.with_cells_synced(), &CheckpointPart::Net.in_dir(dir))?;
+        }
         save_module(&self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
         if let Some(p) = &self.alphas.projection {
             let path = CheckpointPart::Selection.in_dir(dir);
