@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh [--artefacts DIR] [--backends LIST] [--python PY] [--out DIR]
 #                        [--reps N] [--rounds R] [--epochs N] [--limit N] [--batch B] [--layers L]
 #                        [--init-channels C] [--step-timeout S] [--skip LIST] [--kernels]
-#                        [--adaptive] [--dry-run]
+#                        [--adaptive] [--quant Q] [--waves] [--dry-run]
 #   DIR (--artefacts): what gpu_build.sh wrote (default .gpu): qdarts (flex, wgpu and cuda in
 #        one binary), optionally qdarts-tch (LibTorch) and the kernels' test executables
 #        (golden-*, fused-*, reduce-*, quant_kernels-*, batch_norm-*, optim-*, relu-*,
@@ -31,6 +31,11 @@
 #   --adaptive: also time cuda and wgpu with CubeCL's default memory pools (`--memory-pools
 #        adaptive`: less memory, more host time than the binary's exclusive pages), as rows
 #        of their own in every round.
+#   --quant Q: time one quantization preset only (float or tensorrt), both orders, on every
+#        side (PyTorch's cases too): a shorter check.
+#   --waves: also time cuda and wgpu with the supernet's cells in waves (`bench search
+#        --batched-cells`, the batched cell: float only), as rows of their own in every round,
+#        and check them against the float parity fixtures (`parity --batched-cells`).
 #   --dry-run: print the commands, run none.
 #
 # Per backend it runs: the golden-vector and kernel tests (the carried test executables, all
@@ -47,6 +52,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 artefacts=.gpu backends=cuda,wgpu,tch python=python3 out="" reps=3 epochs=1 limit=""
 batch=64 layers=8 channels=16 dry=0 step_timeout=900 skip="" rounds=3 kernels=0 adaptive=0
+quant="" waves=0
 
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
@@ -68,11 +74,14 @@ while [ $# -gt 0 ]; do
     --skip) need "$@"; skip="$2"; shift 2 ;;
     --kernels) kernels=1; shift ;;
     --adaptive) adaptive=1; shift ;;
+    --quant) need "$@"; quant="$2"; shift 2 ;;
+    --waves) waves=1; shift ;;
     --dry-run) dry=1; shift ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
+case "$quant" in ""|float|tensorrt) ;; *) die "--quant: '$quant' is neither float nor tensorrt" ;; esac
 [ "$layers" -ge 3 ] || die "--layers must be at least 3 (two reduction cells)"
 [ $((channels % 2)) = 0 ] || die "--init-channels must be even"
 IFS=, read -r -a list <<< "$backends"
@@ -266,6 +275,11 @@ for b in "${list[@]}"; do
   pre=()
   [ "$b" = tch ] && pre=("${tchenv[@]}")
   if wanted parity; then run "$b-parity" "${pre[@]}" "$exe" "${dev[@]}" parity || failed=1; fi
+  if wanted parity && [ "$waves" = 1 ]; then
+    # The batched cell against the same references: the float fixtures, small and default shape.
+    run "$b-parity-waves" "${pre[@]}" "$exe" "${dev[@]}" parity --batched-cells \
+      search/tests/fixtures/parity/float search/tests/fixtures/parity-default-shape/float || failed=1
+  fi
   if wanted search; then
     run "$b-search" "${pre[@]}" "$exe" "${dev[@]}" search --set "search.epochs=$epochs" \
       ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
@@ -306,6 +320,9 @@ for b in "${list[@]}"; do
   if [ "$adaptive" = 1 ] && [ "$b" != tch ]; then
     timed+=("$b-adaptive $(printf '%q ' "$exe" "${dev[@]}" --memory-pools adaptive)")
   fi
+  if [ "$waves" = 1 ] && [ "$b" != tch ]; then
+    timed+=("$b-waves $(printf '%q ' "$exe" "${dev[@]}")")
+  fi
 done
 
 # The timed rows, interleaved: each round runs PyTorch's four cases, then every backend's, so
@@ -314,11 +331,12 @@ for r in $(seq 1 "$rounds"); do
   if wanted torch; then
     echo "== round $r: PyTorch eager on $torch_device" >&2
     for order in first second; do
-      for quant in float tensorrt; do
+      for q in float tensorrt; do
+        [ -z "$quant" ] || [ "$q" = "$quant" ] || continue
         cmd=("$python" scripts/torch_reference.py bench --device "$torch_device" \
-          --order "$order" --quant "$quant" "${shape[@]}" --reps "$reps")
+          --order "$order" --quant "$q" "${shape[@]}" --reps "$reps")
         if [ "$dry" = 1 ]; then printf '%q ' "${cmd[@]}"; printf '\n'; continue; fi
-        name="torch-$order-$quant-r$r"
+        name="torch-$order-$q-r$r"
         run "$name" "${cmd[@]}" || failed=1
         [ -s "$out/$name.log" ] && tail -1 "$out/$name.log" |
           "$python" -c 'import json, sys; r = json.load(sys.stdin); r["round"] = int(sys.argv[1]); print(json.dumps(r))' "$r" \
@@ -330,9 +348,12 @@ for r in $(seq 1 "$rounds"); do
     for line in "${timed[@]}"; do
       b="${line%% *}"
       eval "cmd=(${line#* })"
+      cases=()
+      [ -n "$quant" ] && cases=(--quant "$quant")
+      [[ "$b" == *-waves ]] && cases=(--quant float --batched-cells)
       echo "== round $r: $b" >&2
       run "$b-step-r$r" "${cmd[@]}" bench search --shape darts "${shape[@]}" --reps "$reps" \
-        --csv "$out/step-$b-r$r.csv" || failed=1
+        "${cases[@]}" --csv "$out/step-$b-r$r.csv" || failed=1
     done
   fi
 done
@@ -377,6 +398,9 @@ for f in sorted(glob.glob(os.path.join(out, "step-*.csv"))):
     for r in csv.DictReader(open(f)):
         # The CubeCL backends' rows name their memory pools (--adaptive times both kinds).
         backend = f"{r['backend']} ({r['pools']} pools)" if r.get("pools") else r["backend"]
+        # The batched cell's rows (--waves) say so in their network column.
+        if "in waves" in r.get("network", ""):
+            backend += ", in waves"
         steps_by.setdefault((backend, r["order"], r["quant"]), {})[rnd] = r
 def spread(xs, fmt):
     xs = sorted(xs)
