@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::backend::{self, Backend};
 use crate::{bench, compare_cmd, sweep_cmd};
@@ -15,20 +15,88 @@ use crate::{bench, compare_cmd, sweep_cmd};
     about = "Quantization-aware DARTS: search, watch, train, freeze, export"
 )]
 pub(crate) struct Cli {
-    /// Compute backend (those compiled in: see `cargo build --features`).
-    #[arg(long, global = true, value_enum, default_value = "flex")]
-    pub(crate) backend: Backend,
+    #[command(flatten)]
+    pub(crate) on: BackendArgs,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Where a model runs. Given before the command (`qdarts --backend wgpu search`) or after it on
+/// the commands that run a model (`qdarts search --backend wgpu`; after it wins).
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct BackendArgs {
+    /// Compute backend (those compiled in: see `cargo build --features`) [default: flex].
+    #[arg(long, value_enum)]
+    pub(crate) backend: Option<Backend>,
     /// Device of the backend: `cpu`, or `cuda:N` for `--backend cuda` and `--backend tch`
     /// [default: cpu for flex and tch, cuda:0 for cuda, wgpu's own choice of adapter].
-    #[arg(long, global = true, value_name = "DEVICE")]
+    #[arg(long, value_name = "DEVICE")]
     pub(crate) device: Option<String>,
     /// GPU memory pools of `--backend cuda` and `wgpu`: `exclusive` (one page per allocation,
     /// faster, more memory) or `adaptive` (CubeCL's default: shared pages, less memory)
     /// [default: exclusive].
-    #[arg(long, global = true, value_enum, value_name = "POOLS")]
+    #[arg(long, value_enum, value_name = "POOLS")]
     pub(crate) memory_pools: Option<backend::MemoryPools>,
-    #[command(subcommand)]
-    pub(crate) command: Command,
+}
+
+impl BackendArgs {
+    /// Whether any of the three was given.
+    pub(crate) fn given(&self) -> bool {
+        self.backend.is_some() || self.device.is_some() || self.memory_pools.is_some()
+    }
+
+    /// These (given after the command) over `root` (given before it), flag by flag.
+    pub(crate) fn over(self, root: Self) -> Self {
+        Self {
+            backend: self.backend.or(root.backend),
+            device: self.device.or(root.device),
+            memory_pools: self.memory_pools.or(root.memory_pools),
+        }
+    }
+}
+
+impl Command {
+    /// The backend flags given after the command, on the commands that run a model; `None` for
+    /// the others.
+    pub(crate) fn backend_args(&self) -> Option<&BackendArgs> {
+        match self {
+            Command::Search { on, .. }
+            | Command::Train { on, .. }
+            | Command::Freeze { on, .. }
+            | Command::Eval { on, .. }
+            | Command::DumpStep { on, .. }
+            | Command::Parity { on, .. }
+            | Command::Sweep { on, .. }
+            | Command::Bench { on, .. } => Some(on),
+            _ => None,
+        }
+    }
+
+    /// The command's name on the command line.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Command::Search { .. } => "search",
+            Command::Train { .. } => "train",
+            Command::Freeze { .. } => "freeze",
+            Command::Export { .. } => "export",
+            Command::Eval { .. } => "eval",
+            Command::DumpStep { .. } => "dump-step",
+            Command::Parity { .. } => "parity",
+            Command::Sweep { .. } => "sweep",
+            Command::Compare { .. } => "compare",
+            Command::Plot { .. } => "plot",
+            Command::Sample { .. } => "sample",
+            Command::Check { .. } => "check",
+            Command::Dashboard { .. } => "dashboard",
+            Command::Bench { .. } => "bench",
+        }
+    }
+
+    /// Whether the command runs on the CPU only and refuses another backend by name
+    /// ([`crate::cpu_only`]).
+    pub(crate) fn cpu_only(&self) -> bool {
+        matches!(self, Command::Export { .. } | Command::Check { .. })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +129,8 @@ pub(crate) enum Command {
         dataset: Option<String>,
         #[command(flatten)]
         trial: TrialArgs,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Train the discrete network of a genotype with quantization-aware training.
     Train {
@@ -88,11 +158,15 @@ pub(crate) enum Command {
         dataset: Option<String>,
         #[command(flatten)]
         trial: TrialArgs,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Freeze a trained run into an integer-only model (<run>/frozen/model.qdf).
     Freeze {
         /// Training run folder.
         run: PathBuf,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Export a frozen model as ONNX in QDQ form (<run>/frozen/model.onnx).
     Export {
@@ -106,6 +180,8 @@ pub(crate) enum Command {
         /// Threads of the integer runtime.
         #[arg(long, default_value_t = default_threads())]
         threads: usize,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Write one search step's inputs for the PyTorch reference (scripts/torch_reference.py):
     /// a small supernet after one weight step, α, momentum, a training and a validation batch.
@@ -133,6 +209,8 @@ pub(crate) enum Command {
         /// Also write what qdarts computes from them (qdarts.safetensors).
         #[arg(long)]
         with_outputs: bool,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Check one search step on this backend against the PyTorch reference's fixtures
     /// (`scripts/torch_reference.py`): α gradients, the steps of α and the weights, the loss.
@@ -150,12 +228,16 @@ pub(crate) enum Command {
         /// are listed as skipped.
         #[arg(long)]
         batched_cells: bool,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Expand a sweep file (a grid or list over config keys, and seeds) into numbered trials
     /// in results/<sweep>/; write Slurm / Kubernetes files that run them, or run them here.
     Sweep {
         #[command(flatten)]
         args: sweep_cmd::SweepArgs,
+        #[command(flatten)]
+        on: BackendArgs,
     },
     /// Runs side by side: config differences, seed, top-1, genotype, cost, wall time; mean ±
     /// std over seeds; how often each edge was chosen; searched vs random genotypes.
@@ -237,6 +319,8 @@ pub(crate) enum Command {
         what: Option<bench::BenchCommand>,
         #[command(flatten)]
         suite: bench::suite::SuiteArgs,
+        #[command(flatten)]
+        on: BackendArgs,
     },
 }
 

@@ -111,6 +111,23 @@ fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
+/// The backend of the command, its device and pools chosen: the flags after the command over
+/// those before it. A command that runs no model refuses them rather than ignore them.
+fn chosen_backend(cli: &Cli) -> anyhow::Result<Backend> {
+    let on = match cli.command.backend_args() {
+        Some(after) => after.clone().over(cli.on.clone()),
+        None if cli.command.cpu_only() || !cli.on.given() => cli.on.clone(),
+        None => anyhow::bail!(
+            "`{}` runs no model: --backend, --device and --memory-pools do nothing there; drop them",
+            cli.command.name()
+        ),
+    };
+    let backend = on.backend.unwrap_or(Backend::Flex);
+    backend.choose_device(on.device.as_deref())?;
+    backend.choose_pools(on.memory_pools)?;
+    Ok(backend)
+}
+
 fn main() -> ExitCode {
     alloc::keep_freed_memory();
     if let Err(e) = alloc::inject_from_env().and_then(|()| kill_point::from_env()) {
@@ -120,12 +137,10 @@ fn main() -> ExitCode {
         return finish(Err(e));
     }
     let cli = Cli::parse();
-    if let Err(e) = cli.backend.choose_device(cli.device.as_deref()) {
-        return finish(Err(e));
-    }
-    if let Err(e) = cli.backend.choose_pools(cli.memory_pools) {
-        return finish(Err(e));
-    }
+    let backend = match chosen_backend(&cli) {
+        Ok(b) => b,
+        Err(e) => return finish(Err(e)),
+    };
     let result = match cli.command {
         Command::Search {
             config,
@@ -137,6 +152,7 @@ fn main() -> ExitCode {
             data,
             dataset,
             trial,
+            ..
         } => {
             if let Some(dir) = trial.sweep {
                 if dashboard {
@@ -149,7 +165,7 @@ fn main() -> ExitCode {
                     &dir,
                     trial.trial,
                     qdarts_sweep::TrialKind::Search,
-                    cli.backend,
+                    backend,
                 ));
             }
             data_overrides(&mut overrides, data, dataset);
@@ -163,7 +179,7 @@ fn main() -> ExitCode {
                 overrides: &overrides,
                 resume: resume.as_deref(),
                 extend_epochs: extend_epochs.map_or(0, |n| n as usize),
-                backend: cli.backend,
+                backend: backend,
                 dashboard,
                 dash: dash.options(),
             })
@@ -177,6 +193,7 @@ fn main() -> ExitCode {
             data,
             dataset,
             trial,
+            ..
         } => {
             if let Some(dir) = trial.sweep {
                 if genotype.is_some() {
@@ -189,7 +206,7 @@ fn main() -> ExitCode {
                     &dir,
                     trial.trial,
                     qdarts_sweep::TrialKind::Train,
-                    cli.backend,
+                    backend,
                 ));
             }
             data_overrides(&mut overrides, data, dataset);
@@ -206,19 +223,17 @@ fn main() -> ExitCode {
                 overrides: &overrides,
                 resume: resume.as_deref(),
                 extend_epochs: extend_epochs.map_or(0, |n| n as usize),
-                backend: cli.backend,
+                backend: backend,
             })
         }
-        Command::Freeze { run } => train_cmd::freeze_cmd(&run, cli.backend),
+        Command::Freeze { run, .. } => train_cmd::freeze_cmd(&run, backend),
         Command::Export { run } => {
-            cpu_only(cli.backend, "export").and_then(|()| train_cmd::export(&run))
+            cpu_only(backend, "export").and_then(|()| train_cmd::export(&run))
         }
-        Command::Eval { run, threads } => train_cmd::eval(&run, cli.backend, threads.max(1)),
-        Command::Check { run } => {
-            cpu_only(cli.backend, "check").and_then(|()| check_cmd::check(&run))
-        }
+        Command::Eval { run, threads, .. } => train_cmd::eval(&run, backend, threads.max(1)),
+        Command::Check { run } => cpu_only(backend, "check").and_then(|()| check_cmd::check(&run)),
         Command::Dashboard { run, dash } => dashboard_cmd::run(&run, &dash.options()),
-        Command::DumpStep { preset, channels, layers, nodes, batch, out, with_outputs } => {
+        Command::DumpStep { preset, channels, layers, nodes, batch, out, with_outputs, .. } => {
             let spec = qdarts_search::parity::StepSpec {
                 channels: channels.into(),
                 layers: layers.into(),
@@ -226,12 +241,12 @@ fn main() -> ExitCode {
                 batch: batch.into(),
                 ..qdarts_search::parity::StepSpec::small(preset.into())
             };
-            search_cmd::dump_step(&spec, &out, with_outputs, cli.backend)
+            search_cmd::dump_step(&spec, &out, with_outputs, backend)
         }
-        Command::Parity { fixtures, write_outputs, batched_cells } => {
-            search_cmd::parity(&fixtures, write_outputs.as_deref(), batched_cells, cli.backend)
+        Command::Parity { fixtures, write_outputs, batched_cells, .. } => {
+            search_cmd::parity(&fixtures, write_outputs.as_deref(), batched_cells, backend)
         }
-        Command::Sweep { args } => sweep_cmd::sweep(&args, cli.backend),
+        Command::Sweep { args, .. } => sweep_cmd::sweep(&args, backend),
         Command::Compare {
             runs,
             baseline,
@@ -254,8 +269,8 @@ fn main() -> ExitCode {
         Command::Sample { random, seed, config, out } => {
             compare_cmd::sample(random as usize, seed, &config, &out)
         }
-        Command::Bench { what: Some(what), .. } => bench::run(what, cli.backend),
-        Command::Bench { what: None, suite } => bench::suite::run(&suite, cli.backend),
+        Command::Bench { what: Some(what), .. } => bench::run(what, backend),
+        Command::Bench { what: None, suite, .. } => bench::suite::run(&suite, backend),
     };
     finish(result)
 }

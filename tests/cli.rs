@@ -278,6 +278,18 @@ fn device_flags_are_checked_against_the_backend() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+    // After the command, on a command that runs a model, the same flags are checked the same
+    // way; a command that runs no model refuses them instead of ignoring them.
+    let out = qdarts().args(["bench", "--device", "cuda:0", "quant"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--device cuda:0 does not go with --backend flex"), "{err}");
+    let out = qdarts().args(["--backend", "flex", "compare", "results"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("`compare` runs no model") && err.contains("drop them"), "{err}");
+    let help = qdarts().args(["compare", "--help"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("--backend"));
     // A backend this binary was built without names the feature that adds it.
     #[cfg(not(feature = "tch"))]
     {
