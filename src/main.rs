@@ -179,7 +179,7 @@ fn main() -> ExitCode {
                 overrides: &overrides,
                 resume: resume.as_deref(),
                 extend_epochs: extend_epochs.map_or(0, |n| n as usize),
-                backend: backend,
+                backend,
                 dashboard,
                 dash: dash.options(),
             })
@@ -223,7 +223,7 @@ fn main() -> ExitCode {
                 overrides: &overrides,
                 resume: resume.as_deref(),
                 extend_epochs: extend_epochs.map_or(0, |n| n as usize),
-                backend: backend,
+                backend,
             })
         }
         Command::Freeze { run, .. } => train_cmd::freeze_cmd(&run, backend),
