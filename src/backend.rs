@@ -314,8 +314,15 @@ pub fn capture_cuda_sources_from_env() -> Result<()> {
 /// Whether the device's tensors live in memory that neither the Rust heap counters nor a
 /// CubeCL pool see (LibTorch's allocators), so that a peak measured here would be wrong.
 pub fn allocates_outside_rust(device: &Device) -> bool {
-    // The dispatch enum is not public; its variant shows in the device's Debug form.
-    cfg!(feature = "tch") && format!("{device:?}").contains("LibTorch")
+    #[cfg(feature = "tch")]
+    {
+        matches!(device.clone().inner().as_dispatch(), burn::backend::DispatchDevice::LibTorch(_))
+    }
+    #[cfg(not(feature = "tch"))]
+    {
+        let _ = device;
+        false
+    }
 }
 
 /// LibTorch's CUDA device `n`, after asking LibTorch whether it sees that GPU: LibTorch's own
