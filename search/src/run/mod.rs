@@ -206,16 +206,10 @@ impl EpochTask for SearchTask<'_> {
     }
 
     fn save(&self, dir: &Path) -> Result<(), RunError> {
-        // A running state (BN statistics, observer ranges) records its last update per thread
-        // and folds it in only on a sync; saving reads the folded value. `valid()` syncs them.
-        drop(self.net.valid());
-        // Batched cells: the per-edge cells beside them get their current weights and
-        // statistics too.
-        if self.net.batched.is_empty() {
-            save_module(&self.net, &CheckpointPart::Net.in_dir(dir))?;
-        } else {
-            save_module(&self.net.with_cells_synced(), &CheckpointPart::Net.in_dir(dir))?;
-        }
+        // Synced running states (BN statistics, observer ranges: each records its last update
+        // per thread until a sync), and with batched cells the per-edge cells beside them
+        // written from the stacked weights, so that every tensor saved is current.
+        save_module(&self.net.with_cells_synced(), &CheckpointPart::Net.in_dir(dir))?;
         save_module(&self.alphas, &CheckpointPart::Alphas.in_dir(dir))?;
         if let Some(p) = &self.alphas.projection {
             let path = CheckpointPart::Selection.in_dir(dir);

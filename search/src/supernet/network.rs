@@ -127,17 +127,14 @@ impl SearchNetwork {
     /// Writes the batched cells' weights and BatchNorm statistics back into the per-edge cells
     /// and runs them edge by edge again: the inverse of [`Self::batch_cells`].
     pub fn unbatch_cells(&mut self) {
-        // A running state keeps its last update per thread until a sync; `valid()` syncs them.
-        drop(self.valid());
-        for (cell, b) in self.cells.iter_mut().zip(&self.batched) {
-            b.write_into(cell);
-        }
+        *self = self.with_cells_synced();
         self.batched.clear();
     }
 
     /// A copy whose per-edge cells hold the batched cells' current weights and statistics, the
     /// batched cells kept: what a checkpoint saves, so that every tensor in it is current.
     pub fn with_cells_synced(&self) -> Self {
+        // A running state keeps its last update per thread until a sync; `valid()` syncs them.
         drop(self.valid());
         let mut net = self.clone();
         for (cell, b) in net.cells.iter_mut().zip(&self.batched) {
