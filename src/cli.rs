@@ -60,8 +60,8 @@ impl Command {
     /// the others.
     pub(crate) fn backend_args(&self) -> Option<&BackendArgs> {
         match self {
-            Command::Search { on, .. }
-            | Command::Train { on, .. }
+            Command::Search(SearchCli { on, .. })
+            | Command::Train(TrainCli { on, .. })
             | Command::Freeze { on, .. }
             | Command::Eval { on, .. }
             | Command::DumpStep { on, .. }
@@ -75,8 +75,8 @@ impl Command {
     /// The command's name on the command line.
     pub(crate) fn name(&self) -> &'static str {
         match self {
-            Command::Search { .. } => "search",
-            Command::Train { .. } => "train",
+            Command::Search(_) => "search",
+            Command::Train(_) => "train",
             Command::Freeze { .. } => "freeze",
             Command::Export { .. } => "export",
             Command::Eval { .. } => "eval",
@@ -102,65 +102,9 @@ impl Command {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Search a fake-quantized DARTS supernet and derive a genotype into results/<run>/.
-    Search {
-        /// Experiment config (TOML) [default: experiments/default.toml].
-        #[arg(long, conflicts_with = "resume")]
-        config: Option<PathBuf>,
-        /// Override a config key, e.g. `--set search.epochs=5`.
-        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
-        overrides: Vec<String>,
-        /// Continue an interrupted run with the config it started with.
-        #[arg(long, value_name = "RUN_DIR")]
-        resume: Option<PathBuf>,
-        /// With --resume: add this many epochs to the run (recorded in its changes.csv; the
-        /// cosine learning rate is stretched over the new total).
-        #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
-        extend_epochs: Option<u32>,
-        /// Show the dashboard while searching (logs go to the run's debug.log).
-        #[arg(long)]
-        dashboard: bool,
-        #[command(flatten)]
-        dash: DashArgs,
-        /// Folder of the dataset files (sets `data.path`).
-        #[arg(long, value_name = "DIR", conflicts_with = "resume")]
-        data: Option<PathBuf>,
-        /// Dataset (sets `data.dataset`).
-        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
-        dataset: Option<String>,
-        #[command(flatten)]
-        trial: TrialArgs,
-        #[command(flatten)]
-        on: BackendArgs,
-    },
+    Search(SearchCli),
     /// Train the discrete network of a genotype with quantization-aware training.
-    Train {
-        /// Training config (TOML) [default: experiments/train-default.toml].
-        #[arg(long, conflicts_with = "resume")]
-        config: Option<PathBuf>,
-        /// The genotype: a JSON or DARTS-text file, a search run folder, or a shipped name
-        /// such as DARTS_V2 (sets `genotype`).
-        #[arg(long, conflicts_with = "resume")]
-        genotype: Option<String>,
-        /// Override a config key, e.g. `--set train.epochs=5`.
-        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
-        overrides: Vec<String>,
-        /// Continue an interrupted training run with the config it started with.
-        #[arg(long, value_name = "RUN_DIR")]
-        resume: Option<PathBuf>,
-        /// With --resume: add this many epochs to the run (recorded in its changes.csv).
-        #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
-        extend_epochs: Option<u32>,
-        /// Folder of the dataset files (sets `data.path`).
-        #[arg(long, value_name = "DIR", conflicts_with = "resume")]
-        data: Option<PathBuf>,
-        /// Dataset (sets `data.dataset`).
-        #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
-        dataset: Option<String>,
-        #[command(flatten)]
-        trial: TrialArgs,
-        #[command(flatten)]
-        on: BackendArgs,
-    },
+    Train(TrainCli),
     /// Freeze a trained run into an integer-only model (<run>/frozen/model.qdf).
     Freeze {
         /// Training run folder.
@@ -358,4 +302,68 @@ impl DashArgs {
 
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// `qdarts search`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct SearchCli {
+    /// Experiment config (TOML) [default: experiments/default.toml].
+    #[arg(long, conflicts_with = "resume")]
+    pub(crate) config: Option<PathBuf>,
+    /// Override a config key, e.g. `--set search.epochs=5`.
+    #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
+    pub(crate) overrides: Vec<String>,
+    /// Continue an interrupted run with the config it started with.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub(crate) resume: Option<PathBuf>,
+    /// With --resume: add this many epochs to the run (recorded in its changes.csv; the
+    /// cosine learning rate is stretched over the new total).
+    #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) extend_epochs: Option<u32>,
+    /// Show the dashboard while searching (logs go to the run's debug.log).
+    #[arg(long)]
+    pub(crate) dashboard: bool,
+    #[command(flatten)]
+    pub(crate) dash: DashArgs,
+    /// Folder of the dataset files (sets `data.path`).
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub(crate) data: Option<PathBuf>,
+    /// Dataset (sets `data.dataset`).
+    #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
+    pub(crate) dataset: Option<String>,
+    #[command(flatten)]
+    pub(crate) trial: TrialArgs,
+    #[command(flatten)]
+    pub(crate) on: BackendArgs,
+}
+
+/// `qdarts train`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct TrainCli {
+    /// Training config (TOML) [default: experiments/train-default.toml].
+    #[arg(long, conflicts_with = "resume")]
+    pub(crate) config: Option<PathBuf>,
+    /// The genotype: a JSON or DARTS-text file, a search run folder, or a shipped name
+    /// such as DARTS_V2 (sets `genotype`).
+    #[arg(long, conflicts_with = "resume")]
+    pub(crate) genotype: Option<String>,
+    /// Override a config key, e.g. `--set train.epochs=5`.
+    #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
+    pub(crate) overrides: Vec<String>,
+    /// Continue an interrupted training run with the config it started with.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub(crate) resume: Option<PathBuf>,
+    /// With --resume: add this many epochs to the run (recorded in its changes.csv).
+    #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) extend_epochs: Option<u32>,
+    /// Folder of the dataset files (sets `data.path`).
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub(crate) data: Option<PathBuf>,
+    /// Dataset (sets `data.dataset`).
+    #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
+    pub(crate) dataset: Option<String>,
+    #[command(flatten)]
+    pub(crate) trial: TrialArgs,
+    #[command(flatten)]
+    pub(crate) on: BackendArgs,
 }

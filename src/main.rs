@@ -26,8 +26,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use backend::Backend;
-use cli::{Cli, Command};
+use cli::{Cli, Command, SearchCli, TrainCli};
 use qdarts_engine::Progress;
+use qdarts_sweep::TrialKind;
 
 /// `--data`/`--dataset` as config overrides.
 fn data_overrides(overrides: &mut Vec<String>, data: Option<PathBuf>, dataset: Option<String>) {
@@ -128,6 +129,18 @@ fn chosen_backend(cli: &Cli) -> anyhow::Result<Backend> {
     Ok(backend)
 }
 
+/// A command line that asks for what cannot be done together: exit code 2, like clap's own.
+#[derive(Debug)]
+struct Usage(&'static str);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 fn main() -> ExitCode {
     alloc::keep_freed_memory();
     if let Err(e) = alloc::inject_from_env().and_then(|()| kill_point::from_env()) {
@@ -137,95 +150,14 @@ fn main() -> ExitCode {
         return finish(Err(e));
     }
     let cli = Cli::parse();
-    let backend = match chosen_backend(&cli) {
-        Ok(b) => b,
-        Err(e) => return finish(Err(e)),
-    };
-    let result = match cli.command {
-        Command::Search {
-            config,
-            mut overrides,
-            resume,
-            extend_epochs,
-            dashboard,
-            dash,
-            data,
-            dataset,
-            trial,
-            ..
-        } => {
-            if let Some(dir) = trial.sweep {
-                if dashboard {
-                    eprintln!(
-                        "qdarts: error: --dashboard does not go with --sweep; attach one with `qdarts dashboard <trial folder>`"
-                    );
-                    return ExitCode::from(2);
-                }
-                return finish(sweep_cmd::run_trial(
-                    &dir,
-                    trial.trial,
-                    qdarts_sweep::TrialKind::Search,
-                    backend,
-                ));
-            }
-            data_overrides(&mut overrides, data, dataset);
-            let config = match default_config(config, "experiments/default.toml", resume.is_some())
-            {
-                Ok(c) => c,
-                Err(e) => return finish(Err(e)),
-            };
-            search_cmd::run(&search_cmd::SearchArgs {
-                config: &config,
-                overrides: &overrides,
-                resume: resume.as_deref(),
-                extend_epochs: extend_epochs.map_or(0, |n| n as usize),
-                backend,
-                dashboard,
-                dash: dash.options(),
-            })
-        }
-        Command::Train {
-            config,
-            genotype,
-            mut overrides,
-            resume,
-            extend_epochs,
-            data,
-            dataset,
-            trial,
-            ..
-        } => {
-            if let Some(dir) = trial.sweep {
-                if genotype.is_some() {
-                    eprintln!(
-                        "qdarts: error: --genotype does not go with --sweep: the sweep's trials set it"
-                    );
-                    return ExitCode::from(2);
-                }
-                return finish(sweep_cmd::run_trial(
-                    &dir,
-                    trial.trial,
-                    qdarts_sweep::TrialKind::Train,
-                    backend,
-                ));
-            }
-            data_overrides(&mut overrides, data, dataset);
-            if let Some(g) = genotype {
-                overrides.push(format!("genotype={}", toml_string(&g)));
-            }
-            let config =
-                match default_config(config, "experiments/train-default.toml", resume.is_some()) {
-                    Ok(c) => c,
-                    Err(e) => return finish(Err(e)),
-                };
-            train_cmd::train(&train_cmd::TrainArgs {
-                config: &config,
-                overrides: &overrides,
-                resume: resume.as_deref(),
-                extend_epochs: extend_epochs.map_or(0, |n| n as usize),
-                backend,
-            })
-        }
+    finish(chosen_backend(&cli).and_then(|backend| run_command(cli.command, backend)))
+}
+
+/// Runs `command` on `backend`.
+fn run_command(command: Command, backend: Backend) -> anyhow::Result<()> {
+    match command {
+        Command::Search(args) => search(args, backend),
+        Command::Train(args) => train(args, backend),
         Command::Freeze { run, .. } => train_cmd::freeze_cmd(&run, backend),
         Command::Export { run } => {
             cpu_only(backend, "export").and_then(|()| train_cmd::export(&run))
@@ -271,8 +203,78 @@ fn main() -> ExitCode {
         }
         Command::Bench { what: Some(what), .. } => bench::run(what, backend),
         Command::Bench { what: None, suite, .. } => bench::suite::run(&suite, backend),
-    };
-    finish(result)
+    }
+}
+
+/// `qdarts search`: a new run, a resumed one, or a sweep's trial.
+fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
+    let SearchCli {
+        config,
+        mut overrides,
+        resume,
+        extend_epochs,
+        dashboard,
+        dash,
+        data,
+        dataset,
+        trial,
+        ..
+    } = args;
+    if let Some(dir) = trial.sweep {
+        if dashboard {
+            return Err(Usage(
+                "--dashboard does not go with --sweep; attach one with `qdarts dashboard <trial folder>`",
+            )
+            .into());
+        }
+        return sweep_cmd::run_trial(&dir, trial.trial, TrialKind::Search, backend);
+    }
+    data_overrides(&mut overrides, data, dataset);
+    let config = default_config(config, "experiments/default.toml", resume.is_some())?;
+    search_cmd::run(&search_cmd::SearchArgs {
+        config: &config,
+        overrides: &overrides,
+        resume: resume.as_deref(),
+        extend_epochs: extend_epochs.map_or(0, |n| n as usize),
+        backend,
+        dashboard,
+        dash: dash.options(),
+    })
+}
+
+/// `qdarts train`: a new training run, a resumed one, or a sweep's trial.
+fn train(args: TrainCli, backend: Backend) -> anyhow::Result<()> {
+    let TrainCli {
+        config,
+        genotype,
+        mut overrides,
+        resume,
+        extend_epochs,
+        data,
+        dataset,
+        trial,
+        ..
+    } = args;
+    if let Some(dir) = trial.sweep {
+        if genotype.is_some() {
+            return Err(
+                Usage("--genotype does not go with --sweep: the sweep's trials set it").into()
+            );
+        }
+        return sweep_cmd::run_trial(&dir, trial.trial, TrialKind::Train, backend);
+    }
+    data_overrides(&mut overrides, data, dataset);
+    if let Some(g) = genotype {
+        overrides.push(format!("genotype={}", toml_string(&g)));
+    }
+    let config = default_config(config, "experiments/train-default.toml", resume.is_some())?;
+    train_cmd::train(&train_cmd::TrainArgs {
+        config: &config,
+        overrides: &overrides,
+        resume: resume.as_deref(),
+        extend_epochs: extend_epochs.map_or(0, |n| n as usize),
+        backend,
+    })
 }
 
 fn finish(result: anyhow::Result<()>) -> ExitCode {
@@ -280,7 +282,7 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("qdarts: error: {e:#}");
-            ExitCode::FAILURE
+            if e.downcast_ref::<Usage>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }

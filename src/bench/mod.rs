@@ -13,6 +13,8 @@ mod search;
 pub mod suite;
 mod timing;
 
+use std::path::PathBuf;
+
 use anyhow::{Context, Result, bail};
 use qdarts_ops::qconfig::Preset;
 use qdarts_search::config::Order;
@@ -84,26 +86,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             let python = (python != "none").then_some(python.as_str());
             runtime::runtime_bench(&run, reps, rounds, direct, python, csv.as_deref())
         }
-        BenchCommand::Quant { shape, reps, csv } => {
-            if reps == 0 {
-                bail!("--reps must be at least 1");
-            }
-            let device = backend.device()?;
-            let rows = quant::quant_rows(shape, reps, &device)?;
-            let numel: usize = shape.iter().product();
-            let [n, c, h, w] = shape;
-            println!(
-                "fake-quant throughput on {}, tensor {n}x{c}x{h}x{w} ({:.1} M elements, f32), median of {reps} after 1 warm-up",
-                backend.label(),
-                numel as f64 / 1e6
-            );
-            print!("{}", quant::render(&rows));
-            if let Some(path) = csv {
-                quant::write_quant_csv(&path, backend, shape, &rows)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            Ok(())
-        }
+        BenchCommand::Quant { shape, reps, csv } => quant_bench(shape, reps, csv, backend),
         BenchCommand::Search {
             shape,
             batch,
@@ -128,112 +111,153 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 quant,
                 batched: batched_cells,
             };
-            let cases = request.cases()?;
-            let device = backend.device()?;
-            let pools = crate::backend::pools_in_use(&device);
-            let pools_name = pools.map_or("", |p| p.name());
-            let on = match pools {
-                Some(p) => format!("{} ({} memory pools)", backend.label(), p.name()),
-                None => backend.label(),
-            };
-            println!(
-                "seconds per search step (architecture step + weight step) on {on}, median of {reps} after {warmup} warm-up"
-            );
-            println!(
-                "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10} {:>10} {:>9}",
-                "shape",
-                "network",
-                "order",
-                "quant",
-                "s/step",
-                "min..max",
-                "peak MiB",
-                "RSS MiB",
-                "launches"
-            );
-            let mut rows = Vec::new();
-            for case in &cases {
-                let t = search::time_search_step(case, reps, warmup, None, &device)?;
-                let (sh, tm) = (case.shape, t.time);
-                let mib = |b: Option<u64>| {
-                    b.map_or(String::new(), |p| format!("{:.1}", p as f64 / 1048576.0))
-                };
-                // The process's peak so far: with one case per process, that case's.
-                let rss = crate::alloc::peak_rss_bytes();
-                let launches = t.launches.map_or(String::new(), |n| n.to_string());
-                let network = case.network();
-                println!(
-                    "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10} {:>10} {:>9}",
-                    sh.name,
-                    network,
-                    order_name(case.order),
-                    preset_name(case.preset),
-                    tm.median,
-                    format!("{:.2}..{:.2}", tm.min, tm.max),
-                    mib(t.peak),
-                    mib(rss),
-                    launches
-                );
-                rows.push(SearchCsvRow {
-                    backend: backend.label(),
-                    shape: sh.name,
-                    network,
-                    order: order_name(case.order),
-                    quant: preset_name(case.preset),
-                    median_s: tm.median,
-                    min_s: tm.min,
-                    max_s: tm.max,
-                    peak_bytes: t.peak,
-                    peak_rss_bytes: rss,
-                    launches: t.launches,
-                    pools: pools_name,
-                });
-            }
-            if let Some(path) = csv {
-                timing::write_csv(&path, rows)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            Ok(())
+            search_bench(&request.cases()?, (reps, warmup), csv, backend)
         }
         BenchCommand::Cell { batch, channels, size, rounds, csv } => {
-            if rounds == 0 || batch == 0 || channels < 2 || size < 4 {
-                bail!("--rounds, --batch must be >= 1, --channels >= 2, --size >= 4");
-            }
-            let device = backend.device()?;
-            let shape = [batch, channels, size];
-            let rows = cell::cell_rows(shape, rounds, &device)?;
-            println!(
-                "one float DARTS cell (4 nodes, 8 candidates), forward+backward on {}, inputs \
-                 {batch}x{channels}x{size}x{size}, median of {rounds} interleaved rounds",
-                backend.label()
-            );
-            print!("{}", cell::render(&rows));
-            if let Some(path) = csv {
-                cell::write_cell_csv(&path, backend, shape, &rows)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            Ok(())
+            cell_bench([batch, channels, size], rounds, csv, backend)
         }
         BenchCommand::Ops { batch, channels, size, preset, reps, csv } => {
-            if reps == 0 || batch == 0 || channels < 2 || size < 2 {
-                bail!("--reps, --batch must be >= 1, --channels and --size >= 2");
-            }
-            let device = backend.device()?;
-            let shape = [batch, channels, size, size];
-            let rows = ops::op_rows(shape, preset.into(), reps, &device)?;
-            println!(
-                "candidate ops, forward+backward on {}, input {batch}x{channels}x{size}x{size}, \
-                 fake-quant preset {preset:?}, median of {reps} after 1 warm-up (ms)",
-                backend.label()
-            );
-            print!("{}", ops::render_ops(&rows));
-            if let Some(path) = csv {
-                ops::write_ops_csv(&path, backend, shape, &rows)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-            Ok(())
+            ops_bench([batch, channels, size, size], preset, reps, csv, backend)
         }
     }
+}
+
+/// `bench quant`: fake-quant throughput on one tensor shape.
+fn quant_bench(
+    shape: [usize; 4],
+    reps: usize,
+    csv: Option<PathBuf>,
+    backend: Backend,
+) -> Result<()> {
+    if reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let device = backend.device()?;
+    let rows = quant::quant_rows(shape, reps, &device)?;
+    let numel: usize = shape.iter().product();
+    let [n, c, h, w] = shape;
+    println!(
+        "fake-quant throughput on {}, tensor {n}x{c}x{h}x{w} ({:.1} M elements, f32), median of {reps} after 1 warm-up",
+        backend.label(),
+        numel as f64 / 1e6
+    );
+    print!("{}", quant::render(&rows));
+    if let Some(path) = csv {
+        quant::write_quant_csv(&path, backend, shape, &rows)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `bench search`: one timed row per case, printed as it comes, and the CSV at the end.
+fn search_bench(
+    cases: &[SearchCase],
+    (reps, warmup): (usize, usize),
+    csv: Option<PathBuf>,
+    backend: Backend,
+) -> Result<()> {
+    let device = backend.device()?;
+    let pools = crate::backend::pools_in_use(&device);
+    let pools_name = pools.map_or("", |p| p.name());
+    let on = match pools {
+        Some(p) => format!("{} ({} memory pools)", backend.label(), p.name()),
+        None => backend.label(),
+    };
+    println!(
+        "seconds per search step (architecture step + weight step) on {on}, median of {reps} after {warmup} warm-up"
+    );
+    println!(
+        "{:<8} {:<30} {:<7} {:<10} {:>10} {:>17} {:>10} {:>10} {:>9}",
+        "shape",
+        "network",
+        "order",
+        "quant",
+        "s/step",
+        "min..max",
+        "peak MiB",
+        "RSS MiB",
+        "launches"
+    );
+    let mut rows = Vec::new();
+    for case in cases {
+        let t = search::time_search_step(case, reps, warmup, None, &device)?;
+        let tm = t.time;
+        // The process's peak so far: with one case per process, that case's.
+        let rss = crate::alloc::peak_rss_bytes();
+        let row = SearchCsvRow {
+            backend: backend.label(),
+            shape: case.shape.name,
+            network: case.network(),
+            order: order_name(case.order),
+            quant: preset_name(case.preset),
+            median_s: tm.median,
+            min_s: tm.min,
+            max_s: tm.max,
+            peak_bytes: t.peak,
+            peak_rss_bytes: rss,
+            launches: t.launches,
+            pools: pools_name,
+        };
+        println!("{}", row.line());
+        rows.push(row);
+    }
+    if let Some(path) = csv {
+        timing::write_csv(&path, rows).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `bench cell`: one float cell, per-edge against waves.
+fn cell_bench(
+    shape: [usize; 3],
+    rounds: usize,
+    csv: Option<PathBuf>,
+    backend: Backend,
+) -> Result<()> {
+    let [batch, channels, size] = shape;
+    if rounds == 0 || batch == 0 || channels < 2 || size < 4 {
+        bail!("--rounds, --batch must be >= 1, --channels >= 2, --size >= 4");
+    }
+    let device = backend.device()?;
+    let rows = cell::cell_rows(shape, rounds, &device)?;
+    println!(
+        "one float DARTS cell (4 nodes, 8 candidates), forward+backward on {}, inputs \
+         {batch}x{channels}x{size}x{size}, median of {rounds} interleaved rounds",
+        backend.label()
+    );
+    print!("{}", cell::render(&rows));
+    if let Some(path) = csv {
+        cell::write_cell_csv(&path, backend, shape, &rows)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `bench ops`: every candidate op, float and fake-quant.
+fn ops_bench(
+    shape: [usize; 4],
+    preset: PresetArg,
+    reps: usize,
+    csv: Option<PathBuf>,
+    backend: Backend,
+) -> Result<()> {
+    let [batch, channels, size, _] = shape;
+    if reps == 0 || batch == 0 || channels < 2 || size < 2 {
+        bail!("--reps, --batch must be >= 1, --channels and --size >= 2");
+    }
+    let device = backend.device()?;
+    let rows = ops::op_rows(shape, preset.into(), reps, &device)?;
+    println!(
+        "candidate ops, forward+backward on {}, input {batch}x{channels}x{size}x{size}, \
+         fake-quant preset {preset:?}, median of {reps} after 1 warm-up (ms)",
+        backend.label()
+    );
+    print!("{}", ops::render_ops(&rows));
+    if let Some(path) = csv {
+        ops::write_ops_csv(&path, backend, shape, &rows)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// One row of `bench search --csv`.
@@ -251,6 +275,26 @@ struct SearchCsvRow<'a> {
     peak_rss_bytes: Option<u64>,
     launches: Option<u64>,
     pools: &'a str,
+}
+
+impl SearchCsvRow<'_> {
+    /// The row as `bench search` prints it.
+    fn line(&self) -> String {
+        let mib =
+            |b: Option<u64>| b.map_or(String::new(), |p| format!("{:.1}", p as f64 / 1048576.0));
+        format!(
+            "{:<8} {:<30} {:<7} {:<10} {:>10.2} {:>17} {:>10} {:>10} {:>9}",
+            self.shape,
+            self.network,
+            self.order,
+            self.quant,
+            self.median_s,
+            format!("{:.2}..{:.2}", self.min_s, self.max_s),
+            mib(self.peak_bytes),
+            mib(self.peak_rss_bytes),
+            self.launches.map_or(String::new(), |n| n.to_string())
+        )
+    }
 }
 
 #[cfg(test)]

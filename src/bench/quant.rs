@@ -56,54 +56,80 @@ impl QuantRow {
     }
 }
 
-pub fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<QuantRow>> {
-    let numel: usize = shape.iter().product();
-    let per_channel = Granularity::PerChannel { axis: 1 };
-    let configs: Vec<(ObserverKind, Granularity)> = vec![
-        (ObserverKind::AbsMax, Granularity::PerTensor),
-        (ObserverKind::MovingAverageAbsMax { rate: 0.9 }, Granularity::PerTensor),
-        (ObserverKind::MinMax, Granularity::PerTensor),
-        (ObserverKind::Lsq, Granularity::PerTensor),
-        (ObserverKind::ChannelWiseAbsMax, per_channel),
-        (ObserverKind::MinMax, per_channel),
-        (ObserverKind::Lsq, per_channel),
-    ];
-    let gran_name = |g: Granularity| match g {
+/// What every row of `bench quant` times on: the input, its autodiff twin and the devices.
+struct Bench<'a> {
+    x: Tensor<4>,
+    xa: Tensor<4>,
+    device: &'a Device,
+    ad: Device,
+    reps: usize,
+    numel: usize,
+}
+
+impl Bench<'_> {
+    fn row(&self, what: &str, granularity: Granularity, pass: Pass, t: Timing) -> QuantRow {
+        QuantRow {
+            what: what.into(),
+            granularity: gran_name(granularity),
+            pass,
+            median_s: t.median,
+            min_s: t.min,
+            max_s: t.max,
+            numel: self.numel,
+        }
+    }
+
+    /// Times `f(x)` forward, and forward and backward to `x`'s gradient: two rows.
+    fn fwd_bwd<F>(&self, what: &str, granularity: Granularity, f: F) -> Result<[QuantRow; 2]>
+    where
+        F: Fn(Tensor<4>, bool) -> Result<Tensor<4>>,
+    {
+        let fwd = time_reps(self.reps, || {
+            settle(f(self.x.clone(), false)?);
+            Ok(())
+        })?;
+        let bwd = time_reps(self.reps, || {
+            let xg = self.xa.clone().require_grad();
+            let grads = f(xg.clone(), true)?.sum().backward();
+            if let Some(g) = xg.grad(&grads) {
+                settle(g);
+            }
+            Ok(())
+        })?;
+        Ok([
+            self.row(what, granularity, Pass::Fwd, fwd),
+            self.row(what, granularity, Pass::FwdBwd, bwd),
+        ])
+    }
+}
+
+fn gran_name(g: Granularity) -> &'static str {
+    match g {
         Granularity::PerTensor => "per-tensor",
         Granularity::PerChannel { .. } => "per-channel",
-    };
-    let mut rows = Vec::new();
+    }
+}
+
+pub fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec<QuantRow>> {
     let x = Tensor::<4>::random(shape, Distribution::Normal(0.0, 1.0), device);
-    let row = |what: String, granularity, pass, t: Timing| QuantRow {
-        what,
-        granularity,
-        pass,
-        median_s: t.median,
-        min_s: t.min,
-        max_s: t.max,
-        numel,
-    };
-
-    // Baseline: the cheapest elementwise op that writes a new tensor.
-    let t = time_reps(reps, || {
-        settle(x.clone().add_scalar(0.0));
-        Ok(())
-    })?;
-    rows.push(row("copy (x + 0)".into(), "-", Pass::Fwd, t));
-    let ad = device.clone().autodiff();
     let xa = Tensor::<4>::from_inner(x.clone());
-    let t = time_reps(reps, || {
-        let xg = xa.clone().require_grad();
-        let grads = xg.clone().add_scalar(0.0).sum().backward();
-        if let Some(g) = xg.grad(&grads) {
-            settle(g);
-        }
-        Ok(())
-    })?;
-    rows.push(row("copy (x + 0)".into(), "-", Pass::FwdBwd, t));
+    let ad = device.clone().autodiff();
+    let bench = Bench { x, xa, device, ad, reps, numel: shape.iter().product() };
+    let mut rows = Vec::new();
+    // Baseline: the cheapest elementwise op that writes a new tensor. Its granularity column
+    // reads "-".
+    let copy =
+        bench.fwd_bwd("copy (x + 0)", Granularity::PerTensor, |x, _| Ok(x.add_scalar(0.0)))?;
+    rows.extend(copy.map(|r| QuantRow { granularity: "-", ..r }));
+    rows.extend(kernel_rows(&bench, shape)?);
+    rows.extend(quantizer_rows(&bench, shape)?);
+    Ok(rows)
+}
 
-    // The fake-quant op alone on a fixed grid: composite expression against the fused kernel.
-    for granularity in [Granularity::PerTensor, per_channel] {
+/// The fake-quant op alone on a fixed grid: composite expression against the fused kernel.
+fn kernel_rows(bench: &Bench<'_>, shape: [usize; 4]) -> Result<Vec<QuantRow>> {
+    let mut rows = Vec::new();
+    for granularity in [Granularity::PerTensor, Granularity::PerChannel { axis: 1 }] {
         let c = granularity.axis().map_or(1, |a| shape[a]);
         let steps: Vec<f32> = (0..c).map(|k| 0.02 + 0.001 * k as f32).collect();
         let grid_on = |dev: &Device| {
@@ -115,9 +141,9 @@ pub fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec
                 granularity.axis(),
             )
         };
-        let (grid, grid_ad) = (grid_on(device), grid_on(&ad));
+        let (grid, grid_ad) = (grid_on(bench.device), grid_on(&bench.ad));
         // A backend without the fused kernel would time the composite twice: leave it out.
-        let imps = if qdarts_ops::quant::fused_available(device, DType::F32) {
+        let imps = if qdarts_ops::quant::fused_available(bench.device, DType::F32) {
             vec![FakeQuantImpl::Composite, FakeQuantImpl::Fused]
         } else {
             vec![FakeQuantImpl::Composite]
@@ -127,44 +153,34 @@ pub fn quant_rows(shape: [usize; 4], reps: usize, device: &Device) -> Result<Vec
                 FakeQuantImpl::Composite => "kernel: composite",
                 FakeQuantImpl::Fused => "kernel: fused",
             };
-            let t = time_reps(reps, || {
-                settle(fake_quant_with(x.clone(), &grid, imp));
-                Ok(())
-            })?;
-            rows.push(row(name.into(), gran_name(granularity), Pass::Fwd, t));
-            let t = time_reps(reps, || {
-                let xg = xa.clone().require_grad();
-                let grads = fake_quant_with(xg.clone(), &grid_ad, imp).sum().backward();
-                if let Some(g) = xg.grad(&grads) {
-                    settle(g);
-                }
-                Ok(())
-            })?;
-            rows.push(row(name.into(), gran_name(granularity), Pass::FwdBwd, t));
+            rows.extend(bench.fwd_bwd(name, granularity, |x, ad| {
+                Ok(fake_quant_with(x, if ad { &grid_ad } else { &grid }, imp))
+            })?);
         }
     }
+    Ok(rows)
+}
 
-    // Whole quantizers: observer update + the process-wide kernel.
+/// Whole quantizers: observer update + the process-wide kernel.
+fn quantizer_rows(bench: &Bench<'_>, shape: [usize; 4]) -> Result<Vec<QuantRow>> {
+    let per_channel = Granularity::PerChannel { axis: 1 };
+    let configs: [(ObserverKind, Granularity); 7] = [
+        (ObserverKind::AbsMax, Granularity::PerTensor),
+        (ObserverKind::MovingAverageAbsMax { rate: 0.9 }, Granularity::PerTensor),
+        (ObserverKind::MinMax, Granularity::PerTensor),
+        (ObserverKind::Lsq, Granularity::PerTensor),
+        (ObserverKind::ChannelWiseAbsMax, per_channel),
+        (ObserverKind::MinMax, per_channel),
+        (ObserverKind::Lsq, per_channel),
+    ];
+    let mut rows = Vec::new();
     for (observer, granularity) in configs {
         let s = QuantSpec::with(8, true, true, granularity, observer)?;
-        let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], device)?;
-        let t = time_reps(reps, || {
-            settle(fq.try_forward(x.clone())?);
-            Ok(())
-        })?;
-        rows.push(row(observer.name().to_string(), gran_name(granularity), Pass::Fwd, t));
-
-        let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], &ad)?;
-        let t = time_reps(reps, || {
-            let xg = xa.clone().require_grad();
-            let out = fq.try_forward(xg.clone())?;
-            let grads = out.sum().backward();
-            if let Some(g) = xg.grad(&grads) {
-                settle(g);
-            }
-            Ok(())
-        })?;
-        rows.push(row(observer.name().to_string(), gran_name(granularity), Pass::FwdBwd, t));
+        let fq = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], bench.device)?;
+        let fq_ad = FakeQuantizer::new(s, "bench", TensorRole::Act, shape[1], &bench.ad)?;
+        rows.extend(bench.fwd_bwd(observer.name(), granularity, |x, ad| {
+            Ok(if ad { &fq_ad } else { &fq }.try_forward(x)?)
+        })?);
     }
     Ok(rows)
 }

@@ -27,6 +27,22 @@ struct Rate {
 }
 
 impl Rate {
+    /// Adds one round's rates to the row `name` on `threads` threads (made when missing).
+    fn add(rows: &mut Vec<Rate>, name: &str, threads: usize, rates: Vec<f64>) {
+        let at = match rows.iter().position(|r| r.name == name && r.threads == threads) {
+            Some(i) => i,
+            None => {
+                let (min, max) = (f64::INFINITY, 0.0);
+                rows.push(Rate { name: name.into(), threads, min, max, rounds: Vec::new() });
+                rows.len() - 1
+            }
+        };
+        let (row, t) = (&mut rows[at], Timing::of(rates));
+        row.rounds.push(t.median);
+        row.min = row.min.min(t.min);
+        row.max = row.max.max(t.max);
+    }
+
     /// The median over the rounds of each round's median images/s.
     fn median(&self) -> f64 {
         Timing::of(self.rounds.clone()).median
@@ -68,24 +84,7 @@ pub fn runtime_bench(
     );
     print_profile(&model, &images, n)?;
     let ort = match python {
-        Some(py) => {
-            let onnx = layout.onnx_model();
-            if onnx.exists() {
-                let shape = [
-                    n,
-                    model.graph.input_shape[0],
-                    model.graph.input_shape[1],
-                    model.graph.input_shape[2],
-                ];
-                OrtBench::new(py, &onnx, &images, shape)?
-            } else {
-                println!(
-                    "note: {} is missing (run qdarts export): onnxruntime left out",
-                    onnx.display()
-                );
-                None
-            }
-        }
+        Some(py) => ort_bench(py, &layout, &model, &images)?,
         None => None,
     };
     let mut kernels = vec![Kernels::Fast];
@@ -97,25 +96,6 @@ pub fn runtime_bench(
         .map(|&k| Runtime::with_kernels(&model, k).map(|rt| (k, rt)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut rows: Vec<Rate> = Vec::new();
-    let mut add = |name: &str, threads: usize, rates: Vec<f64>| {
-        let row = match rows.iter_mut().find(|r| r.name == name && r.threads == threads) {
-            Some(r) => r,
-            None => {
-                rows.push(Rate {
-                    name: name.into(),
-                    threads,
-                    min: f64::INFINITY,
-                    max: 0.0,
-                    rounds: Vec::new(),
-                });
-                rows.last_mut().expect("just pushed")
-            }
-        };
-        let t = Timing::of(rates);
-        row.rounds.push(t.median);
-        row.min = row.min.min(t.min);
-        row.max = row.max.max(t.max);
-    };
     let mut logits = Vec::new();
     for round in 0..rounds {
         for (k, rt) in &runtimes {
@@ -135,32 +115,53 @@ pub fn runtime_bench(
                     Kernels::Fast => "qdarts",
                     Kernels::Direct => "qdarts (direct kernel)",
                 };
-                add(name, t, rates);
+                Rate::add(&mut rows, name, t, rates);
             }
         }
         if let Some(ort) = &ort {
             for (name, t, rates) in ort.rates(&threads, reps)? {
-                add(&name, t, rates);
+                Rate::add(&mut rows, &name, t, rates);
             }
         }
     }
     if let [fast, direct] = &logits[..] {
-        let classes = model.graph.classes.max(1);
-        let differ =
-            fast.chunks(classes).zip(direct.chunks(classes)).filter(|(a, b)| a != b).count();
-        println!(
-            "fast vs direct kernel: {} of {n} images' int32 logits differ{}",
-            differ,
-            if differ == 0 { " (bit-exact)" } else { "" }
-        );
-        if differ > 0 {
-            bail!(
-                "the fast kernels disagree with the direct one on {differ} of {n} images of {}",
-                layout.root().display()
-            );
-        }
+        check_direct(fast, direct, model.graph.classes.max(1), &layout)?;
     }
     print_rates(&rows, rounds, csv)
+}
+
+/// onnxruntime on the run's exported model over `images`, when the run has one.
+fn ort_bench(
+    python: &str,
+    layout: &RunLayout,
+    model: &qdarts_frozen::FrozenModel,
+    images: &[f32],
+) -> Result<Option<OrtBench>> {
+    let onnx = layout.onnx_model();
+    if !onnx.exists() {
+        println!("note: {} is missing (run qdarts export): onnxruntime left out", onnx.display());
+        return Ok(None);
+    }
+    let [c, h, w] = [0, 1, 2].map(|i| model.graph.input_shape[i]);
+    OrtBench::new(python, &onnx, images, [images.len() / model_len(model), c, h, w])
+}
+
+/// The fast kernels must give the direct kernel's int32 logits on every image.
+fn check_direct(fast: &[i32], direct: &[i32], classes: usize, layout: &RunLayout) -> Result<()> {
+    let n = fast.len() / classes;
+    let differ = fast.chunks(classes).zip(direct.chunks(classes)).filter(|(a, b)| a != b).count();
+    println!(
+        "fast vs direct kernel: {} of {n} images' int32 logits differ{}",
+        differ,
+        if differ == 0 { " (bit-exact)" } else { "" }
+    );
+    if differ > 0 {
+        bail!(
+            "the fast kernels disagree with the direct one on {differ} of {n} images of {}",
+            layout.root().display()
+        );
+    }
+    Ok(())
 }
 
 /// Where one thread's time goes, per node kind (over at most 200 images).
