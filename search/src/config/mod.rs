@@ -17,6 +17,7 @@ pub use crate::selection::config::{
 
 mod cost;
 mod guards;
+mod validate;
 
 pub use cost::{BitsConfig, CostCharge, CostConfig, CostMetric, PenaltyKind};
 pub use guards::GuardConfig;
@@ -250,159 +251,11 @@ impl Experiment for ExperimentConfig {
     }
 
     fn validate_own(&self, path: &Path, r: &Ranges<'_>) -> Result<(), ConfigError> {
-        let bad = |key: &str, message: &str| Err(ConfigError::invalid(path, key, message));
-        let (m, s, d) = (&self.model, &self.search, &self.data);
-        r.count("model.layers", m.layers, 3, 64)?;
-        if m.partial_channels == 0 || !m.init_channels.is_multiple_of(m.partial_channels) {
-            return bad(
-                "model.partial_channels",
-                "must be at least 1 and divide model.init_channels (PC-DARTS uses 4)",
-            );
-        }
-        r.count("model.nodes", m.nodes, 1, 16)?;
-        if m.batched_cells {
-            let conflict = [
-                (
-                    self.quant.preset != qdarts_ops::qconfig::Preset::Float,
-                    "quant.preset (not float)",
-                ),
-                (m.partial_channels > 1, "model.partial_channels > 1"),
-                (s.guards.edge_normalization, "search.guards.edge_normalization"),
-                (s.guards.aux_skip > 0.0, "search.guards.aux_skip > 0"),
-                (s.bits.is_some(), "[search.bits]"),
-                (s.selection == Selection::Perturbation, "search.selection = \"perturbation\""),
-            ];
-            if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
-                let message = format!(
-                    "runs float cells without partial channels, edge normalization, β, a \
-                     bit-width search or perturbation selection; this config has {what}: \
-                     set model.batched_cells = false (or leave it out) to run it edge by edge"
-                );
-                return bad("model.batched_cells", &message);
-            }
-        }
-        r.count("model.stem_multiplier", m.stem_multiplier, 1, 16)?;
-        if m.primitives.is_empty() || m.primitives.iter().all(|p| *p == Primitive::None) {
-            return bad("model.primitives", "needs an op other than none");
-        }
-        let mut seen = m.primitives.clone();
-        seen.sort();
-        seen.dedup();
-        if seen.len() != m.primitives.len() {
-            return bad("model.primitives", "lists an op twice");
-        }
-        r.count("search.epochs", s.epochs, 1, 1_000_000)?;
-        r.count("search.batch_size", s.batch_size, 1, 1 << 16)?;
-        if !(d.train_portion > 0.0 && d.train_portion < 1.0) {
-            return bad("data.train_portion", "must lie in (0, 1)");
-        }
-        r.positive("search.w_lr", s.w_lr)?;
-        r.within("search.w_lr_min", s.w_lr_min, 0.0, s.w_lr)?;
-        r.fraction("search.w_momentum", s.w_momentum)?;
-        r.within("search.w_weight_decay", s.w_weight_decay, 0.0, 1.0)?;
-        r.positive("search.w_grad_clip", s.w_grad_clip)?;
-        r.positive("search.alpha_lr", s.alpha_lr)?;
-        r.fraction("search.alpha_betas[0]", s.alpha_betas[0])?;
-        r.fraction("search.alpha_betas[1]", s.alpha_betas[1])?;
-        r.within("search.alpha_weight_decay", s.alpha_weight_decay, 0.0, 1.0)?;
-        r.within("search.guards.aux_skip", s.guards.aux_skip, 0.0, 10.0)?;
-        r.within("search.guards.beta_decay", s.guards.beta_decay, 0.0, 1e4)?;
-        r.within("search.guards.random_smoothing", s.guards.random_smoothing, 0.0, 1.0)?;
-        if let Some(max) = s.guards.max_skip {
-            // Two edges per node are kept.
-            r.count("search.guards.max_skip", max, 0, 2 * m.nodes)?;
-            let others =
-                m.primitives.iter().any(|p| !matches!(p, Primitive::None | Primitive::SkipConnect));
-            if !others {
-                return bad(
-                    "search.guards.max_skip",
-                    "needs an op other than none and skip_connect in model.primitives",
-                );
-            }
-        }
-        if let Some(max) = s.guards.max_param_free {
-            r.count("search.guards.max_param_free", max, 0, 2 * m.nodes)?;
-            if !m.primitives.iter().any(|p| p.has_weights()) {
-                return bad(
-                    "search.guards.max_param_free",
-                    "needs an op with weights (a convolution) in model.primitives",
-                );
-            }
-        }
-        if s.perturbation.is_some() && s.selection != Selection::Perturbation {
-            return bad(
-                "search.perturbation",
-                "is read only with search.selection = \"perturbation\"",
-            );
-        }
-        if s.selection == Selection::Perturbation {
-            let p = s.perturbation_or_default();
-            r.count("search.perturbation.tune_epochs", p.tune_epochs, 0, 1000)?;
-            for (key, set) in [
-                ("search.guards.max_skip", s.guards.max_skip),
-                ("search.guards.max_param_free", s.guards.max_param_free),
-            ] {
-                if set.is_some() {
-                    let message = format!(
-                        "limits the magnitude derivation; search.selection = \"perturbation\" \
-                         decides every edge by measurement: remove it from the config, or with \
-                         `--set {key}=` (an empty value removes a key)"
-                    );
-                    return bad(key, &message);
-                }
-            }
-            if s.guards.edge_normalization {
-                return bad(
-                    "search.guards.edge_normalization",
-                    "is not supported with search.selection = \"perturbation\"",
-                );
-            }
-        }
-        if let Some(b) = &s.bits {
-            for (key, set) in [("search.bits.weight", &b.weight), ("search.bits.act", &b.act)] {
-                let mut seen = set.clone();
-                seen.sort_unstable();
-                seen.dedup();
-                if set.is_empty() || seen.len() != set.len() {
-                    return bad(key, "give one or more widths, each once");
-                }
-                if let Some(w) = set.iter().find(|w| !(2..=8).contains(*w)) {
-                    return bad(key, &format!("{w} bits: widths lie in 2..8"));
-                }
-            }
-            if self.quant.preset == qdarts_ops::qconfig::Preset::Float {
-                return bad("search.bits", "needs quantization: quant.preset is float");
-            }
-        }
-        if let Some(c) = &s.cost {
-            r.within("search.cost.weight", c.weight, 0.0, 1e6)?;
-            if m.partial_channels > 1 {
-                return bad(
-                    "search.cost",
-                    "is counted on the supernet's ops, which see C/K channels with \
-                     model.partial_channels > 1: not supported",
-                );
-            }
-            if c.charge == CostCharge::Bits && s.bits.is_none() {
-                return bad(
-                    "search.cost.charge",
-                    "\"bits\" (the default) needs [search.bits]; without a bit-width search use \
-                     charge = \"ops_and_bits\"",
-                );
-            }
-            match (c.penalty, c.target) {
-                (PenaltyKind::Hinge, None) => {
-                    return bad("search.cost.target", "the hinge penalty needs a target");
-                }
-                (PenaltyKind::Hinge, Some(t)) if !(t.is_finite() && t > 0.0) => {
-                    return bad("search.cost.target", "must be a positive number");
-                }
-                (PenaltyKind::Log, Some(_)) => {
-                    return bad("search.cost.target", "the log penalty has no target");
-                }
-                _ => {}
-            }
-        }
-        Ok(())
+        self.validate_model(path, r)?;
+        self.validate_training(path, r)?;
+        self.validate_guards(path, r)?;
+        self.validate_selection(path, r)?;
+        self.validate_bits(path)?;
+        self.validate_cost(path, r)
     }
 }
