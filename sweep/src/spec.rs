@@ -165,6 +165,59 @@ fn label_value(v: &toml::Value) -> String {
     }
 }
 
+/// `[grid]`: each key a config key with a non-empty list of values.
+fn check_grid(
+    path: &Path,
+    grid: toml::Table,
+) -> Result<Vec<(String, Vec<toml::Value>)>, SweepError> {
+    let mut checked: Vec<(String, Vec<toml::Value>)> = Vec::new();
+    for (key, values) in grid {
+        check_key(path, &key, "[grid]")?;
+        let values = match values {
+            toml::Value::Array(a) if !a.is_empty() => a,
+            toml::Value::Array(_) => {
+                return Err(invalid(path, format!("[grid] `{key}` lists no values")));
+            }
+            _ => {
+                return Err(invalid(
+                    path,
+                    format!("[grid] `{key}` must be a list of values, e.g. [1e-2, 3e-3]"),
+                ));
+            }
+        };
+        checked.push((key, values));
+    }
+    Ok(checked)
+}
+
+/// `[[variant]]`s: labelled, each label once, none setting a key the grid sweeps.
+fn check_variants(
+    path: &Path,
+    variants: &[Variant],
+    grid: &[(String, Vec<toml::Value>)],
+) -> Result<(), SweepError> {
+    let mut labels = Vec::new();
+    for v in variants {
+        if v.label.trim().is_empty() {
+            return Err(invalid(path, "a [[variant]] has an empty `label`"));
+        }
+        if labels.contains(&v.label) {
+            return Err(invalid(path, format!("two [[variant]]s are labelled `{}`", v.label)));
+        }
+        labels.push(v.label.clone());
+        for key in v.set.keys() {
+            check_key(path, key, &format!("[[variant]] `{}`", v.label))?;
+            if grid.iter().any(|(g, _)| g == key) {
+                return Err(invalid(
+                    path,
+                    format!("`{key}` is both in [grid] and in [[variant]] `{}`", v.label),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl SweepSpec {
     /// Reads and expands a sweep file.
     pub fn load(path: &Path) -> Result<SweepSpec, SweepError> {
@@ -176,42 +229,8 @@ impl SweepSpec {
     pub fn parse(text: &str, path: &Path) -> Result<SweepSpec, SweepError> {
         let f: SpecFile = toml::from_str(text).map_err(|e| invalid(path, e.to_string()))?;
         check_name(path, &f.name)?;
-        let mut grid: Vec<(String, Vec<toml::Value>)> = Vec::new();
-        for (key, values) in f.grid {
-            check_key(path, &key, "[grid]")?;
-            let values = match values {
-                toml::Value::Array(a) if !a.is_empty() => a,
-                toml::Value::Array(_) => {
-                    return Err(invalid(path, format!("[grid] `{key}` lists no values")));
-                }
-                _ => {
-                    return Err(invalid(
-                        path,
-                        format!("[grid] `{key}` must be a list of values, e.g. [1e-2, 3e-3]"),
-                    ));
-                }
-            };
-            grid.push((key, values));
-        }
-        let mut labels = Vec::new();
-        for v in &f.variant {
-            if v.label.trim().is_empty() {
-                return Err(invalid(path, "a [[variant]] has an empty `label`"));
-            }
-            if labels.contains(&v.label) {
-                return Err(invalid(path, format!("two [[variant]]s are labelled `{}`", v.label)));
-            }
-            labels.push(v.label.clone());
-            for key in v.set.keys() {
-                check_key(path, key, &format!("[[variant]] `{}`", v.label))?;
-                if grid.iter().any(|(g, _)| g == key) {
-                    return Err(invalid(
-                        path,
-                        format!("`{key}` is both in [grid] and in [[variant]] `{}`", v.label),
-                    ));
-                }
-            }
-        }
+        let grid = check_grid(path, f.grid)?;
+        check_variants(path, &f.variant, &grid)?;
         let mut seen = f.seeds.clone();
         seen.sort_unstable();
         seen.dedup();

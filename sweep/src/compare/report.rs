@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 
 use qdarts_genotypes::Genotype;
 
-use super::{Comparison, Noise, PairedResult, RunSummary, Score, Stability, cell_short};
+use super::{
+    Comparison, MethodResult, Noise, PairedResult, RunSummary, Score, Stability, cell_short,
+};
 use crate::stats::Stats;
 
 fn pct(v: Option<f64>) -> String {
@@ -16,6 +18,17 @@ fn pct(v: Option<f64>) -> String {
 /// The report: a table of runs, the groups with mean ± std, genotype stability, and the
 /// searched-versus-baseline summary when there is a baseline.
 pub fn report(c: &Comparison) -> String {
+    let mut out = runs_table(c);
+    notes(&mut out, c);
+    groups(&mut out, c);
+    if let Some(b) = baseline_summary(c) {
+        let _ = writeln!(out, "\n{b}");
+    }
+    out
+}
+
+/// One line per run: where it got to, its scores and its cells.
+fn runs_table(c: &Comparison) -> String {
     let mut out = String::new();
     let headers = [
         "run",
@@ -91,6 +104,11 @@ pub fn report(c: &Comparison) -> String {
     for row in &rows {
         let _ = writeln!(out, "{}", line(row));
     }
+    out
+}
+
+/// The legend, how the configs differ, and the runs left out of the statistics.
+fn notes(out: &mut String, c: &Comparison) {
     let _ = writeln!(
         out,
         "\nops: max3/avg3 pooling, skip, sep3/sep5 separable, dil3/dil5 dilated conv; op(input state)"
@@ -114,6 +132,10 @@ pub fn report(c: &Comparison) -> String {
             let _ = writeln!(out, "  {}", c.runs[i].name());
         }
     }
+}
+
+/// The groups' mean ± std, and each group's genotype stability.
+fn groups(out: &mut String, c: &Comparison) {
     let _ = writeln!(out, "\ngroups (runs that differ only in their seed; finished runs):");
     for (gi, g) in c.groups.iter().enumerate() {
         let stats = g.top1.map_or_else(|| "no finished run".into(), |s| s.percent());
@@ -133,10 +155,6 @@ pub fn report(c: &Comparison) -> String {
             }
         }
     }
-    if let Some(b) = baseline_summary(c) {
-        let _ = writeln!(out, "\n{b}");
-    }
-    out
 }
 
 fn genotypes(n: usize) -> String {
@@ -189,72 +207,84 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
         100.0 * base.std
     );
     for m in &a.methods {
-        let Some(s) = Stats::of(&m.scores) else { continue };
+        method_lines(&mut out, m);
+    }
+    noise_line(&mut out, a.noise.as_ref(), a.units.len());
+    Some(out)
+}
+
+/// One method against the baseline: its scores, the difference with its interval and the
+/// tests.
+fn method_lines(out: &mut String, m: &MethodResult) {
+    let Some(s) = Stats::of(&m.scores) else { return };
+    let _ = writeln!(
+        out,
+        "  {}  {}, {} runs, mean {:.2} %, sd {:.2} points",
+        m.label,
+        genotypes(s.n),
+        m.runs,
+        100.0 * s.mean,
+        100.0 * s.std
+    );
+    if let Some(b) = m.bootstrap {
         let _ = writeln!(
             out,
-            "  {}  {}, {} runs, mean {:.2} %, sd {:.2} points",
-            m.label,
-            genotypes(s.n),
-            m.runs,
-            100.0 * s.mean,
-            100.0 * s.std
+            "    difference {:+.2} points, {:.0} % CI [{:+.2}, {:+.2}] (percentile bootstrap, \
+             {} resamples)",
+            100.0 * b.diff,
+            100.0 * b.level,
+            100.0 * b.low,
+            100.0 * b.high,
+            b.resamples
         );
-        if let Some(b) = m.bootstrap {
+    }
+    let [hw, hm, hp] = m.holm;
+    match m.welch {
+        Some(w) => {
             let _ = writeln!(
                 out,
-                "    difference {:+.2} points, {:.0} % CI [{:+.2}, {:+.2}] (percentile bootstrap, \
-                 {} resamples)",
-                100.0 * b.diff,
-                100.0 * b.level,
-                100.0 * b.low,
-                100.0 * b.high,
-                b.resamples
+                "    Welch t({:.1}) = {:.2}, p = {}, Holm p = {}",
+                w.df,
+                w.t,
+                p_text(Some(w.p)),
+                p_text(hw)
             );
         }
-        let [hw, hm, hp] = m.holm;
-        match m.welch {
-            Some(w) => {
-                let _ = writeln!(
-                    out,
-                    "    Welch t({:.1}) = {:.2}, p = {}, Holm p = {}",
-                    w.df,
-                    w.t,
-                    p_text(Some(w.p)),
-                    p_text(hw)
-                );
-            }
-            None => {
-                let _ = writeln!(out, "    Welch: needs two genotypes a side with some spread");
-            }
-        }
-        if let Some(u) = m.mann_whitney {
-            let _ = writeln!(
-                out,
-                "    Mann–Whitney U = {:.1} (exact), p = {}, Holm p = {}; P(method > baseline) = {:.2}",
-                u.u,
-                p_text(Some(u.p)),
-                p_text(hm),
-                u.p_greater
-            );
-        }
-        if let Some(p) = m.permutation {
-            let how = if p.exact {
-                format!("all {} splits", p.resamples)
-            } else {
-                format!("{} random splits", p.resamples)
-            };
-            let _ = writeln!(
-                out,
-                "    permutation test of the difference ({how}): p = {}, Holm p = {}",
-                p_text(Some(p.p)),
-                p_text(hp)
-            );
-        }
-        if let Some(p) = &m.paired {
-            paired_lines(&mut out, p);
+        None => {
+            let _ = writeln!(out, "    Welch: needs two genotypes a side with some spread");
         }
     }
-    match &a.noise {
+    if let Some(u) = m.mann_whitney {
+        let _ = writeln!(
+            out,
+            "    Mann–Whitney U = {:.1} (exact), p = {}, Holm p = {}; P(method > baseline) = {:.2}",
+            u.u,
+            p_text(Some(u.p)),
+            p_text(hm),
+            u.p_greater
+        );
+    }
+    if let Some(p) = m.permutation {
+        let how = if p.exact {
+            format!("all {} splits", p.resamples)
+        } else {
+            format!("{} random splits", p.resamples)
+        };
+        let _ = writeln!(
+            out,
+            "    permutation test of the difference ({how}): p = {}, Holm p = {}",
+            p_text(Some(p.p)),
+            p_text(hp)
+        );
+    }
+    if let Some(p) = &m.paired {
+        paired_lines(out, p);
+    }
+}
+
+/// How much of the spread is seed noise.
+fn noise_line(out: &mut String, noise: Option<&Noise>, genotypes: usize) {
+    match noise {
         Some(Noise::TwoWay(t)) => {
             let _ = write!(
                 out,
@@ -270,7 +300,7 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
                 t.df_residual,
                 t.seed_f,
                 p_text(Some(t.seed_p)),
-                a.units.len()
+                genotypes
             );
         }
         Some(Noise::OneWay(o)) => {
@@ -283,14 +313,13 @@ pub fn baseline_summary(c: &Comparison) -> Option<String> {
                 o.df_within,
                 o.f,
                 p_text(Some(o.p)),
-                a.units.len()
+                genotypes
             );
         }
         None => {
             let _ = write!(out, "  seed noise: no genotype has two finished runs");
         }
     }
-    Some(out)
 }
 
 /// A method's paired differences (by search seed) in the report.
