@@ -64,7 +64,6 @@ const KEYS: &[&str] = &[
     "record.checkpoint_every",
     "nan_guard.policy",
     "nan_guard.max_events",
-    "nan_guard.inject_step",
     "nan_guard.inject_site",
     // Not keys at all.
     "search",

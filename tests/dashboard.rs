@@ -11,8 +11,9 @@ use std::sync::OnceLock;
 
 use burn::tensor::Device;
 use qdarts_engine::config::Experiment;
+use qdarts_engine::{InjectSite, NanInjection};
 use qdarts_search::config::ExperimentConfig;
-use qdarts_search::run_search;
+use qdarts_search::{prepare_search, run_prepared};
 use qdarts_tui::app::{App, Tab};
 use qdarts_tui::state::RunStatus;
 use qdarts_tui::{Action, RunReader};
@@ -46,15 +47,16 @@ fn run() -> &'static Path {
             [record]
             results_dir = "{}"
             quant_error_every = 2
-            [nan_guard]
-            inject_step = 4
-            inject_site = "grad"
             "#,
             dir.display()
         );
         let cfg = ExperimentConfig::parse(&text, Path::new("dash.toml"), &[]).unwrap();
-        let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(()));
-        out.unwrap().run_dir
+        let device = Device::flex();
+        let at = NanInjection { step: 4, site: InjectSite::Grad };
+        let prepared = prepare_search(&cfg, &device).unwrap().inject_nan(at);
+        let run = qdarts_record::RunDir::create(&cfg.record.results_dir, &cfg.name).unwrap();
+        let go = &mut |_: &_| ControlFlow::Continue(());
+        run_prepared(prepared, run, false, go).unwrap().run_dir
     })
 }
 

@@ -279,14 +279,9 @@ impl RecordConfig {
 }
 
 impl NanGuardConfig {
-    /// Checks the settings' ranges: at least one event before aborting, an injection step
-    /// from 1.
+    /// Checks the settings' ranges: at least one event before aborting.
     pub fn validate(&self, r: &Ranges<'_>) -> Result<(), ConfigError> {
-        r.count("nan_guard.max_events", self.max_events, 1, 1_000_000)?;
-        if let Some(s) = self.inject_step {
-            r.count("nan_guard.inject_step", s, 1, usize::MAX)?;
-        }
-        Ok(())
+        r.count("nan_guard.max_events", self.max_events, 1, 1_000_000)
     }
 }
 
@@ -332,7 +327,7 @@ impl Default for RecordConfig {
     }
 }
 
-/// Where an injected non-finite value goes (for tests of the guard).
+/// Where an injected non-finite value goes (tests of the guard, [`crate::inject`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InjectSite {
@@ -368,12 +363,10 @@ pub struct NanGuardConfig {
     /// Abort after this many events.
     #[serde(default = "NanGuardConfig::default_max_events")]
     pub max_events: usize,
-    /// Inject a NaN at this global step (1-based).
-    #[serde(default)]
-    pub inject_step: Option<usize>,
-    /// Where to inject it.
-    #[serde(default = "NanGuardConfig::default_inject_site")]
-    pub inject_site: InjectSite,
+    /// `inject_site`, a retired key that every run record written before NaN injection left
+    /// the config carries: read (so that such a run resumes and compares) and ignored.
+    #[serde(default, rename = "inject_site", skip_serializing)]
+    pub retired_inject_site: Option<serde::de::IgnoredAny>,
 }
 
 impl NanGuardConfig {
@@ -383,9 +376,6 @@ impl NanGuardConfig {
     fn default_max_events() -> usize {
         10
     }
-    fn default_inject_site() -> InjectSite {
-        InjectSite::Loss
-    }
 }
 
 impl Default for NanGuardConfig {
@@ -393,8 +383,7 @@ impl Default for NanGuardConfig {
         NanGuardConfig {
             policy: Self::default_policy(),
             max_events: Self::default_max_events(),
-            inject_step: None,
-            inject_site: Self::default_inject_site(),
+            retired_inject_site: None,
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::RunError;
 use crate::checkpoint::{LoopState, load, save, truncate_tables};
 use crate::config::{InjectSite, NanGuardConfig, NanPolicy};
 use crate::grads::Event;
+use crate::inject::{InjectNan, NanInjection};
 
 /// Where the run is, for a progress display.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +64,8 @@ pub struct LoopPlan {
     pub checkpoint_every: usize,
     /// The NaN guard.
     pub nan_guard: NanGuardConfig,
+    /// A NaN to inject, for the tests of the guard ([`crate::inject`]); none in a real run.
+    pub inject: Option<NanInjection>,
 }
 
 impl LoopPlan {
@@ -90,7 +93,7 @@ pub struct StepInput<'a> {
     pub lr: f64,
     /// Whether this step records quantizer statistics.
     pub record_quant: bool,
-    /// A NaN to inject (tests of the guard).
+    /// A NaN for the step to make (tests of the guard, [`crate::inject`]).
     pub inject: Option<InjectSite>,
     /// The data-order generator, for augmentation and drop-path.
     pub rng: &'a mut Rng,
@@ -195,152 +198,254 @@ fn write_epoch_rows(run: &RunDir, rows: &EpochRows) -> Result<(), RunError> {
     append::<CostRow>(run, &rows.cost)
 }
 
-/// Whether the NaN guard's test injection asks for a non-finite validation loss after `epoch`.
-fn injects_val(guard: &NanGuardConfig, epoch: usize, steps: usize) -> bool {
-    guard.inject_site == InjectSite::Val
-        && guard.inject_step.is_some_and(|s| s > epoch * steps && s <= (epoch + 1) * steps)
-}
-
 /// Runs the epochs of `plan` from the state `st` (see [`start`](crate::checkpoint::start)). `progress` is called after
 /// every step; when it returns `Break` the loop saves a checkpoint at that step and returns
 /// (`finished: false`); on an epoch's last step it finishes the epoch first.
 pub fn run_epochs<T: EpochTask>(
     run: &RunDir,
-    mut task: T,
-    mut st: LoopState,
+    task: T,
+    st: LoopState,
     plan: &LoopPlan,
     progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<LoopEnd<T>, RunError> {
-    let guard = &plan.nan_guard;
-    let (steps, every, ckpt_every) = (plan.steps, plan.quant_error_every, plan.checkpoint_every);
-    let mut tables = Tables::open(run)?;
-    let mut rng = Rng::from_state(st.rng);
-    let start = Instant::now();
-    let mut injected = false;
-    let mut epoch = st.epochs_done;
-    let mut stop_after_epoch = false;
-    'epochs: while epoch < plan.epochs {
-        let lr = plan.lr_at(epoch) * st.lr_scale;
-        let first = std::mem::take(&mut st.step_in_epoch).min(steps);
-        let epoch_rng = if first > 0 { st.epoch_rng } else { rng.state() };
-        rng = Rng::from_state(epoch_rng);
-        task.shuffle(&mut rng);
-        let (mut seen, mut right) = (0usize, 0usize);
-        if first > 0 {
-            rng = Rng::from_state(st.rng);
-            (seen, right) = (st.seen, st.right);
+    match plan.inject {
+        Some(at) => {
+            let task = InjectNan::new(task, at, plan.steps);
+            let end = Loop::new(run, plan, st, progress)?.epochs(task)?;
+            Ok(LoopEnd { task: end.task.into_inner(), finished: end.finished })
         }
-        for i in first..steps {
-            st.step += 1;
-            let step = st.step;
-            let record_quant = every > 0 && (step.is_multiple_of(every) || i + 1 == steps);
-            let inject = (!injected
-                && guard.inject_step == Some(step)
-                && guard.inject_site != InjectSite::Val)
-                .then_some(guard.inject_site);
-            injected |= inject.is_some();
-            let input =
-                StepInput { epoch, step, index: i, lr, record_quant, inject, rng: &mut rng };
-            let out = task.step(input)?;
-            let mut events = out.events;
-            if let Some(q) = out.quant.iter().find(|q| !(q.scale.is_finite() && q.scale > 0.0)) {
-                events.push(Event::new(NanSite::Scale, q.layer.clone(), q.scale));
-            }
-            if events.is_empty() {
-                task = task.commit(lr);
-            } else {
-                match guard_events(run, &mut tables, plan, task, &mut st, (epoch, step), events)? {
-                    Guarded::Skipped(t) => {
-                        task = t.discard();
-                        st.skipped_steps += 1;
-                    }
-                    Guarded::RolledBack(t) => {
-                        task = t;
-                        rng = Rng::from_state(st.rng);
-                        epoch = st.epochs_done;
-                        continue 'epochs;
-                    }
-                }
-            }
-            seen += out.images;
-            right += out.correct;
-            let top1 = right as f64 / seen as f64;
-            tables.metrics.push(&MetricsRow {
-                epoch,
-                step,
-                phase: Phase::Train,
-                loss: out.loss,
-                top1,
-                lr,
-                arch_lr: task.arch_lr(),
-                seconds: start.elapsed().as_secs_f64(),
-            })?;
-            for error in out.quant {
-                tables.quant.push(&QuantErrorRow { epoch, step, error })?;
-            }
-            let p =
-                Progress { epoch, epochs: plan.epochs, step: i + 1, steps, loss: out.loss, top1 };
-            let stop = progress(&p).is_break();
-            if i + 1 < steps && (stop || (ckpt_every > 0 && step.is_multiple_of(ckpt_every))) {
-                st.epochs_done = epoch;
-                st.step_in_epoch = i + 1;
-                st.epoch_rng = epoch_rng;
-                st.rng = rng.state();
-                (st.seen, st.right) = (seen, right);
-                save(run, &task, &st)?;
-                st.step_in_epoch = 0;
-                if stop {
-                    return Ok(LoopEnd { task, finished: false });
-                }
-            }
-            // A stop on the epoch's last step finishes the epoch (validation, rows,
-            // checkpoint) first.
-            stop_after_epoch |= stop;
-        }
+        None => Loop::new(run, plan, st, progress)?.epochs(task),
+    }
+}
 
-        let mut val = task.validate(epoch)?;
-        if !injected && injects_val(guard, epoch, steps) {
-            injected = true;
-            val.loss = f64::NAN;
+/// The loop's state between its steps.
+struct Loop<'a> {
+    run: &'a RunDir,
+    plan: &'a LoopPlan,
+    tables: Tables,
+    st: LoopState,
+    /// The data-order generator.
+    rng: Rng,
+    start: Instant,
+    progress: &'a mut dyn FnMut(&Progress) -> ControlFlow<()>,
+    /// A stop asked for on an epoch's last step: the epoch finishes first.
+    stop_after_epoch: bool,
+}
+
+/// Where an epoch is: the step it starts from, the generator state it drew its order from,
+/// and its running top-1 tally.
+struct EpochPos {
+    epoch: usize,
+    lr: f64,
+    first: usize,
+    epoch_rng: u64,
+    seen: usize,
+    right: usize,
+}
+
+/// How a step or an epoch ended.
+enum Flow {
+    /// On to the next.
+    Next,
+    /// Stopped by the progress callback, a checkpoint saved.
+    Stopped,
+    /// The NaN guard rolled the run back to its last checkpoint.
+    RolledBack,
+}
+
+impl<'a> Loop<'a> {
+    fn new(
+        run: &'a RunDir,
+        plan: &'a LoopPlan,
+        st: LoopState,
+        progress: &'a mut dyn FnMut(&Progress) -> ControlFlow<()>,
+    ) -> Result<Self, RunError> {
+        Ok(Loop {
+            run,
+            plan,
+            tables: Tables::open(run)?,
+            rng: Rng::from_state(st.rng),
+            st,
+            start: Instant::now(),
+            progress,
+            stop_after_epoch: false,
+        })
+    }
+
+    /// Every epoch from the state's, each as [`Loop::epoch`].
+    fn epochs<T: EpochTask>(mut self, mut task: T) -> Result<LoopEnd<T>, RunError> {
+        let mut epoch = self.st.epochs_done;
+        while epoch < self.plan.epochs {
+            let (t, flow) = self.epoch(task, epoch)?;
+            task = t;
+            match flow {
+                Flow::Next => epoch += 1,
+                Flow::Stopped => return Ok(LoopEnd { task, finished: false }),
+                Flow::RolledBack => epoch = self.st.epochs_done,
+            }
+            if self.stop_after_epoch && epoch < self.plan.epochs {
+                return Ok(LoopEnd { task, finished: false });
+            }
         }
+        if self.st.step > 0 && self.st.skipped_steps >= self.st.step {
+            return Err(RunError::NothingTrained(self.st.step));
+        }
+        Ok(LoopEnd { task, finished: true })
+    }
+
+    /// One epoch: its order drawn (or redrawn, on a resume inside it), its steps, its end.
+    fn epoch<T: EpochTask>(&mut self, mut task: T, epoch: usize) -> Result<(T, Flow), RunError> {
+        let mut pos = self.begin_epoch(&mut task, epoch);
+        for i in pos.first..self.plan.steps {
+            let (t, flow) = self.step(task, &mut pos, i)?;
+            task = t;
+            if !matches!(flow, Flow::Next) {
+                return Ok((task, flow));
+            }
+        }
+        self.end_epoch(task, &pos)
+    }
+
+    /// Draws the epoch's order; a resume inside the epoch redraws it from the generator state
+    /// at the epoch start and goes on from the checkpoint's.
+    fn begin_epoch<T: EpochTask>(&mut self, task: &mut T, epoch: usize) -> EpochPos {
+        let lr = self.plan.lr_at(epoch) * self.st.lr_scale;
+        let first = std::mem::take(&mut self.st.step_in_epoch).min(self.plan.steps);
+        let epoch_rng = if first > 0 { self.st.epoch_rng } else { self.rng.state() };
+        self.rng = Rng::from_state(epoch_rng);
+        task.shuffle(&mut self.rng);
+        let mut pos = EpochPos { epoch, lr, first, epoch_rng, seen: 0, right: 0 };
+        if first > 0 {
+            self.rng = Rng::from_state(self.st.rng);
+            (pos.seen, pos.right) = (self.st.seen, self.st.right);
+        }
+        pos
+    }
+
+    /// Step `i` of the epoch: run it, commit or guard it, record it, report it, and save a
+    /// checkpoint when one is due or the callback stops the run.
+    fn step<T: EpochTask>(
+        &mut self,
+        mut task: T,
+        pos: &mut EpochPos,
+        i: usize,
+    ) -> Result<(T, Flow), RunError> {
+        let (plan, epoch, lr) = (self.plan, pos.epoch, pos.lr);
+        self.st.step += 1;
+        let step = self.st.step;
+        let every = plan.quant_error_every;
+        let record_quant = every > 0 && (step.is_multiple_of(every) || i + 1 == plan.steps);
+        let rng = &mut self.rng;
+        let input = StepInput { epoch, step, index: i, lr, record_quant, inject: None, rng };
+        let out = task.step(input)?;
+        let mut events = out.events;
+        if let Some(q) = out.quant.iter().find(|q| !(q.scale.is_finite() && q.scale > 0.0)) {
+            events.push(Event::new(NanSite::Scale, q.layer.clone(), q.scale));
+        }
+        task = if events.is_empty() {
+            task.commit(lr)
+        } else {
+            match self.guard(task, (epoch, step), events)? {
+                Guarded::Skipped(t) => {
+                    self.st.skipped_steps += 1;
+                    t.discard()
+                }
+                Guarded::RolledBack(t) => return Ok((t, Flow::RolledBack)),
+            }
+        };
+        pos.seen += out.images;
+        pos.right += out.correct;
+        let top1 = pos.right as f64 / pos.seen as f64;
+        let row = self.metrics_row(epoch, Phase::Train, (out.loss, top1), lr, task.arch_lr());
+        self.tables.metrics.push(&row)?;
+        for error in out.quant {
+            self.tables.quant.push(&QuantErrorRow { epoch, step, error })?;
+        }
+        let (epochs, steps) = (plan.epochs, plan.steps);
+        let p = Progress { epoch, epochs, step: i + 1, steps, loss: out.loss, top1 };
+        let stop = (self.progress)(&p).is_break();
+        let due = plan.checkpoint_every > 0 && step.is_multiple_of(plan.checkpoint_every);
+        if i + 1 < steps && (stop || due) {
+            self.save_within(&task, pos, i + 1)?;
+            if stop {
+                return Ok((task, Flow::Stopped));
+            }
+        }
+        // A stop on the epoch's last step finishes the epoch (validation, rows,
+        // checkpoint) first.
+        self.stop_after_epoch |= stop;
+        Ok((task, Flow::Next))
+    }
+
+    /// A checkpoint inside the epoch, after `done` of its steps.
+    fn save_within<T: EpochTask>(
+        &mut self,
+        task: &T,
+        pos: &EpochPos,
+        done: usize,
+    ) -> Result<(), RunError> {
+        let st = &mut self.st;
+        st.epochs_done = pos.epoch;
+        st.step_in_epoch = done;
+        st.epoch_rng = pos.epoch_rng;
+        st.rng = self.rng.state();
+        (st.seen, st.right) = (pos.seen, pos.right);
+        save(self.run, task, st)?;
+        st.step_in_epoch = 0;
+        Ok(())
+    }
+
+    /// The epoch's end: validation (guarded), its row, the task's rows, a checkpoint.
+    fn end_epoch<T: EpochTask>(
+        &mut self,
+        mut task: T,
+        pos: &EpochPos,
+    ) -> Result<(T, Flow), RunError> {
+        let epoch = pos.epoch;
+        let val = task.validate(epoch)?;
         if !val.loss.is_finite() {
             let events = vec![Event::new(NanSite::Eval, "val", val.loss)];
-            let at = (epoch, st.step);
-            match guard_events(run, &mut tables, plan, task, &mut st, at, events)? {
+            match self.guard(task, (epoch, self.st.step), events)? {
                 Guarded::Skipped(t) => task = t,
-                Guarded::RolledBack(t) => {
-                    task = t;
-                    rng = Rng::from_state(st.rng);
-                    epoch = st.epochs_done;
-                    continue 'epochs;
-                }
+                Guarded::RolledBack(t) => return Ok((t, Flow::RolledBack)),
             }
         }
-        tables.metrics.push(&MetricsRow {
-            epoch,
-            step: st.step,
-            phase: Phase::Val,
-            loss: val.loss,
-            top1: val.top1,
-            lr,
-            arch_lr: task.arch_lr(),
-            seconds: start.elapsed().as_secs_f64(),
-        })?;
-        write_epoch_rows(run, &task.epoch_rows(epoch, run)?)?;
+        let row = self.metrics_row(epoch, Phase::Val, (val.loss, val.top1), pos.lr, task.arch_lr());
+        self.tables.metrics.push(&row)?;
+        write_epoch_rows(self.run, &task.epoch_rows(epoch, self.run)?)?;
+        self.st.epochs_done = epoch + 1;
+        self.st.rng = self.rng.state();
+        (self.st.seen, self.st.right) = (0, 0);
+        save(self.run, &task, &self.st)?;
+        Ok((task, Flow::Next))
+    }
 
-        st.epochs_done = epoch + 1;
-        st.rng = rng.state();
-        (st.seen, st.right) = (0, 0);
-        save(run, &task, &st)?;
-        epoch += 1;
-        if stop_after_epoch && epoch < plan.epochs {
-            return Ok(LoopEnd { task, finished: false });
+    fn metrics_row(
+        &self,
+        epoch: usize,
+        phase: Phase,
+        (loss, top1): (f64, f64),
+        lr: f64,
+        arch_lr: f64,
+    ) -> MetricsRow {
+        let seconds = self.start.elapsed().as_secs_f64();
+        MetricsRow { epoch, step: self.st.step, phase, loss, top1, lr, arch_lr, seconds }
+    }
+
+    /// The NaN guard ([`guard_events`]); a rollback also rewinds the data-order generator.
+    fn guard<T: EpochTask>(
+        &mut self,
+        task: T,
+        at: (usize, usize),
+        events: Vec<Event>,
+    ) -> Result<Guarded<T>, RunError> {
+        let (run, plan) = (self.run, self.plan);
+        let guarded = guard_events(run, &mut self.tables, plan, task, &mut self.st, at, events)?;
+        if matches!(guarded, Guarded::RolledBack(_)) {
+            self.rng = Rng::from_state(self.st.rng);
         }
+        Ok(guarded)
     }
-    if st.step > 0 && st.skipped_steps >= st.step {
-        return Err(RunError::NothingTrained(st.step));
-    }
-    Ok(LoopEnd { task, finished: true })
 }
 
 /// What the NaN guard did with a step's (or a validation's) non-finite values.

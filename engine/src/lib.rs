@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod epoch;
 pub mod grads;
+pub mod inject;
 pub mod memory;
 pub mod sgd;
 pub mod tensors;
@@ -23,6 +24,7 @@ pub use epoch::{
     EpochRows, EpochTask, Evaluation, LoopEnd, LoopPlan, Progress, StepInput, StepOutcome,
     cosine_lr, run_epochs,
 };
+pub use inject::NanInjection;
 pub use qdarts_ops::seeded;
 pub use sgd::Sgd;
 

@@ -8,6 +8,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::tensor::Device;
+use qdarts_engine::InjectSite;
 use qdarts_engine::config::Experiment;
 use qdarts_genotypes::{Genotype, Primitive};
 use qdarts_ops::candidates::QuantSites;
@@ -18,7 +19,7 @@ use qdarts_search::run_search;
 use qdarts_search::supernet::{NetShape, SearchNetwork};
 
 mod common;
-use common::{scratch, stop_at, tiny};
+use common::{scratch, search_with_nan, stop_at, tiny};
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -125,14 +126,14 @@ fn the_same_seed_gives_the_same_metrics_and_genotype() {
 
 #[test]
 fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
-    let cfg = tiny(&scratch("nan"), "[nan_guard]\ninject_step = 2\ninject_site = \"loss\"");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let cfg = tiny(&scratch("nan"), "");
+    let out = search_with_nan(&cfg, 2, InjectSite::Loss).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     assert_eq!(events, "epoch,step,site,layer,value,action\n0,2,loss,loss,NaN,skipped\n");
     assert_eq!(read(&out.run_dir.join("metrics.csv")).lines().count(), 7, "the run finished");
 
-    let cfg = tiny(&scratch("nan-grad"), "[nan_guard]\ninject_step = 3\ninject_site = \"grad\"");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let cfg = tiny(&scratch("nan-grad"), "");
+    let out = search_with_nan(&cfg, 3, InjectSite::Grad).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     let row = events.lines().nth(1).unwrap();
     assert!(row.starts_with("1,3,grad,stem.") && row.ends_with(",NaN,skipped"), "{events}");
@@ -141,28 +142,24 @@ fn an_injected_nan_is_logged_with_its_site_and_the_run_goes_on() {
 #[test]
 fn a_nan_validation_loss_is_an_event() {
     // Skip: the event is logged and the run goes on.
-    let cfg = tiny(&scratch("nan-val"), "[nan_guard]\ninject_step = 2\ninject_site = \"val\"");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let cfg = tiny(&scratch("nan-val"), "");
+    let out = search_with_nan(&cfg, 2, InjectSite::Val).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     assert_eq!(events, "epoch,step,site,layer,value,action\n0,2,eval,val,NaN,skipped\n");
     assert!(out.finished);
     // One event is within `max_events = 1`.
-    let cfg = tiny(
-        &scratch("nan-val-abort"),
-        "[nan_guard]\ninject_step = 4\ninject_site = \"val\"\nmax_events = 1\npolicy = \"skip\"",
-    );
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let cfg = tiny(&scratch("nan-val-abort"), "[nan_guard]\nmax_events = 1\npolicy = \"skip\"");
+    let out = search_with_nan(&cfg, 4, InjectSite::Val).unwrap();
     assert!(out.finished);
     assert_eq!(read(&out.run_dir.join("nan_events.csv")).lines().count(), 2);
 }
 
 #[test]
 fn a_run_whose_every_step_was_skipped_is_an_error() {
-    let mut cfg = tiny(&scratch("all-skipped"), "[nan_guard]\ninject_step = 1");
+    let mut cfg = tiny(&scratch("all-skipped"), "");
     cfg.search.epochs = 1;
     cfg.search.steps_per_epoch = 1;
-    let err = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(()));
-    let err = err.unwrap_err().to_string();
+    let err = search_with_nan(&cfg, 1, InjectSite::Loss).unwrap_err().to_string();
     assert!(err.contains("skipped all 1 steps"), "{err}");
 }
 
@@ -192,8 +189,8 @@ fn the_guard_aborts_on_the_first_event_past_max_events() {
 
 #[test]
 fn rollback_reloads_the_epoch_start_and_halves_the_learning_rate() {
-    let cfg = tiny(&scratch("rollback"), "[nan_guard]\npolicy = \"rollback\"\ninject_step = 3");
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let cfg = tiny(&scratch("rollback"), "[nan_guard]\npolicy = \"rollback\"");
+    let out = search_with_nan(&cfg, 3, InjectSite::Loss).unwrap();
     let events = read(&out.run_dir.join("nan_events.csv"));
     // Step 3 is the first step of epoch 1; w_lr 0.025 halved.
     assert_eq!(
@@ -305,12 +302,10 @@ fn a_damaged_last_checkpoint_resumes_from_the_one_before() {
 
 #[test]
 fn rollback_returns_to_a_mid_epoch_checkpoint() {
-    let mut cfg = tiny(
-        &scratch("rollback-mid"),
-        "checkpoint_every = 2\n[nan_guard]\npolicy = \"rollback\"\ninject_step = 4",
-    );
+    let mut cfg =
+        tiny(&scratch("rollback-mid"), "checkpoint_every = 2\n[nan_guard]\npolicy = \"rollback\"");
     cfg.search.steps_per_epoch = 4;
-    let out = run_search(&cfg, &Device::flex(), None, &mut |_| ControlFlow::Continue(())).unwrap();
+    let out = search_with_nan(&cfg, 4, InjectSite::Loss).unwrap();
     // The last checkpoint before step 4 is the one after step 2: steps 3 and 4 are rerun.
     let metrics = read(&out.run_dir.join("metrics.csv"));
     let steps: Vec<&str> = metrics

@@ -358,12 +358,9 @@ fn guards_off_leave_the_config_as_it_was_and_bad_values_name_their_key() {
 fn a_nan_in_the_fine_tuning_rolls_back_to_the_last_decision_and_the_selection_finishes() {
     // Global step 9 is the first fine-tuning step after round 3 (epoch 4): the rollback goes
     // back to the end of epoch 3, whose checkpoint holds the first three rounds' decisions.
-    let extra = format!(
-        "{SELECTION}\n[nan_guard]\npolicy = \"rollback\"\ninject_step = 9\ninject_site = \"loss\""
-    );
+    let extra = format!("{SELECTION}\n[nan_guard]\npolicy = \"rollback\"");
     let cfg = tiny_with(&scratch("pt-nan"), &extra, &["search.selection=\"perturbation\""]);
-    let go = |_: &qdarts_engine::Progress| ControlFlow::Continue(());
-    let out = run_search(&cfg, &Device::flex(), None, &mut { go }).unwrap();
+    let out = common::search_with_nan(&cfg, 9, qdarts_engine::InjectSite::Loss).unwrap();
     assert!(out.finished);
     let events = read(&out.run_dir.join("nan_events.csv"));
     assert!(

@@ -15,6 +15,7 @@ use qdarts_data::{self as data, DatasetKind, ImageSet, Rng};
 use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{correct, cross_entropy, guarded_backward};
+use qdarts_engine::inject::NanInjection;
 use qdarts_engine::{
     ConfigError, LoopState, Progress, RunError, RunKind, Sgd, apply_limit, checkpoint_error,
     load_module, note_epochs_change, run_epochs, save_module, seeded, start,
@@ -251,6 +252,7 @@ pub struct PreparedTrain<'a> {
     task: TrainTask<'a>,
     genotype: &'a Genotype,
     plan: Plan,
+    inject: Option<NanInjection>,
 }
 
 impl std::fmt::Debug for PreparedTrain<'_> {
@@ -263,6 +265,11 @@ impl PreparedTrain<'_> {
     /// Epochs, steps and images.
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// The same training run meeting one NaN on purpose (tests of the NaN guard).
+    pub fn inject_nan(self, at: NanInjection) -> Self {
+        PreparedTrain { inject: Some(at), ..self }
     }
 }
 
@@ -336,7 +343,7 @@ pub fn prepare_train<'a>(
         optim,
         pending: None,
     };
-    Ok(PreparedTrain { task, genotype, plan })
+    Ok(PreparedTrain { task, genotype, plan, inject: None })
 }
 
 /// Runs (or resumes) QAT of a genotype's evaluation network in `run`. `progress` is called
@@ -359,7 +366,7 @@ pub fn run_train_prepared(
     resume: bool,
     progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<bool, RunError> {
-    let PreparedTrain { task, genotype, plan } = prepared;
+    let PreparedTrain { task, genotype, plan, inject } = prepared;
     let cfg = task.cfg;
     let t = &cfg.train;
     let old = if resume { read_plan(run) } else { None };
@@ -377,6 +384,7 @@ pub fn run_train_prepared(
         quant_error_every: cfg.record.quant_error_every,
         checkpoint_every: cfg.record.checkpoint_every,
         nan_guard: cfg.nan_guard.clone(),
+        inject,
     };
     Ok(run_epochs(run, task, st, &lp, progress)?.finished)
 }

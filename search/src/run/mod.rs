@@ -13,6 +13,7 @@ use qdarts_data::{self as data, ImageSet, Rng};
 use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
 use qdarts_engine::grads::{Event, correct, cross_entropy};
+use qdarts_engine::inject::NanInjection;
 use qdarts_engine::memory::check_fits;
 use qdarts_engine::{
     ConfigError, Progress, RunError, Sgd, apply_limit, checkpoint_error, load_module, load_optim,
@@ -274,6 +275,7 @@ impl SearchTask<'_> {
 pub struct PreparedSearch<'a> {
     task: SearchTask<'a>,
     plan: Plan,
+    inject: Option<NanInjection>,
 }
 
 impl std::fmt::Debug for PreparedSearch<'_> {
@@ -286,6 +288,11 @@ impl PreparedSearch<'_> {
     /// Epochs, steps and images.
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// The same search meeting one NaN on purpose (tests of the NaN guard).
+    pub fn inject_nan(self, at: NanInjection) -> Self {
+        PreparedSearch { inject: Some(at), ..self }
     }
 }
 
@@ -380,7 +387,7 @@ pub fn prepare_search<'a>(
         pending: None,
         cost,
     };
-    Ok(PreparedSearch { task, plan })
+    Ok(PreparedSearch { task, plan, inject: None })
 }
 
 /// Runs (or resumes) a search and writes its run record. `progress` is called after every
@@ -408,7 +415,7 @@ pub fn run_prepared(
     resume: bool,
     progress: &mut dyn FnMut(&Progress) -> ControlFlow<()>,
 ) -> Result<SearchOutcome, RunError> {
-    let PreparedSearch { task, plan } = prepared;
+    let PreparedSearch { task, plan, inject } = prepared;
     let cfg = task.cfg;
     let old = if resume { read_plan(&run) } else { None };
     write_atomic(&run.config(), cfg.to_toml()?.as_bytes())?;
@@ -426,6 +433,7 @@ pub fn run_prepared(
         quant_error_every: cfg.record.quant_error_every,
         checkpoint_every: cfg.record.checkpoint_every,
         nan_guard: cfg.nan_guard.clone(),
+        inject,
     };
     let end = run_epochs(&run, task, st, &lp, progress)?;
     let genotype = derive_genotype(cfg, &end.task.alphas)?;

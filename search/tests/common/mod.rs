@@ -82,3 +82,17 @@ pub fn stop_at(global: usize) -> impl FnMut(&qdarts_engine::Progress) -> Control
         }
     }
 }
+
+/// Runs the search of `cfg` to its end on flex, meeting a NaN at global step `step` (1-based)
+/// at `site` (tests of the NaN guard).
+pub fn search_with_nan(
+    cfg: &ExperimentConfig,
+    step: usize,
+    site: qdarts_engine::InjectSite,
+) -> Result<qdarts_search::SearchOutcome, qdarts_engine::RunError> {
+    let device = burn::tensor::Device::flex();
+    let prepared = qdarts_search::prepare_search(cfg, &device)?
+        .inject_nan(qdarts_engine::NanInjection { step, site });
+    let run = qdarts_record::RunDir::create(&cfg.record.results_dir, &cfg.name)?;
+    qdarts_search::run_prepared(prepared, run, false, &mut |_| ControlFlow::Continue(()))
+}
