@@ -1,15 +1,12 @@
 //! Backend selection: the only place that names a backend. Model code takes a `&Device`.
 
-use std::sync::OnceLock;
-
 use anyhow::{Result, bail};
 use burn::tensor::Device;
 use clap::ValueEnum;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use qdarts_kernels::memory::GpuRuntime;
 
-/// Which device of the backend: `--device cpu` or `--device cuda:N`. Chosen once per process,
-/// from the command line, before any device is made.
+/// Which device of the backend: `--device cpu` or `--device cuda:N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceChoice {
     /// The host CPU (flex; LibTorch's CPU device).
@@ -40,8 +37,6 @@ impl DeviceChoice {
     }
 }
 
-static CHOSEN: OnceLock<DeviceChoice> = OnceLock::new();
-
 /// How the CubeCL runtimes (cuda, wgpu) pool GPU memory: `--memory-pools`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MemoryPools {
@@ -63,8 +58,6 @@ impl MemoryPools {
     }
 }
 
-static POOLS: OnceLock<MemoryPools> = OnceLock::new();
-
 /// The pools a started device serves its allocations from, as its pool report shows them
 /// (exclusive pages list no pool that carves shared pages): `None` without a CubeCL pool
 /// (flex, tch).
@@ -76,7 +69,7 @@ pub fn pools_in_use(device: &Device) -> Option<MemoryPools> {
 
 /// A compute backend, chosen at run time among those compiled in (cargo features).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
+pub enum BackendKind {
     /// Pure-Rust CPU backend (default feature `flex`).
     Flex,
     /// Any GPU through wgpu (Vulkan, Metal, DX12); feature `wgpu`.
@@ -87,91 +80,116 @@ pub enum Backend {
     Tch,
 }
 
-impl Backend {
+impl BackendKind {
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
-            Backend::Flex => "flex",
-            Backend::Wgpu => "wgpu",
-            Backend::Cuda => "cuda",
-            Backend::Tch => "tch",
+            BackendKind::Flex => "flex",
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Tch => "tch",
         }
     }
 
     /// The device each backend uses when `--device` names none.
     pub fn default_device(self) -> Option<DeviceChoice> {
         match self {
-            Backend::Flex | Backend::Tch => Some(DeviceChoice::Cpu),
-            Backend::Cuda => Some(DeviceChoice::Cuda(0)),
+            BackendKind::Flex | BackendKind::Tch => Some(DeviceChoice::Cpu),
+            BackendKind::Cuda => Some(DeviceChoice::Cuda(0)),
             // wgpu picks its adapter itself (`CUBECL_WGPU_DEFAULT_DEVICE` overrides it).
-            Backend::Wgpu => None,
+            BackendKind::Wgpu => None,
         }
     }
+}
 
-    /// Checks `--device` against this backend and keeps it for every later [`Backend::device`]
-    /// in this process. Called once, from `main`, before any device is made.
-    pub fn choose_device(self, device: Option<&str>) -> Result<()> {
-        let Some(text) = device else { return Ok(()) };
-        let choice = DeviceChoice::parse(text)?;
-        let fits = matches!(
-            (self, choice),
-            (Backend::Flex, DeviceChoice::Cpu)
-                | (Backend::Tch, _)
-                | (Backend::Cuda, DeviceChoice::Cuda(_))
-        );
-        if !fits {
-            let takes = match self {
-                Backend::Flex => "only `cpu`",
-                Backend::Cuda => "`cuda:N`",
-                Backend::Wgpu => {
-                    "no --device (it picks its adapter; set CUBECL_WGPU_DEFAULT_DEVICE to choose)"
-                }
-                Backend::Tch => unreachable!("tch takes every device"),
-            };
-            bail!("--device {text} does not go with --backend {}: it takes {takes}", self.name());
-        }
-        if CHOSEN.set(choice).is_err() && CHOSEN.get() != Some(&choice) {
-            bail!("--device was chosen twice in one process");
-        }
-        Ok(())
-    }
+/// Where a command's models run: the backend, its device and its memory pools, as the command
+/// line chose them. A value handed to whatever makes a device; nothing about it is kept
+/// process-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backend {
+    kind: BackendKind,
+    /// `--device`, when given.
+    device: Option<DeviceChoice>,
+    /// `--memory-pools`, when given.
+    pools: Option<MemoryPools>,
+}
 
-    /// Checks `--memory-pools` against this backend and keeps it for every later
-    /// [`Backend::device`] in this process. Called once, from `main`, before any device is made.
-    pub fn choose_pools(self, pools: Option<MemoryPools>) -> Result<()> {
-        let Some(pools) = pools else { return Ok(()) };
-        if !matches!(self, Backend::Cuda | Backend::Wgpu) {
+impl Backend {
+    /// The pure-Rust CPU backend on its one device (the tests' backend).
+    #[cfg(test)]
+    pub const FLEX: Backend = Backend { kind: BackendKind::Flex, device: None, pools: None };
+
+    /// `kind` on `device` (`--device`) with `pools` (`--memory-pools`), each checked against
+    /// the backend: an error says which flag does not go with which backend.
+    pub fn choose(
+        kind: BackendKind,
+        device: Option<&str>,
+        pools: Option<MemoryPools>,
+    ) -> Result<Backend> {
+        let device = device.map(|text| Self::check_device(kind, text)).transpose()?;
+        if let Some(pools) = pools
+            && !matches!(kind, BackendKind::Cuda | BackendKind::Wgpu)
+        {
             bail!(
                 "--memory-pools {} does not go with --backend {}: it chooses the CubeCL \
                  runtimes' GPU memory pools (--backend cuda or wgpu)",
                 pools.name(),
-                self.name()
+                kind.name()
             );
         }
-        if POOLS.set(pools).is_err() && POOLS.get() != Some(&pools) {
-            bail!("--memory-pools was chosen twice in one process");
+        Ok(Backend { kind, device, pools })
+    }
+
+    fn check_device(kind: BackendKind, text: &str) -> Result<DeviceChoice> {
+        let choice = DeviceChoice::parse(text)?;
+        let fits = matches!(
+            (kind, choice),
+            (BackendKind::Flex, DeviceChoice::Cpu)
+                | (BackendKind::Tch, _)
+                | (BackendKind::Cuda, DeviceChoice::Cuda(_))
+        );
+        if !fits {
+            let takes = match kind {
+                BackendKind::Flex => "only `cpu`",
+                BackendKind::Cuda => "`cuda:N`",
+                BackendKind::Wgpu => {
+                    "no --device (it picks its adapter; set CUBECL_WGPU_DEFAULT_DEVICE to choose)"
+                }
+                BackendKind::Tch => unreachable!("tch takes every device"),
+            };
+            bail!("--device {text} does not go with --backend {}: it takes {takes}", kind.name());
         }
-        Ok(())
+        Ok(choice)
+    }
+
+    /// The backend.
+    pub fn kind(self) -> BackendKind {
+        self.kind
+    }
+
+    /// The backend's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        self.kind.name()
     }
 
     /// The pools asked for: `--memory-pools`, else exclusive pages.
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
     pub fn chosen_pools(self) -> MemoryPools {
-        POOLS.get().copied().unwrap_or(MemoryPools::Exclusive)
+        self.pools.unwrap_or(MemoryPools::Exclusive)
     }
 
     /// The device in use: `--device`, else the backend's default.
     pub fn chosen_device(self) -> Option<DeviceChoice> {
-        CHOSEN.get().copied().or_else(|| self.default_device())
+        self.device.or_else(|| self.kind.default_device())
     }
 
     /// The backend with its device, for reports and file names: `flex`, `tch-cpu`,
     /// `tch-cuda0`, `cuda` (GPU 0), `cuda1`.
     pub fn label(self) -> String {
-        match (self, self.chosen_device()) {
-            (Backend::Tch, Some(DeviceChoice::Cpu)) => "tch-cpu".into(),
-            (Backend::Tch, Some(DeviceChoice::Cuda(n))) => format!("tch-cuda{n}"),
-            (Backend::Cuda, Some(DeviceChoice::Cuda(n))) if n > 0 => format!("cuda{n}"),
+        match (self.kind, self.chosen_device()) {
+            (BackendKind::Tch, Some(DeviceChoice::Cpu)) => "tch-cpu".into(),
+            (BackendKind::Tch, Some(DeviceChoice::Cuda(n))) => format!("tch-cuda{n}"),
+            (BackendKind::Cuda, Some(DeviceChoice::Cuda(n))) if n > 0 => format!("cuda{n}"),
             _ => self.name().to_string(),
         }
     }
@@ -179,8 +197,8 @@ impl Backend {
     /// `--device` and `--memory-pools` as given, for a child process of the same backend (a
     /// local sweep's trials).
     pub fn device_args(self) -> Vec<String> {
-        let mut args = CHOSEN.get().map_or_else(Vec::new, |d| vec!["--device".into(), d.name()]);
-        if let Some(p) = POOLS.get() {
+        let mut args = self.device.map_or_else(Vec::new, |d| vec!["--device".into(), d.name()]);
+        if let Some(p) = self.pools {
             args.extend(["--memory-pools".into(), p.name().into()]);
         }
         args
@@ -191,7 +209,7 @@ impl Backend {
     /// backend could not start (no GPU, no driver).
     pub fn device(self) -> Result<Device> {
         let device = self.device_unchecked()?;
-        if self == Backend::Flex {
+        if self.kind == BackendKind::Flex {
             return Ok(device);
         }
         // GPU runtimes report a missing adapter or driver by panicking on first use, often on
@@ -225,18 +243,20 @@ impl Backend {
                 if let Some(i) = why.find(" - searched for library names") {
                     why.truncate(i);
                 }
-                let hint = match self {
-                    Backend::Wgpu => {
+                let hint = match self.kind {
+                    BackendKind::Wgpu => {
                         " (no GPU? Mesa's software Vulkan driver, Debian package \
                          `mesa-vulkan-drivers`, runs wgpu on the CPU)"
                     }
-                    Backend::Cuda => {
+                    BackendKind::Cuda => {
                         " (needs an NVIDIA GPU and its driver, libcuda.so, and the CUDA \
                          toolkit's NVRTC, libnvrtc.so, and headers, found through CUDA_PATH or \
                          /usr/local/cuda)"
                     }
-                    Backend::Tch => " (LibTorch's CUDA device needs an NVIDIA GPU and its driver)",
-                    Backend::Flex => "",
+                    BackendKind::Tch => {
+                        " (LibTorch's CUDA device needs an NVIDIA GPU and its driver)"
+                    }
+                    BackendKind::Flex => "",
                 };
                 bail!("the {} backend could not start: {why}{hint}", self.name())
             }
@@ -249,18 +269,18 @@ impl Backend {
     fn device_unchecked(self) -> Result<Device> {
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         let exclusive = self.chosen_pools() == MemoryPools::Exclusive;
-        match self {
+        match self.kind {
             #[cfg(feature = "flex")]
-            Backend::Flex => Ok(Device::flex()),
+            BackendKind::Flex => Ok(Device::flex()),
             #[cfg(feature = "wgpu")]
-            Backend::Wgpu => {
+            BackendKind::Wgpu => {
                 if exclusive {
                     qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::WgpuDefault);
                 }
                 Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice))
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda => match self.chosen_device() {
+            BackendKind::Cuda => match self.chosen_device() {
                 Some(DeviceChoice::Cuda(n)) => {
                     if exclusive {
                         qdarts_kernels::memory::prefer_exclusive_pages(GpuRuntime::Cuda);
@@ -271,7 +291,7 @@ impl Backend {
             },
             #[cfg(feature = "tch")]
             #[allow(deprecated)]
-            Backend::Tch => match self.chosen_device() {
+            BackendKind::Tch => match self.chosen_device() {
                 Some(DeviceChoice::Cuda(n)) => tch_cuda(n),
                 _ => Ok(Device::libtorch()),
             },

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::backend::{self, Backend};
+use crate::backend::{self, BackendKind};
 use crate::{bench, compare_cmd, sweep_cmd};
 
 #[derive(Debug, Parser)]
@@ -27,7 +27,7 @@ pub(crate) struct Cli {
 pub(crate) struct BackendArgs {
     /// Compute backend (those compiled in: see `cargo build --features`) [default: flex].
     #[arg(long, value_enum)]
-    pub(crate) backend: Option<Backend>,
+    pub(crate) backend: Option<BackendKind>,
     /// Device of the backend: `cpu`, or `cuda:N` for `--backend cuda` and `--backend tch`
     /// [default: cpu for flex and tch, cuda:0 for cuda, wgpu's own choice of adapter].
     #[arg(long, value_name = "DEVICE")]

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use backend::Backend;
+use backend::{Backend, BackendKind};
 use cli::{Cli, Command, SearchCli, TrainCli};
 use qdarts_engine::Progress;
 use qdarts_sweep::TrialKind;
@@ -43,7 +43,7 @@ fn data_overrides(overrides: &mut Vec<String>, data: Option<PathBuf>, dataset: O
 /// Commands that run on the CPU only (the integer runtime and file exports) refuse another
 /// backend rather than ignore it.
 pub(crate) fn cpu_only(backend: Backend, command: &str) -> anyhow::Result<()> {
-    if backend == Backend::Flex {
+    if backend.kind() == BackendKind::Flex {
         Ok(())
     } else {
         anyhow::bail!(
@@ -123,10 +123,8 @@ fn chosen_backend(cli: &Cli) -> anyhow::Result<Backend> {
             cli.command.name()
         ),
     };
-    let backend = on.backend.unwrap_or(Backend::Flex);
-    backend.choose_device(on.device.as_deref())?;
-    backend.choose_pools(on.memory_pools)?;
-    Ok(backend)
+    let kind = on.backend.unwrap_or(BackendKind::Flex);
+    Backend::choose(kind, on.device.as_deref(), on.memory_pools)
 }
 
 /// A command line that asks for what cannot be done together: exit code 2, like clap's own.

@@ -18,7 +18,7 @@ use qdarts_sweep::emit::{K8sOptions, SlurmOptions, TaskCommand, k8s_manifest, sl
 use qdarts_sweep::{SweepDir, SweepSpec, TrialKind, trial_index};
 use qdarts_train::{TrainConfig, prepare_train, resolve_genotype, run_train_prepared};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendKind};
 use crate::search_cmd::{progress_bar, show};
 
 /// Scheduler files `qdarts sweep --emit` writes into the sweep folder.
@@ -157,7 +157,7 @@ pub fn sweep(args: &SweepArgs, backend: Backend) -> Result<()> {
         );
     }
     let workdir = std::env::current_dir().context("reading the current directory")?;
-    let gpus = args.gpus.unwrap_or(u32::from(backend != Backend::Flex)) as usize;
+    let gpus = args.gpus.unwrap_or(u32::from(backend.kind() != BackendKind::Flex)) as usize;
     for emit in &args.emit {
         let (file, text) = match emit {
             Emit::Slurm => {

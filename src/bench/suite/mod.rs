@@ -25,7 +25,7 @@ use super::search::{
     time_search_step,
 };
 use super::timing::write_csv;
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendKind};
 
 mod rows;
 
@@ -329,7 +329,7 @@ pub fn run(args: &SuiteArgs, backend: Backend) -> Result<()> {
         "qdarts bench on {} ({cores} cores): median and min..max of the timed runs after warm-up; \
          runs = warm-up+timed; peak MiB = largest live heap during a search step{}",
         backend.label(),
-        if backend == Backend::Flex { "" } else { " (device pool bytes reserved)" }
+        if backend.kind() == BackendKind::Flex { "" } else { " (device pool bytes reserved)" }
     );
     print!("{}", render(&lines));
     write_csv(&csv, csv_lines(backend, &lines))
@@ -389,7 +389,7 @@ mod tests {
         assert!(table.contains("skipped: ~80 s/step") && table.contains("0+0"), "{table}");
         let path =
             std::env::temp_dir().join(format!("qdarts-suite-csv-{}.csv", std::process::id()));
-        write_csv(&path, csv_lines(Backend::Flex, &[line])).expect("write");
+        write_csv(&path, csv_lines(Backend::FLEX, &[line])).expect("write");
         let text = std::fs::read_to_string(&path).expect("read");
         std::fs::remove_file(&path).ok();
         let mut lines = text.lines();
