@@ -246,14 +246,15 @@ fn paddle_step(
     close("dequantized", &to_vec(out), &floats(step, "dequantized")?)
 }
 
-fn paddle_abs_max(v: &Value) -> Check {
+fn paddle_abs_max(v: &Value, imp: FakeQuantImpl) -> Check {
     let spec = paddle_spec(&v["params"], ObserverKind::AbsMax, Granularity::PerTensor)?;
     let fq = FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &device())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_impl(imp);
     paddle_step(&fq, v, &shape(v)?, None, "out_scale")
 }
 
-fn paddle_channel_wise(v: &Value) -> Check {
+fn paddle_channel_wise(v: &Value, imp: FakeQuantImpl) -> Check {
     let p = &v["params"];
     let shp = shape(v)?;
     let axis = num(p, "quant_axis")? as usize;
@@ -261,18 +262,20 @@ fn paddle_channel_wise(v: &Value) -> Check {
     let spec =
         paddle_spec(p, ObserverKind::ChannelWiseAbsMax, Granularity::PerChannel { axis: 1 })?;
     let fq = FakeQuantizer::new(spec, "golden", TensorRole::Weight, channels, &device())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_impl(imp);
     paddle_step(&fq, v, &shp, Some(axis), "out_scales")
 }
 
-fn paddle_moving_average(v: &Value) -> Check {
+fn paddle_moving_average(v: &Value, imp: FakeQuantImpl) -> Check {
     let p = &v["params"];
     let shp = shape(v)?;
     let rate = num(p, "moving_rate")? as f32;
     let spec = paddle_spec(p, ObserverKind::MovingAverageAbsMax { rate }, Granularity::PerTensor)?;
     let dev = device();
-    let fq =
-        FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &dev).map_err(|e| e.to_string())?;
+    let fq = FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &dev)
+        .map_err(|e| e.to_string())?
+        .with_impl(imp);
     let Some(ObserverState::MovingAverageAbsMax(s)) = &fq.observer else {
         return Err("moving-average spec built another observer".into());
     };
@@ -300,11 +303,11 @@ fn run_case(name: &str, v: &Value, imp: FakeQuantImpl) -> Check {
     } else if is("torch_per_tensor_affine", "fake_quantize_per_tensor_affine") {
         torch_fixed(v, false, imp)
     } else if is("paddle_moving_average_abs_max", "moving_average_abs_max") {
-        paddle_moving_average(v)
+        paddle_moving_average(v, imp)
     } else if is("paddle_channel_wise", "channel_wise") {
-        paddle_channel_wise(v)
+        paddle_channel_wise(v, imp)
     } else if is("paddle_abs_max", "abs_max") {
-        paddle_abs_max(v)
+        paddle_abs_max(v, imp)
     } else {
         Err("not a case of the golden schema (unknown file name and op)".into())
     }
@@ -343,7 +346,6 @@ fn every_golden_vector_matches_its_reference() {
     }
     for (dev_name, dev, imp, path) in runs {
         DEVICE.with(|d| *d.borrow_mut() = dev.clone());
-        qdarts_ops::quant::fake_quant::set_default_impl(imp);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         WORST.with(|c| c.set(0.0));
         let result = std::fs::read_to_string(path)

@@ -25,7 +25,7 @@ use qdarts_kernels::launches::counted;
 use qdarts_kernels::observe::{CHUNK, observe_available};
 use qdarts_ops::candidates::quantize_bias_with;
 use qdarts_ops::quant::fake_quant::{
-    Grid, fake_quant_fused, fake_quant_sum, fake_quant_sum_ste, quantize,
+    FakeQuantImpl, Grid, fake_quant_fused, fake_quant_sum, fake_quant_sum_ste, quantize,
 };
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{Granularity, ObserverKind, QuantSpec, RoundMode};
@@ -727,7 +727,7 @@ fn quantized_sum(
     let sum = xs.iter().cloned().reduce(|a, b| a.add(b)).unwrap();
     let sum_of = |integers| {
         if fused {
-            fake_quant_sum_ste(&xs, &sum, grid, integers)
+            fake_quant_sum_ste(&xs, &sum, grid, integers, FakeQuantImpl::Fused)
         } else {
             let (out, qz) = fake_quant_sum(&xs, grid);
             (out, Some(qz))

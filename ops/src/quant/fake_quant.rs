@@ -18,8 +18,6 @@
 //!   `qmin − z` / `qmax − z` outside; `∂out/∂z = 0` inside, `−s` outside; both times the
 //!   gradient factor `g = 1/sqrt(N·Qp)`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use burn::tensor::{Bool, Tensor};
 pub use qdarts_kernels::fake_quant::fused_available;
 use qdarts_kernels::fake_quant::{self as kernels, FusedLayout};
@@ -221,8 +219,8 @@ pub fn fake_quant_sum<const D: usize>(xs: &[Tensor<D>], grid: &Grid) -> (Tensor<
 }
 
 /// [`fake_quant_sum`], by the kernels of [`qdarts_kernels::quant_sum`] where they run (the
-/// CubeCL backends, two operands or more) and the fused implementation is on
-/// ([`set_default_impl`]): the same values and gradients in one launch per operand forward
+/// CubeCL backends, two operands or more) and `imp` is the fused implementation: the same
+/// values and gradients in one launch per operand forward
 /// and one backward. `sum` is the float sum of `xs` (the kernels' gradient goes through it).
 /// The integers come back from the kernels only when `integers` asks for them (they cost
 /// launches of their own there).
@@ -231,8 +229,9 @@ pub fn fake_quant_sum_ste<const D: usize>(
     sum: &Tensor<D>,
     grid: &Grid,
     integers: bool,
+    imp: FakeQuantImpl,
 ) -> (Tensor<D>, Option<Quantized<D>>) {
-    let fused = default_impl() == FakeQuantImpl::Fused
+    let fused = imp == FakeQuantImpl::Fused
         && xs.len() >= 2
         && quant_sum_available(&sum.device(), sum.dtype());
     if !fused {
@@ -246,7 +245,10 @@ pub fn fake_quant_sum_ste<const D: usize>(
     (out, integers.then(|| clamped(r, grid)))
 }
 
-/// How [`fake_quant_ste`] computes: the composite tensor expression, or the fused kernel.
+/// How a fake quantization computes ([`fake_quant_with`], a
+/// [`FakeQuantizer`](super::FakeQuantizer)'s choice): the composite tensor expression, or the
+/// fused kernel. Both give bit-identical values and gradients; the choice exists to benchmark
+/// and test one against the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FakeQuantImpl {
     /// Composite tensor operations (every backend).
@@ -254,20 +256,6 @@ pub enum FakeQuantImpl {
     /// One fused pass forward and one backward where the backend has it
     /// ([`fused_available`]), else composite.
     Fused,
-}
-
-static USE_FUSED: AtomicBool = AtomicBool::new(true);
-
-/// Sets the process-wide implementation of [`fake_quant_ste`] (fused by default). Both give
-/// bit-identical values and gradients; the switch exists to benchmark and test one against the
-/// other.
-pub fn set_default_impl(imp: FakeQuantImpl) {
-    USE_FUSED.store(imp == FakeQuantImpl::Fused, Ordering::Relaxed);
-}
-
-/// The process-wide implementation of [`fake_quant_ste`].
-pub fn default_impl() -> FakeQuantImpl {
-    if USE_FUSED.load(Ordering::Relaxed) { FakeQuantImpl::Fused } else { FakeQuantImpl::Composite }
 }
 
 /// Fake-quantizes with the straight-through estimator, as [`fake_quant`], returning only the
@@ -291,11 +279,6 @@ pub fn fake_quant_fused<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> 
     let ties_away = grid.round == RoundMode::TiesAwayFromZero;
     let layout = FusedLayout::new(&x.dims(), grid.axis, grid.qmin, grid.qmax, ties_away);
     kernels::fake_quant_fused(x, &grid.mult, &grid.step, &grid.zero_point, layout)
-}
-
-/// [`fake_quant_with`] the process-wide implementation ([`set_default_impl`]).
-pub fn fake_quant_ste<const D: usize>(x: Tensor<D>, grid: &Grid) -> Tensor<D> {
-    fake_quant_with(x, grid, default_impl())
 }
 
 /// Fake-quantizes with the straight-through estimator (no learnable scale), as composite

@@ -17,7 +17,7 @@ pub use bitmix::BitMix;
 pub use error::SpecError;
 pub use fake_quant::{
     FakeQuantImpl, Grid, LearnableGrid, Quantized, fake_quant, fake_quant_fused,
-    fake_quant_learnable, fake_quant_ste, fake_quant_with, fused_available, quantize, round_with,
+    fake_quant_learnable, fake_quant_with, fused_available, quantize, round_with,
 };
 pub use hold::HoldMode;
 pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};

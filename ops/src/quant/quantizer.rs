@@ -37,6 +37,9 @@ pub struct FakeQuantizer {
     /// Held rounding for the second-order architect's finite differences.
     #[module(skip)]
     hold: Hold,
+    /// How the fake quantization computes (fused where the backend has the kernels).
+    #[module(skip)]
+    imp: fake_quant::FakeQuantImpl,
 }
 
 /// Integer values of a tensor with the grid that dequantizes them (Paddle's `fake_quantize_*`
@@ -76,7 +79,14 @@ impl FakeQuantizer {
             lsq,
             monitor: Monitor::default(),
             hold: Hold::default(),
+            imp: fake_quant::FakeQuantImpl::Fused,
         })
+    }
+
+    /// The same quantizer computing by `imp` (fused by default; both give the same values and
+    /// gradients, the composite one on every backend).
+    pub fn with_impl(self, imp: fake_quant::FakeQuantImpl) -> Self {
+        FakeQuantizer { imp, ..self }
     }
 
     /// The spec.
@@ -150,7 +160,7 @@ impl FakeQuantizer {
                 Some((out, grid)) => (out, None, grid),
                 None => {
                     let grid = self.observe(&x, update);
-                    (fake_quant::fake_quant_ste(x.clone(), &grid), None, grid)
+                    (fake_quant::fake_quant_with(x.clone(), &grid, self.imp), None, grid)
                 }
             },
         };
@@ -180,7 +190,7 @@ impl FakeQuantizer {
         }
         let grid = self.observe(&sum, self.training.is_enabled());
         let recording = self.monitor.is_recording();
-        let (out, qz) = fake_quant::fake_quant_sum_ste(&xs, &sum, &grid, recording);
+        let (out, qz) = fake_quant::fake_quant_sum_ste(&xs, &sum, &grid, recording, self.imp);
         self.monitor.record(&sum, &out, qz.as_ref(), &grid);
         self.hold.record(&sum, &out, &grid);
         (out, grid)
@@ -216,14 +226,13 @@ impl FakeQuantizer {
     }
 
     /// [`observe`](Self::observe) and the fused fake quantization in one kernel launch, where
-    /// both are kernels here and the fused implementation is on
-    /// ([`fake_quant::set_default_impl`]).
+    /// both are kernels here and this quantizer's implementation is the fused one.
     fn observe_fake_quant<const D: usize>(
         &self,
         x: &Tensor<D>,
         update: bool,
     ) -> Option<(Tensor<D>, Grid)> {
-        if fake_quant::default_impl() != fake_quant::FakeQuantImpl::Fused {
+        if self.imp != fake_quant::FakeQuantImpl::Fused {
             return None;
         }
         let current = self.role == TensorRole::Weight;
