@@ -325,12 +325,8 @@ pub(crate) struct SearchCli {
     pub(crate) dashboard: bool,
     #[command(flatten)]
     pub(crate) dash: DashArgs,
-    /// Folder of the dataset files (sets `data.path`).
-    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
-    pub(crate) data: Option<PathBuf>,
-    /// Dataset (sets `data.dataset`).
-    #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
-    pub(crate) dataset: Option<String>,
+    #[command(flatten)]
+    pub(crate) data: DataArgs,
     #[command(flatten)]
     pub(crate) trial: TrialArgs,
     #[command(flatten)]
@@ -356,14 +352,21 @@ pub(crate) struct TrainCli {
     /// With --resume: add this many epochs to the run (recorded in its changes.csv).
     #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) extend_epochs: Option<u32>,
+    #[command(flatten)]
+    pub(crate) data: DataArgs,
+    #[command(flatten)]
+    pub(crate) trial: TrialArgs,
+    #[command(flatten)]
+    pub(crate) on: BackendArgs,
+}
+
+/// Where a new search's or training run's data comes from, over its config.
+#[derive(Debug, Args)]
+pub(crate) struct DataArgs {
     /// Folder of the dataset files (sets `data.path`).
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
     pub(crate) data: Option<PathBuf>,
     /// Dataset (sets `data.dataset`).
     #[arg(long, value_parser = ["fashion-mnist", "mnist", "cifar10"], conflicts_with = "resume")]
     pub(crate) dataset: Option<String>,
-    #[command(flatten)]
-    pub(crate) trial: TrialArgs,
-    #[command(flatten)]
-    pub(crate) on: BackendArgs,
 }

@@ -26,16 +26,16 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use backend::{Backend, BackendKind};
-use cli::{Cli, Command, SearchCli, TrainCli};
+use cli::{Cli, Command, DataArgs, SearchCli, TrainCli};
 use qdarts_engine::Progress;
 use qdarts_sweep::TrialKind;
 
 /// `--data`/`--dataset` as config overrides.
-fn data_overrides(overrides: &mut Vec<String>, data: Option<PathBuf>, dataset: Option<String>) {
-    if let Some(d) = dataset {
+fn data_overrides(overrides: &mut Vec<String>, data: DataArgs) {
+    if let Some(d) = data.dataset {
         overrides.push(format!("data.dataset={}", toml_string(&d)));
     }
-    if let Some(p) = data {
+    if let Some(p) = data.data {
         overrides.push(format!("data.path={}", toml_string(&p.display().to_string())));
     }
 }
@@ -214,7 +214,6 @@ fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
         dashboard,
         dash,
         data,
-        dataset,
         trial,
         ..
     } = args;
@@ -227,7 +226,7 @@ fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
         }
         return sweep_cmd::run_trial(&dir, trial.trial, TrialKind::Search, backend);
     }
-    data_overrides(&mut overrides, data, dataset);
+    data_overrides(&mut overrides, data);
     let config = default_config(config, "experiments/default.toml", resume.is_some())?;
     search_cmd::run(&search_cmd::SearchArgs {
         config: &config,
@@ -242,17 +241,7 @@ fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
 
 /// `qdarts train`: a new training run, a resumed one, or a sweep's trial.
 fn train(args: TrainCli, backend: Backend) -> anyhow::Result<()> {
-    let TrainCli {
-        config,
-        genotype,
-        mut overrides,
-        resume,
-        extend_epochs,
-        data,
-        dataset,
-        trial,
-        ..
-    } = args;
+    let TrainCli { config, genotype, mut overrides, resume, extend_epochs, data, trial, .. } = args;
     if let Some(dir) = trial.sweep {
         if genotype.is_some() {
             return Err(
@@ -261,7 +250,7 @@ fn train(args: TrainCli, backend: Backend) -> anyhow::Result<()> {
         }
         return sweep_cmd::run_trial(&dir, trial.trial, TrialKind::Train, backend);
     }
-    data_overrides(&mut overrides, data, dataset);
+    data_overrides(&mut overrides, data);
     if let Some(g) = genotype {
         overrides.push(format!("genotype={}", toml_string(&g)));
     }
