@@ -1,4 +1,4 @@
-//! Non-finite values on purpose, for the tests of the NaN guard: [`InjectNan`] wraps a task
+//! Non-finite values on purpose, for the tests of the NaN guard: `InjectNan` wraps a task
 //! and, once, asks its step to make the loss or the gradients NaN ([`StepInput::inject`]) or
 //! makes an epoch's validation loss NaN. A run gets one through
 //! [`LoopPlan::inject`](crate::LoopPlan::inject), which no config key and no command-line flag
