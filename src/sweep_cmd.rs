@@ -5,16 +5,16 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use qdarts_engine::Progress;
 use qdarts_engine::config::Experiment;
-use qdarts_record::{RunDir, RunLayout, epochs_done, lock_owner, write_atomic};
+use qdarts_record::write_atomic;
 use qdarts_search::config::ExperimentConfig;
 use qdarts_search::{prepare_search, run_prepared};
 use qdarts_sweep::emit::{K8sOptions, SlurmOptions, TaskCommand, k8s_manifest, slurm_script};
+use qdarts_sweep::local::{self, finished, trial_status};
 use qdarts_sweep::{SweepDir, SweepSpec, TrialKind, trial_index};
 use qdarts_train::{TrainConfig, prepare_train, resolve_genotype, run_train_prepared};
 
@@ -114,27 +114,6 @@ fn make_sweep(path: &Path) -> Result<SweepDir> {
     Ok(SweepDir::create(&spec, &spec_text, &base_text)?)
 }
 
-/// A trial's state, read from its folder.
-fn trial_status(sweep: &SweepDir, n: usize) -> String {
-    let dir = sweep.trial_dir(n);
-    if !dir.exists() {
-        return "not started".into();
-    }
-    match epochs_done(&RunLayout::new(&dir)) {
-        Ok((d, Some(p))) if d >= p => "finished".into(),
-        Ok((d, Some(p))) => format!("started ({d}/{p} epochs)"),
-        Ok(_) => "started".into(),
-        Err(e) => format!("unreadable: {e}"),
-    }
-}
-
-/// Whether the run in `dir` has run all its epochs; an unreadable record is an error.
-fn finished(dir: &Path) -> Result<bool> {
-    let done = epochs_done(&RunLayout::new(dir))
-        .with_context(|| format!("cannot tell whether {} has finished", dir.display()))?;
-    Ok(matches!(done, (d, Some(p)) if d >= p))
-}
-
 /// Runs `qdarts sweep`.
 pub fn sweep(args: &SweepArgs, backend: Backend) -> Result<()> {
     let sweep =
@@ -208,118 +187,27 @@ pub fn sweep(args: &SweepArgs, backend: Backend) -> Result<()> {
     Ok(())
 }
 
-/// Runs the trials as child processes, `jobs` at a time, each writing its log.
+/// Runs the trials as child processes of this binary, `jobs` at a time
+/// ([`qdarts_sweep::local::run_local`]).
 fn run_local(sweep: &SweepDir, jobs: usize, backend: Backend) -> Result<()> {
     let exe = std::env::current_exe().context("finding this binary")?;
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let threads = (cores / jobs).max(1);
     let kind = sweep.file.kind.command();
-    std::fs::create_dir_all(sweep.logs())
-        .with_context(|| format!("creating {}", sweep.logs().display()))?;
-    let mut queue = Vec::new();
-    for n in (0..sweep.len()).rev() {
-        if !finished(&sweep.trial_dir(n))? {
-            queue.push(n);
-        }
-    }
-    if queue.len() < sweep.len() {
-        eprintln!("{} of {} trials have finished already", sweep.len() - queue.len(), sweep.len());
-    }
-    let mut running: Vec<(usize, Child)> = Vec::new();
-    let mut failed: Vec<usize> = Vec::new();
-    eprintln!("running {} trials, {jobs} at a time, {threads} threads each", queue.len());
-    // Trials still held by a process of an earlier, killed sweep (it stops at its next step,
-    // orphaned; see `orphaned`): each waits for its folder's lock instead of failing on it.
-    let mut told: Vec<usize> = Vec::new();
-    while !queue.is_empty() || !running.is_empty() {
-        let mut held = Vec::new();
-        while running.len() < jobs {
-            let Some(n) = queue.pop() else { break };
-            if let Some(pid) = lock_owner(&RunLayout::new(sweep.trial_dir(n))) {
-                if !told.contains(&n) {
-                    eprintln!("trial {n}: waiting for process {pid}, which still holds its folder");
-                    told.push(n);
-                }
-                held.push(n);
-                continue;
-            }
-            let log_path = sweep.log(n);
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log_path)
-                .with_context(|| format!("opening {}", log_path.display()))?;
-            let err = log.try_clone().with_context(|| format!("opening {}", log_path.display()))?;
-            let child = Command::new(&exe)
-                .args(["--backend", backend.name()])
-                .args(backend.device_args())
-                .args([kind, "--sweep"])
-                .arg(sweep.root())
-                .args(["--trial", &n.to_string()])
-                .env("RAYON_NUM_THREADS", threads.to_string())
-                .env(SWEEP_PARENT, std::process::id().to_string())
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(err)
-                .spawn()
-                .with_context(|| format!("starting trial {n}"))?;
-            eprintln!("trial {n} ({}) started", sweep.file.trials[n].label);
-            running.push((n, child));
-        }
-        queue.extend(held.into_iter().rev());
-        std::thread::sleep(Duration::from_millis(200));
-        let mut i = 0;
-        while i < running.len() {
-            let (n, child) = &mut running[i];
-            match child.try_wait().with_context(|| format!("waiting for trial {n}"))? {
-                Some(status) => {
-                    let n = *n;
-                    if status.success() {
-                        eprintln!("trial {n}: {}", trial_status(sweep, n));
-                    } else {
-                        eprintln!("trial {n}: failed ({status}); see {}", sweep.log(n).display());
-                        failed.push(n);
-                    }
-                    running.swap_remove(i);
-                }
-                None => i += 1,
-            }
-        }
-    }
-    if !failed.is_empty() {
-        failed.sort_unstable();
-        bail!(
-            "{} of {} trials failed ({:?}); their logs are in {}",
-            failed.len(),
-            sweep.len(),
-            failed,
-            sweep.logs().display()
-        );
-    }
+    let mut command = |n: usize| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--backend", backend.name()])
+            .args(backend.device_args())
+            .args([kind, "--sweep"])
+            .arg(sweep.root())
+            .args(["--trial", &n.to_string()]);
+        cmd
+    };
+    local::run_local(sweep, jobs, &mut command, &mut |line| eprintln!("{line}"))?;
     eprintln!(
         "all {} trials finished; compare them with `qdarts compare {}`",
         sweep.len(),
         sweep.root().display()
     );
     Ok(())
-}
-
-/// Names, in a trial's environment, the `qdarts sweep --local` process that started it.
-const SWEEP_PARENT: &str = "QDARTS_SWEEP_PARENT";
-
-/// Whether the sweep that started this trial (`parent`) is gone: the trial was re-parented.
-/// A killed `sweep --local` leaves its trials running; each then stops cleanly at its next
-/// step, so that the sweep started again resumes them rather than racing them.
-fn orphaned(parent: Option<u32>) -> bool {
-    #[cfg(unix)]
-    {
-        parent.is_some_and(|p| std::os::unix::process::parent_id() != p)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = parent;
-        false
-    }
 }
 
 /// Runs one trial of a sweep (`qdarts search|train --sweep DIR [--trial N]`).
@@ -351,10 +239,10 @@ pub fn run_trial(
     let base = sweep.base_config();
     let device = backend.device()?;
     let bar = progress_bar();
-    let parent = std::env::var(SWEEP_PARENT).ok().and_then(|v| v.parse::<u32>().ok());
+    let parent = local::sweep_parent();
     let mut on_progress = |p: &Progress| {
         show(&bar, p);
-        if orphaned(parent) {
+        if local::orphaned(parent) {
             eprintln!(
                 "trial {n}: its sweep is gone; stopping after this step (a checkpoint is kept)"
             );
@@ -373,7 +261,7 @@ pub fn run_trial(
         TrialKind::Search => {
             let cfg = ExperimentConfig::load(&base, &set).with_context(context)?;
             let prepared = prepare_search(&cfg, &device).with_context(context)?;
-            let run = open_trial_dir(&run_dir)?;
+            let run = local::open_trial_dir(&run_dir)?;
             let out =
                 crate::run_loop(&mut on_progress, |p| run_prepared(prepared, run, existed, p))
                     .with_context(context)?;
@@ -387,7 +275,7 @@ pub fn run_trial(
             let cfg = TrainConfig::load(&base, &set).with_context(context)?;
             let genotype = resolve_genotype(&cfg.genotype).with_context(context)?;
             let prepared = prepare_train(&cfg, &genotype, &device).with_context(context)?;
-            let run = open_trial_dir(&run_dir)?;
+            let run = local::open_trial_dir(&run_dir)?;
             crate::run_loop(&mut on_progress, |p| run_train_prepared(prepared, &run, existed, p))
                 .with_context(context)?;
             bar.finish_and_clear();
@@ -396,23 +284,4 @@ pub fn run_trial(
     eprintln!("trial {n}: {}", trial_status(&sweep, n));
     println!("{}", run_dir.display());
     Ok(())
-}
-
-/// Opens (creating) a trial's folder. Started by `sweep --local`, a trial whose folder is
-/// still held by a trial of an earlier, killed sweep waits for it (it stops at its next step)
-/// for up to two minutes rather than failing.
-fn open_trial_dir(dir: &Path) -> Result<RunDir> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let patient = std::env::var_os(SWEEP_PARENT).is_some();
-    let start = std::time::Instant::now();
-    loop {
-        match RunDir::open(dir) {
-            Err(qdarts_record::RecordError::Locked { .. })
-                if patient && start.elapsed() < Duration::from_secs(120) =>
-            {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            other => return Ok(other?),
-        }
-    }
 }

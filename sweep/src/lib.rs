@@ -15,6 +15,7 @@
 
 pub mod compare;
 pub mod emit;
+pub mod local;
 pub mod spec;
 pub mod stats;
 pub mod trials;
