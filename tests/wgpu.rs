@@ -17,8 +17,9 @@ fn a_search_runs_on_wgpu() {
     let _ = std::fs::remove_dir_all(run.parent().unwrap());
 }
 
-/// The train rows' losses of a two-step float search (64 training images) on `backend`.
-fn first_losses(tag: &str, backend: &[&str]) -> Vec<f64> {
+/// The train rows' losses of a two-step float search (64 training images) on `backend`, with
+/// the config's `sets`.
+fn first_losses(tag: &str, backend: &[&str], sets: &[&str]) -> Vec<f64> {
     let dir = common::scratch("wgpu-start", tag);
     let results = format!("record.results_dir=\"{}\"", dir.display());
     let out = common::qdarts()
@@ -26,6 +27,7 @@ fn first_losses(tag: &str, backend: &[&str]) -> Vec<f64> {
         .args(backend)
         .args(["search", "--set", "search.epochs=1", "--set", "data.limit=128"])
         .args(["--set", "quant.preset=\"float\"", "--set", &results])
+        .args(sets.iter().flat_map(|s| ["--set", s]))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -45,10 +47,23 @@ fn a_search_on_wgpu_starts_from_flex_s_weights() {
     // seeded initialisation is drawn on the host for every backend and the batches are the
     // same: both steps' losses are flex's up to float rounding. (Drawn from each backend's own
     // generator, the default search's first loss on cuda was 0.9 % from flex's.)
-    let ours = first_losses("wgpu", &["--backend", "wgpu"]);
-    let reference = first_losses("flex", &[]);
+    let ours = first_losses("wgpu", &["--backend", "wgpu"], &[]);
+    let reference = first_losses("flex", &[], &[]);
     for (a, b) in ours.iter().zip(&reference) {
         assert!((a - b).abs() <= 1e-4 * b.abs(), "wgpu {ours:?} against flex {reference:?}");
+    }
+}
+
+/// The same two steps with the cells in waves on wgpu (every kind of a wave in one chain, the
+/// smaller filters zero-padded): flex's per-edge losses, the second step's included, which a
+/// padding that moved in the first step's update would change.
+#[test]
+fn a_search_in_waves_on_wgpu_takes_flex_s_per_edge_steps() {
+    let waves = ["model.batched_cells=true"];
+    let ours = first_losses("wgpu-waves", &["--backend", "wgpu"], &waves);
+    let reference = first_losses("flex-edges", &[], &[]);
+    for (a, b) in ours.iter().zip(&reference) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "wgpu in waves {ours:?}, flex {reference:?}");
     }
 }
 
@@ -57,9 +72,21 @@ fn a_search_on_wgpu_starts_from_flex_s_weights() {
 /// flip at exact boundaries across devices, see docs/results/2026-11-25-gpu-h100.md.)
 #[test]
 fn the_float_search_step_matches_pytorch_on_wgpu() {
+    float_parity_on_wgpu(&[]);
+}
+
+/// The same with the cells in waves (the batched cell's kernels on a CubeCL runtime: grouped
+/// 1×1 convolutions, one product per wave for the node sums).
+#[test]
+fn the_float_search_step_in_waves_matches_pytorch_on_wgpu() {
+    float_parity_on_wgpu(&["--batched-cells"]);
+}
+
+fn float_parity_on_wgpu(extra: &[&str]) {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/search/tests/fixtures/parity/float");
     let out = Command::new(env!("CARGO_BIN_EXE_qdarts"))
         .args(["--backend", "wgpu", "parity", fixture])
+        .args(extra)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

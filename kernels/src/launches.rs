@@ -7,19 +7,30 @@ use burn::tensor::Device;
 /// process): `(f(), Some(launches))` when `device` is a CubeCL device, `(f(), None)`
 /// otherwise (flex and LibTorch do not launch kernels through CubeCL).
 pub fn counted<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
+    let (out, kinds) = counted_by_kernel(device, f);
+    (out, kinds.map(|k| k.iter().map(|(_, n)| n).sum()))
+}
+
+/// [`counted`] by kernel: each kernel's name (CubeCL's, e.g. the kernel function's path) and
+/// its launches, most launched first, ties by name.
+pub fn counted_by_kernel<R>(
+    device: &Device,
+    f: impl FnOnce() -> R,
+) -> (R, Option<Vec<(&'static str, u64)>>) {
     #[cfg(feature = "cube")]
     if crate::support::on_cube(device) {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
 
         use cubecl::logging::{LaunchObservation, LaunchObserver};
 
         #[derive(Default)]
-        struct Count(AtomicU64);
+        struct Count(Mutex<HashMap<&'static str, u64>>);
 
         impl LaunchObserver for Count {
-            fn launched(&self, _kernel: &'static str) {
-                self.0.fetch_add(1, Ordering::Relaxed);
+            fn launched(&self, kernel: &'static str) {
+                let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                *seen.entry(kernel).or_default() += 1;
             }
         }
 
@@ -27,7 +38,10 @@ pub fn counted<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
         let watching = LaunchObservation::new(count.clone());
         let out = f();
         drop(watching);
-        return (out, Some(count.0.load(Ordering::Relaxed)));
+        let seen = std::mem::take(&mut *count.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut kinds: Vec<(&'static str, u64)> = seen.into_iter().collect();
+        kinds.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        return (out, Some(kinds));
     }
     let _ = device;
     (f(), None)

@@ -79,7 +79,7 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 /// `batched` on the inputs after `cell`'s preprocessing.
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
-    batched.forward(s0, s1, &c.weights).value
+    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0)).value
 }
 
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
@@ -108,40 +108,64 @@ fn the_batched_cell_computes_the_per_edge_cell_forward_and_backward() {
         }
         for (wi, wave) in plan(4).iter().enumerate() {
             let ops = &c.batched.waves[wi];
+            // The padding of a filter smaller than its group's has no gradient, so that it
+            // stays zero through every optimizer step.
+            let bank = ops.bank.as_ref().unwrap();
+            for stage in [&bank.first, bank.second.as_ref().unwrap()] {
+                for (g, dw) in stage.groups.iter().zip(&stage.dw) {
+                    let big = g.kernel;
+                    let values = vals(grad(&dw.val(), &gb));
+                    let per_kind = values.len() / g.kinds.len();
+                    for (q, kind) in stage.kinds[g.kinds.clone()].iter().enumerate() {
+                        let off = (big - kind.kernel) / 2;
+                        let inside = |t: usize| t >= off && t < off + kind.kernel;
+                        let padding = values[q * per_kind..(q + 1) * per_kind]
+                            .iter()
+                            .enumerate()
+                            .filter(|(t, _)| !(inside(t % (big * big) / big) && inside(t % big)))
+                            .fold(0.0f32, |m, (_, v)| m.max(v.abs()));
+                        assert_eq!(padding, 0.0, "{what}: gradient of a filter's padding");
+                    }
+                }
+            }
             for (j, &k) in wave.edges.iter().enumerate() {
                 let edge = &c.cell.edges[k];
                 let at = |p: Primitive| &edge.ops[index(p)];
                 // Separable 3×3: both stages' depthwise and pointwise weights, and the BN's
                 // running statistics (one forward pass each).
+                let bank = ops.bank.as_ref().unwrap();
                 let Slot::Conv(i) = ops.slots[index(Primitive::SepConv3x3)] else { panic!() };
                 let CandidateOp::Sep(sep) = at(Primitive::SepConv3x3) else { panic!() };
-                for (s, op) in [&sep.op1, &sep.op2].into_iter().enumerate() {
-                    let stage = &ops.convs[i].stages[s];
+                let second = bank.second.as_ref().unwrap();
+                for (s, (op, stage)) in
+                    [(&sep.op1, &bank.first), (&sep.op2, second)].into_iter().enumerate()
+                {
                     let name = format!("{what}: edge {k} sep_conv_3x3 stage {s}");
-                    let c4 = op.dw.weight.val().dims()[0];
-                    let slice = |t: Tensor<4>| t.narrow(0, j * c4, c4);
-                    let dw = grad(&stage.dw.val(), &gb);
-                    close(grad(&op.dw.weight.val(), &ga), slice(dw), 1e-4, &format!("{name} ∂dw"));
-                    let pw = grad(&stage.pw.val(), &gb);
-                    close(grad(&op.pw.weight.val(), &ga), slice(pw), 1e-4, &format!("{name} ∂pw"));
-                    let rm = stage.bn.running_mean.value().narrow(0, j * c4, c4);
+                    let dw = grad(&stage.dw[stage.group_of(i)].val(), &gb);
+                    let dw = stage.filters(&dw, i, j);
+                    close(grad(&op.dw.weight.val(), &ga), dw, 1e-4, &format!("{name} ∂dw"));
+                    let pw = stage.rows(grad(&stage.pw.val(), &gb), i, j);
+                    close(grad(&op.pw.weight.val(), &ga), pw, 1e-4, &format!("{name} ∂pw"));
+                    let rm = stage.rows(stage.bn.running_mean.value(), i, j);
                     close(op.bn.running_mean.value(), rm, 1e-5, &format!("{name} running mean"));
-                    let rv = stage.bn.running_var.value().narrow(0, j * c4, c4);
+                    let rv = stage.rows(stage.bn.running_var.value(), i, j);
                     close(op.bn.running_var.value(), rv, 1e-5, &format!("{name} running var"));
                 }
                 // Dilated 5×5's depthwise weight.
                 let Slot::Conv(i) = ops.slots[index(Primitive::DilConv5x5)] else { panic!() };
                 let CandidateOp::Dil(dil) = at(Primitive::DilConv5x5) else { panic!() };
-                let c4 = dil.dw.weight.val().dims()[0];
-                let dw = grad(&ops.convs[i].stages[0].dw.val(), &gb).narrow(0, j * c4, c4);
+                let stage = &bank.first;
+                let dw = stage.filters(&grad(&stage.dw[stage.group_of(i)].val(), &gb), i, j);
                 let name = format!("{what}: edge {k} dil_conv_5x5 ∂dw");
                 close(grad(&dil.dw.weight.val(), &ga), dw, 1e-4, &name);
                 // Max pool's BN: every edge's running statistics are the pool's of its source.
                 let Slot::Pool(i) = ops.slots[index(Primitive::MaxPool3x3)] else { panic!() };
                 let CandidateOp::Pool(pool) = at(Primitive::MaxPool3x3) else { panic!() };
-                let shared = &ops.pools[i * wave.sources.len() + wave.source_of[j]];
+                let ch = pool.bn.running_mean.value().dims()[0];
+                let from = wave.source_of[j] * ch;
+                let shared = ops.pools[i].bn.running_mean.value().narrow(0, from, ch);
                 let name = format!("{what}: edge {k} max_pool_3x3 running mean");
-                close(pool.bn.running_mean.value(), shared.bn.running_mean.value(), 1e-6, &name);
+                close(pool.bn.running_mean.value(), shared, 1e-6, &name);
                 // FactorizedReduce (the reduction cell's first wave).
                 if let CandidateOp::Reduce(fr) = at(Primitive::SkipConnect) {
                     let reduce = ops.reduce.as_ref().unwrap();

@@ -94,6 +94,9 @@ pub enum BenchCommand {
         /// Rounds of edges then waves, alternating, after one warm-up each.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Also list each form's N most launched kernels (CubeCL backends).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        kernels: usize,
         /// Also write the table as CSV.
         #[arg(long)]
         csv: Option<PathBuf>,

@@ -9,7 +9,7 @@ use anyhow::Result;
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_genotypes::Primitive;
-use qdarts_kernels::launches::counted;
+use qdarts_kernels::launches::counted_by_kernel;
 use qdarts_ops::candidates::QTensor;
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell};
@@ -24,6 +24,8 @@ pub struct CellRow {
     pub cell: &'static str,
     /// Kernel launches of one forward+backward, edge by edge and in waves (CubeCL runtimes).
     pub launches: [Option<u64>; 2],
+    /// The same launches by kernel, most launched first.
+    pub kernels: [Option<Vec<(&'static str, u64)>>; 2],
     /// Seconds of one forward+backward, edge by edge and in waves.
     pub seconds: [Timing; 2],
     /// The per-round ratio waves / edges.
@@ -71,13 +73,15 @@ pub fn cell_rows(
         let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
         let waves = |a: QTensor, b: QTensor| {
             let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
-            batched.forward(a, b, &weights).value
+            batched.forward(a, b, Tensor::stack(weights.clone(), 0)).value
         };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {
             step(f, &s0, &s1); // warm-up: kernels compiled, pools grown
         }
-        let launches = forms.map(|f| counted(device, || step(f, &s0, &s1)).1);
+        let kernels = forms.map(|f| counted_by_kernel(device, || step(f, &s0, &s1)).1);
+        let launches =
+            kernels.each_ref().map(|k| k.as_ref().map(|k| k.iter().map(|(_, n)| n).sum()));
         let mut seconds = [Vec::new(), Vec::new()];
         let mut ratios = Vec::new();
         for _ in 0..rounds {
@@ -92,6 +96,7 @@ pub fn cell_rows(
         rows.push(CellRow {
             cell: if reduction { "reduction" } else { "normal" },
             launches,
+            kernels,
             seconds: seconds.map(Timing::of),
             ratio: Timing::of(ratios),
         });
@@ -127,6 +132,29 @@ pub fn render(rows: &[CellRow]) -> String {
         ));
     }
     out
+}
+
+/// Each form's `top` most launched kernels, per cell: launches and the kernel's name without
+/// its crate path and generic arguments.
+pub fn render_kernels(rows: &[CellRow], top: usize) -> String {
+    let mut out = String::new();
+    for r in rows {
+        for (form, kernels) in ["edges", "waves"].iter().zip(&r.kernels) {
+            let Some(kernels) = kernels else { continue };
+            out.push_str(&format!("{} cell, {form}: the {top} most launched kernels\n", r.cell));
+            for (name, n) in kernels.iter().take(top) {
+                out.push_str(&format!("{n:>8}  {}\n", short_name(name)));
+            }
+        }
+    }
+    out
+}
+
+/// `a::b::kernel<T, U>` as `b::kernel`.
+fn short_name(name: &str) -> String {
+    let bare = name.split('<').next().unwrap_or(name);
+    let parts: Vec<&str> = bare.rsplitn(3, "::").collect();
+    parts.iter().take(2).rev().copied().collect::<Vec<_>>().join("::")
 }
 
 /// The table as CSV.

@@ -113,8 +113,8 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             };
             search_bench(&request.cases()?, (reps, warmup), csv, backend)
         }
-        BenchCommand::Cell { batch, channels, size, rounds, csv } => {
-            cell_bench([batch, channels, size], rounds, csv, backend)
+        BenchCommand::Cell { batch, channels, size, rounds, kernels, csv } => {
+            cell_bench([batch, channels, size], rounds, kernels, csv, backend)
         }
         BenchCommand::Ops { batch, channels, size, preset, reps, csv } => {
             ops_bench([batch, channels, size, size], preset, reps, csv, backend)
@@ -211,6 +211,7 @@ fn search_bench(
 fn cell_bench(
     shape: [usize; 3],
     rounds: usize,
+    kernels: usize,
     csv: Option<PathBuf>,
     backend: Backend,
 ) -> Result<()> {
@@ -226,6 +227,9 @@ fn cell_bench(
         backend.label()
     );
     print!("{}", cell::render(&rows));
+    if kernels > 0 {
+        print!("{}", cell::render_kernels(&rows, kernels));
+    }
     if let Some(path) = csv {
         cell::write_cell_csv(&path, backend, shape, &rows)
             .with_context(|| format!("writing {}", path.display()))?;

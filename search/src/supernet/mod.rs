@@ -10,7 +10,7 @@ pub use alphas::{
     AlphaRows, Alphas, ArchWeights, BIT_ALPHA_INIT, BitAlphas, BitWeights, EdgeRows, smooth_row,
 };
 pub use batched::{
-    BatchError, BatchedCell, Slot, StackedConv, StackedReduce, StackedStage, WaveOps,
+    BankKind, BankStage, BatchError, BatchedCell, ConvBank, DwGroup, Slot, StackedReduce, WaveOps,
 };
 pub use cell::{CellShape, SearchCell};
 pub use network::{NetShape, SearchNetwork};

@@ -5,28 +5,30 @@
 //! `[N, E·C, H, W]` edge after edge (the first stage of every convolutional candidate starts
 //! with that ReLU, so one stacked tensor serves them all). Over it:
 //!
-//! - a separable or dilated convolution is a depthwise convolution of the stacked channels
-//!   (each edge's filters, `[E·C, 1, k, k]`), a 1×1 convolution in `E` groups (each edge's
-//!   `[C, C]`) and a BatchNorm of the `E·C` channels, whose per-channel statistics are each
-//!   edge's own; FactorizedReduce (skip_connect at stride 2) is its two strided 1×1
+//! - the separable and dilated convolutions are one bank ([`ConvBank`]): per stage, a depthwise
+//!   convolution of the stacked channels (each edge's filters), a 1×1 convolution in groups
+//!   (each edge's `[C, C]`) and a BatchNorm whose per-channel statistics are each edge's own,
+//!   every kind of the wave in one chain on the CubeCL runtimes; FactorizedReduce (skip_connect at stride 2) is its two strided 1×1
 //!   convolutions in `E` groups and one BatchNorm;
-//! - pooling with its affine-free BatchNorm runs once per source state: every edge that reads
-//!   the state would compute the same tensor, and their BatchNorms' running statistics, fed
-//!   the same batches from the same start, are the same;
-//! - a node's sum `Σ_edges Σ_ops w[e, op] · op_e(x)` is one matrix product per candidate kind
-//!   and wave, `[nodes fed, E] × [E, C·H'·W']`, with the mixing weights masked to the edges
-//!   that feed each node.
+//! - pooling with its affine-free BatchNorm runs once per wave over its source states side
+//!   by side (`[N, S·C, H, W]`, each channel its own statistics): every edge that reads a state
+//!   would compute the same tensor, and their BatchNorms' running statistics, fed the same
+//!   batches from the same start, are the same;
+//! - the sums of the nodes a wave feeds, `Σ_edges Σ_ops w[e, op] · op_e(x)`, are one matrix
+//!   product: the coefficients `[fed, columns]` (each edge's weight where it feeds the node,
+//!   zero elsewhere; picked from the cell's `[edges · K]` mixing weights in one gather) times
+//!   every candidate's output laid side by side, `[N, columns, C·H'·W']` (a stacked kind's
+//!   column per edge, a parameter-free kind's per source).
 //!
 //! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
-//! node's terms are added kind by kind rather than edge by edge); `tests/batched.rs` holds the two
+//! node's terms are one dot product over the wave's columns rather than added edge by edge); `tests/batched.rs` holds the two
 //! together, forward and every gradient. This first form runs float cells without partial
 //! channels; the per-edge cell stays the reference and runs everything else.
 
 use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{Tensor, TensorData, s};
+use burn::tensor::{Int, Tensor, TensorData, s};
 use qdarts_genotypes::Primitive;
-use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
 use qdarts_kernels::relu::relu;
 use qdarts_ops::candidates::{QBatchNorm, QPoolBN, QTensor};
@@ -46,6 +48,9 @@ pub enum BatchError {
     /// A candidate with no batched form.
     #[error("the batched cell has no batched form of {0}")]
     Primitive(Primitive),
+    /// Convolutional kinds of one dilation whose filters do not line up once centred.
+    #[error("the batched cell cannot stack {0}: its kinds of dilation {1} pad differently")]
+    Padding(String, usize),
     /// Building a module failed.
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -56,36 +61,14 @@ pub enum BatchError {
 pub enum Slot {
     /// `none`: nothing.
     Zero,
-    /// A convolutional candidate: `convs[i]`.
+    /// A separable or dilated candidate: kind `i` of the wave's [`ConvBank`].
     Conv(usize),
     /// skip_connect at stride 2: the wave's `reduce`.
     Reduce,
     /// skip_connect at stride 1: the source state itself.
     Identity,
-    /// Pooling: `pools[i · sources + s]` for source `s`.
+    /// Pooling: `pools[i]`, over the wave's sources side by side.
     Pool(usize),
-}
-
-/// (ReLU –) depthwise conv – 1×1 conv in `E` groups – BN over the stacked edges of a wave.
-#[derive(Module, Debug)]
-pub struct StackedStage {
-    /// Depthwise weights `[E·C, 1, k, k]`, edge after edge.
-    pub dw: Param<Tensor<4>>,
-    /// Pointwise weights `[E·C, C, 1, 1]`, edge after edge.
-    pub pw: Param<Tensor<4>>,
-    /// BatchNorm of the `E·C` channels.
-    pub bn: QBatchNorm,
-    /// Stride, padding and dilation of the depthwise convolution.
-    pub geometry: [usize; 3],
-    /// Edges `E`.
-    pub edges: usize,
-}
-
-/// A separable (two stages) or dilated (one) convolution over the stacked edges.
-#[derive(Module, Debug)]
-pub struct StackedConv {
-    /// The stages; every one but the first starts with a ReLU.
-    pub stages: Vec<StackedStage>,
 }
 
 /// FactorizedReduce over the stacked edges: two strided 1×1 convolutions in `E` groups, each
@@ -105,9 +88,10 @@ pub struct StackedReduce {
 /// The candidates of one wave.
 #[derive(Module, Debug)]
 pub struct WaveOps {
-    /// Convolutional candidates.
-    pub convs: Vec<StackedConv>,
-    /// Pool – BN, one per pooling candidate and source state.
+    /// The separable and dilated candidates.
+    pub bank: Option<ConvBank>,
+    /// Pool – BN, one per pooling candidate, over the wave's source states side by side
+    /// (`[N, S·C, H, W]`: each source's channels their own statistics).
     pub pools: Vec<QPoolBN>,
     /// skip_connect at stride 2.
     pub reduce: Option<StackedReduce>,
@@ -124,26 +108,6 @@ pub struct BatchedCell {
     pub waves: Vec<WaveOps>,
     /// Intermediate nodes.
     pub nodes: usize,
-}
-
-impl StackedStage {
-    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let [stride, padding, dilation] = self.geometry;
-        let c = x.dims()[1];
-        let opts = ConvOptions::new([stride; 2], [padding; 2], [dilation; 2], c);
-        let y = conv2d(x, self.dw.val(), opts);
-        self.bn.forward(grouped_pointwise(y, self.pw.val(), self.edges))
-    }
-}
-
-impl StackedConv {
-    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let mut y = self.stages[0].forward(x);
-        for stage in &self.stages[1..] {
-            y = stage.forward(relu(y));
-        }
-        y
-    }
 }
 
 impl StackedReduce {
@@ -185,111 +149,165 @@ impl BatchedCell {
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
-    ///   weights: one `[K]` row per edge, in the cell's order; output: `[N, nodes·C, H', W']`.
-    pub fn forward(&self, s0: QTensor, s1: QTensor, weights: &[Tensor<1>]) -> QTensor {
+    ///   weights: `[edges, K]`, a row per edge in the cell's order; output:
+    ///   `[N, nodes·C, H', W']`.
+    pub fn forward(&self, s0: QTensor, s1: QTensor, weights: Tensor<2>) -> QTensor {
         let mut states = vec![s0.value, s1.value];
         let plan = waves(self.nodes);
-        // Each wave's terms of the nodes it feeds, `[N, fed, C·H'·W']`, from its first node.
-        let mut terms: Vec<(usize, Tensor<3>)> = Vec::with_capacity(plan.len());
-        let mut shape = [0; 4];
-        for (w, (wave, ops)) in plan.iter().zip(&self.waves).enumerate() {
-            if w > 0 {
-                states.push(node(w - 1, &terms, shape));
-            }
-            let (t, out) = ops.forward(wave, &states, weights);
-            shape = out;
-            terms.push((wave.fed.start, t));
+        let [edges, k] = weights.dims();
+        // Every edge's mixing weights in one row: a wave picks its coefficients from it.
+        let flat = weights.reshape([edges * k]);
+        // The sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`: each wave adds its
+        // terms (it feeds every node from its own on), and its first node is then complete.
+        let mut partial: Option<Tensor<3>> = None;
+        for (wave, ops) in plan.iter().zip(&self.waves) {
+            let (t, shape) = ops.forward(wave, &states, &flat, k);
+            let sum = match partial.take() {
+                Some(p) => p.add(t),
+                None => t,
+            };
+            let left = sum.dims()[1];
+            states.push(sum.clone().narrow(1, 0, 1).reshape(shape));
+            partial = (left > 1).then(|| sum.narrow(1, 1, left - 1));
         }
-        states.push(node(self.nodes - 1, &terms, shape));
         QTensor::float(Tensor::cat(states.split_off(2), 1))
     }
 }
 
-/// Node `i`: the sum of its terms from every wave that feeds it.
-fn node(i: usize, terms: &[(usize, Tensor<3>)], [n, c, h, w]: [usize; 4]) -> Tensor<4> {
-    let mut sum: Option<Tensor<3>> = None;
-    for (start, t) in terms.iter().filter(|(start, t)| i >= *start && i < start + t.dims()[1]) {
-        let part = t.clone().narrow(1, i - start, 1);
-        sum = Some(match sum {
-            Some(s) => s.add(part),
-            None => part,
-        });
+/// What a candidate's columns of a wave's node sums are.
+#[derive(Debug, Clone, Copy)]
+enum Block {
+    /// One per edge, edge after edge.
+    Edges,
+    /// One per source state (a parameter-free candidate, run once per source).
+    Sources,
+}
+
+/// Where a wave's coefficients come from: for each column of its terms and each node it
+/// feeds, the index of the mixing weight in the cell's `[edges · K]` row, or none where that
+/// column does not feed that node.
+struct Mixing {
+    /// `[fed, columns]`, row by row: `edge · K + primitive`.
+    index: Vec<i64>,
+    /// 1 where the column feeds the node, 0 elsewhere.
+    mask: Vec<f32>,
+    columns: usize,
+}
+
+impl Mixing {
+    /// The columns of `blocks` in order: a primitive's `E` (edge after edge) or one per
+    /// source.
+    fn new(wave: &Wave, blocks: &[(usize, Block)], k: usize) -> Self {
+        let per = wave.per_source();
+        // Each column: its primitive, and for each node fed the edge that reaches it there.
+        let mut columns: Vec<(usize, Vec<Option<usize>>)> = Vec::new();
+        for &(p, block) in blocks {
+            match block {
+                Block::Edges => {
+                    for (j, &edge) in wave.edges.iter().enumerate() {
+                        let to = wave.fed.clone().map(|r| (wave.node_of[j] == r).then_some(edge));
+                        columns.push((p, to.collect()));
+                    }
+                }
+                Block::Sources => {
+                    for s in 0..wave.sources.len() {
+                        let to = (0..per).map(|r| Some(wave.edges[s * per + r]));
+                        columns.push((p, to.collect()));
+                    }
+                }
+            }
+        }
+        let (fed, n) = (wave.fed.len(), columns.len());
+        let (mut index, mut mask) = (vec![0i64; fed * n], vec![0.0f32; fed * n]);
+        for (c, (p, to)) in columns.iter().enumerate() {
+            for (r, edge) in to.iter().enumerate() {
+                if let Some(edge) = edge {
+                    index[r * n + c] = (edge * k + p) as i64;
+                    mask[r * n + c] = 1.0;
+                }
+            }
+        }
+        Mixing { index, mask, columns: n }
     }
-    sum.expect("every node is fed by wave 0").reshape([n, c, h, w])
+
+    /// The coefficients `[1, fed, columns]` from the cell's mixing weights `flat`.
+    fn coefficients(&self, flat: &Tensor<1>, fed: usize) -> Tensor<3> {
+        let device = flat.device();
+        let n = self.index.len();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(self.index.clone(), [n]), &device);
+        let mask = Tensor::<1>::from_data(TensorData::new(self.mask.clone(), [n]), &device);
+        flat.clone().select(0, index).mul(mask).reshape([1, fed, self.columns])
+    }
 }
 
 impl WaveOps {
-    /// The wave's terms of the nodes it feeds, `[N, fed, C·H'·W']`, and the shape of a node.
+    /// The wave's terms of the nodes it feeds, `[N, fed, C·H'·W']`, and the shape of a node:
+    /// every candidate's output laid side by side, `[N, columns, C·H'·W']`, times the
+    /// coefficients `[fed, columns]` in one product.
     fn forward(
         &self,
         wave: &Wave,
         states: &[Tensor<4>],
-        weights: &[Tensor<1>],
+        flat: &Tensor<1>,
+        k: usize,
     ) -> (Tensor<3>, [usize; 4]) {
-        let (fed, e, per) = (wave.fed.len(), wave.edges.len(), wave.per_source());
-        let device = states[0].device();
-        let rows = wave.edges.iter().map(|&k| weights[k].clone()).collect();
-        let w: Tensor<2> = Tensor::stack(rows, 0);
-        let k = w.dims()[1];
-        // The mixing weights of the edges that feed each node, `[fed, E, K]`.
-        let mut feeds = vec![0.0f32; fed * e];
-        for (j, &node) in wave.node_of.iter().enumerate() {
-            feeds[(node - wave.fed.start) * e + j] = 1.0;
-        }
-        let feeds = Tensor::<3>::from_data(TensorData::new(feeds, [fed, e, 1]), &device);
-        let masked = feeds.mul(w.reshape([1, e, k]));
-        let input = || {
-            let parts = wave.sources.iter().map(|&s| {
-                let [n, c, h, wd] = states[s].dims();
-                let r = relu(states[s].clone()).unsqueeze_dim::<5>(1);
-                r.expand([n, per, c, h, wd]).reshape([n, per * c, h, wd])
-            });
-            Tensor::cat(parts.collect(), 1)
+        let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
+        // The sources side by side, `[N, S·C, H, W]`: parameter-free candidates run on all of
+        // them at once (each channel its own statistics), the identity is this tensor.
+        let input = match &wave.sources[..] {
+            [s] => states[*s].clone(),
+            many => Tensor::cat(many.iter().map(|&s| states[s].clone()).collect(), 1),
         };
-        let stacked_input = self.slots.iter().any(|s| matches!(s, Slot::Conv(_) | Slot::Reduce));
-        let input = stacked_input.then(input);
-        let mut sum: Option<Tensor<3>> = None;
+        // The sources after the ReLU that every convolutional candidate starts with, and
+        // (FactorizedReduce) each edge's, edge after edge, `[N, E·C, H, W]`.
+        let convs = self.bank.is_some() || self.reduce.is_some();
+        let relu_sources = convs.then(|| relu(input.clone()));
+        let stacked = || {
+            let r = relu_sources.as_ref().expect("built above");
+            stack_sources(r, sources, per, 1)
+        };
+        // Each candidate's outputs and what their columns are: one per edge, or per source.
+        let mut columns = Vec::new();
+        let mut blocks = Vec::new();
         let mut shape = [0; 4];
-        let mut add = |t: Tensor<3>| {
-            sum = Some(match sum.take() {
-                Some(s) => s.add(t),
-                None => t,
-            })
-        };
+        if let Some(bank) = &self.bank {
+            let (outs, node) = bank.forward(relu_sources.clone().expect("built above"), per);
+            shape = node;
+            columns.extend(outs);
+            blocks.extend(bank.primitives().into_iter().map(|p| (p, Block::Edges)));
+        }
         for (p, slot) in self.slots.iter().enumerate() {
-            let m = || masked.clone().narrow(2, p, 1).reshape([fed, e]);
-            let per_edge = match slot {
-                Slot::Zero => continue,
-                Slot::Conv(i) => self.convs[*i].forward(input.clone().expect("built above")),
+            let (out, block) = match slot {
+                Slot::Zero | Slot::Conv(_) => continue,
                 Slot::Reduce => {
                     let reduce = self.reduce.as_ref().expect("a Reduce slot has its op");
-                    reduce.forward(input.clone().expect("built above"))
+                    (reduce.forward(stacked()), Block::Edges)
                 }
-                Slot::Identity | Slot::Pool(_) => {
-                    for (s, &state) in wave.sources.iter().enumerate() {
-                        let t = match slot {
-                            Slot::Pool(i) => {
-                                self.pools[i * wave.sources.len() + s]
-                                    .forward(QTensor::float(states[state].clone()))
-                                    .value
-                            }
-                            _ => states[state].clone(),
-                        };
-                        let [n, c, h, wd] = t.dims();
-                        shape = [n, c, h, wd];
-                        // One edge from this source into each node: its weight.
-                        let v = m().narrow(1, s * per, per).sum_dim(1).reshape([1, fed, 1]);
-                        add(v.mul(t.reshape([n, 1, c * h * wd])));
-                    }
-                    continue;
+                Slot::Identity => (input.clone(), Block::Sources),
+                Slot::Pool(i) => {
+                    let pooled = self.pools[*i].forward(QTensor::float(input.clone()));
+                    (pooled.value, Block::Sources)
                 }
             };
-            let [n, ec, h, wd] = per_edge.dims();
-            shape = [n, ec / e, h, wd];
-            add(m().unsqueeze_dim::<3>(0).matmul(per_edge.reshape([n, e, ec / e * h * wd])));
+            let cols = match block {
+                Block::Edges => edges,
+                Block::Sources => sources,
+            };
+            let [n, ch, h, w] = out.dims();
+            shape = [n, ch / cols, h, w];
+            columns.push(out.reshape([n, cols, ch / cols * h * w]));
+            blocks.push((p, block));
         }
-        (sum.expect("a cell has a candidate other than none"), shape)
+        let mixing = Mixing::new(wave, &blocks, k);
+        let x = match columns.len() {
+            1 => columns.pop().expect("one"),
+            _ => Tensor::cat(columns, 1),
+        };
+        (mixing.coefficients(flat, wave.fed.len()).matmul(x), shape)
     }
 }
 
+mod bank;
 mod stack;
+
+pub use bank::{BankKind, BankStage, ConvBank, DwGroup, stack_sources};

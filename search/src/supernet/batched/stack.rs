@@ -10,10 +10,10 @@ use qdarts_ops::quant::SpecError;
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
-use super::{BatchError, BatchedCell, Slot, StackedConv, StackedReduce, StackedStage, WaveOps};
+use super::{BankKind, BankStage, BatchError, BatchedCell, ConvBank, Slot, StackedReduce, WaveOps};
 
 /// A BN of the stacked channels holding each edge's running statistics.
-fn stacked_bn(bns: &[&QBatchNorm], path: &str) -> Result<QBatchNorm, SpecError> {
+pub(super) fn stacked_bn(bns: &[&QBatchNorm], path: &str) -> Result<QBatchNorm, SpecError> {
     let mean = Tensor::cat(bns.iter().map(|b| b.running_mean.value()).collect(), 0);
     let var = Tensor::cat(bns.iter().map(|b| b.running_var.value()).collect(), 0);
     let cfg = QuantConfig::float();
@@ -26,27 +26,6 @@ fn stacked_bn(bns: &[&QBatchNorm], path: &str) -> Result<QBatchNorm, SpecError> 
 
 fn stacked(ws: Vec<Tensor<4>>) -> Param<Tensor<4>> {
     Param::from_tensor(Tensor::cat(ws, 0).detach())
-}
-
-impl StackedStage {
-    fn new(ops: &[&QDilConv], path: &str) -> Result<Self, SpecError> {
-        let o = ops[0].dw.options();
-        let bns: Vec<&QBatchNorm> = ops.iter().map(|op| &op.bn).collect();
-        Ok(StackedStage {
-            dw: stacked(ops.iter().map(|op| op.dw.weight.val()).collect()),
-            pw: stacked(ops.iter().map(|op| op.pw.weight.val()).collect()),
-            bn: stacked_bn(&bns, path)?,
-            geometry: [o.stride[0], o.padding[0].0, o.dilation[0]],
-            edges: ops.len(),
-        })
-    }
-
-    /// Edge `j`'s slices into `op`.
-    fn write_into(&self, op: &mut QDilConv, j: usize) {
-        slice_into(&mut op.dw.weight, &self.dw, j);
-        slice_into(&mut op.pw.weight, &self.pw, j);
-        bn_slice_into(&op.bn, &self.bn, j);
-    }
 }
 
 /// Edge `j`'s slice of the stacked `all` (edge after edge) as `p`'s value, under `p`'s id.
@@ -70,7 +49,8 @@ impl WaveOps {
         primitives: &[Primitive],
         path: &str,
     ) -> Result<Self, BatchError> {
-        let (mut convs, mut pools, mut reduce, mut slots) = (vec![], vec![], None, vec![]);
+        let (mut pools, mut reduce, mut slots) = (vec![], None, vec![]);
+        let (mut seps, mut dils) = (vec![], vec![]);
         let edge_ops = |p: usize| wave.edges.iter().map(move |&k| &cell.edges[k].ops[p]);
         for (p, primitive) in primitives.iter().enumerate() {
             let at = format!("{path}.{primitive}");
@@ -78,26 +58,13 @@ impl WaveOps {
             let slot = match first {
                 CandidateOp::Zero(_) => Slot::Zero,
                 CandidateOp::Identity(_) => Slot::Identity,
-                CandidateOp::Sep(_) | CandidateOp::Dil(_) => {
-                    let mut stages: Vec<Vec<&QDilConv>> = vec![];
-                    for op in edge_ops(p) {
-                        let parts = match op {
-                            CandidateOp::Sep(o) => vec![&o.op1, &o.op2],
-                            CandidateOp::Dil(o) => vec![o],
-                            _ => unreachable!("one primitive is one kind of op on every edge"),
-                        };
-                        stages.resize_with(parts.len(), Vec::new);
-                        for (s, part) in stages.iter_mut().zip(parts) {
-                            s.push(part);
-                        }
-                    }
-                    let stages = stages
-                        .iter()
-                        .enumerate()
-                        .map(|(i, ops)| StackedStage::new(ops, &format!("{at}.op{}", i + 1)))
-                        .collect::<Result<_, _>>()?;
-                    convs.push(StackedConv { stages });
-                    Slot::Conv(convs.len() - 1)
+                CandidateOp::Sep(_) => {
+                    seps.push(p);
+                    Slot::Conv(0)
+                }
+                CandidateOp::Dil(_) => {
+                    dils.push(p);
+                    Slot::Conv(0)
                 }
                 CandidateOp::Reduce(_) => {
                     let frs: Vec<_> = edge_ops(p)
@@ -116,34 +83,95 @@ impl WaveOps {
                     Slot::Reduce
                 }
                 CandidateOp::Pool(_) => {
-                    let index = pools.len() / wave.sources.len();
                     // The first edge reading each source stands for all of them.
-                    for s in 0..wave.sources.len() {
-                        let k = wave.edges[s * wave.per_source()];
-                        let CandidateOp::Pool(op) = &cell.edges[k].ops[p] else {
-                            unreachable!("one primitive is one kind of op on every edge")
-                        };
-                        pools.push(pool_copy(op, &format!("{at}.source{s}"))?);
-                    }
-                    Slot::Pool(index)
+                    let per_source: Vec<&QPoolBN> = (0..wave.sources.len())
+                        .map(|s| match &cell.edges[wave.edges[s * wave.per_source()]].ops[p] {
+                            CandidateOp::Pool(op) => op,
+                            _ => unreachable!("one primitive is one kind of op on every edge"),
+                        })
+                        .collect();
+                    pools.push(pool_stack(&per_source, &at)?);
+                    Slot::Pool(pools.len() - 1)
                 }
                 CandidateOp::Fac(_) => return Err(BatchError::Primitive(*primitive)),
             };
             slots.push(slot);
         }
-        Ok(WaveOps { convs, pools, reduce, slots })
+        // The bank's kinds: separable first, then dilated, each in the primitives' order.
+        for (i, &p) in seps.iter().chain(&dils).enumerate() {
+            slots[p] = Slot::Conv(i);
+        }
+        let bank = conv_bank(cell, wave, (&seps, &dils), &format!("{path}.bank"))?;
+        Ok(WaveOps { bank, pools, reduce, slots })
     }
 }
 
-/// A pool – BN with `op`'s kind, stride and running statistics, and state of its own.
-fn pool_copy(op: &QPoolBN, path: &str) -> Result<QPoolBN, SpecError> {
+/// The bank of the separable (`seps`) and dilated (`dils`) candidates of `wave`, by primitive
+/// index; none where there are neither.
+fn conv_bank(
+    cell: &SearchCell,
+    wave: &Wave,
+    (seps, dils): (&[usize], &[usize]),
+    path: &str,
+) -> Result<Option<ConvBank>, BatchError> {
+    if seps.is_empty() && dils.is_empty() {
+        return Ok(None);
+    }
+    // Each kind's stage of every edge of the wave.
+    let stage = |p: usize, second: bool| -> Vec<&QDilConv> {
+        let edge_op = |k: usize| match &cell.edges[k].ops[p] {
+            CandidateOp::Sep(o) if second => &o.op2,
+            CandidateOp::Sep(o) => &o.op1,
+            CandidateOp::Dil(o) => o,
+            _ => unreachable!("one primitive is one kind of op on every edge"),
+        };
+        wave.edges.iter().map(|&k| edge_op(k)).collect()
+    };
+    let kind = |p: usize, op: &QDilConv| {
+        let o = op.dw.options();
+        BankKind {
+            primitive: p,
+            kernel: op.dw.weight.val().dims()[2],
+            dilation: o.dilation[0],
+            padding: o.padding[0].0,
+        }
+    };
+    let build = |ps: Vec<usize>, second: bool, at: &str| -> Result<BankStage, BatchError> {
+        let ops: Vec<Vec<&QDilConv>> = ps.iter().map(|&p| stage(p, second)).collect();
+        let kinds = ps.iter().zip(&ops).map(|(&p, o)| kind(p, o[0])).collect();
+        BankStage::new(&ops, kinds, at)
+    };
+    let all: Vec<usize> = seps.iter().chain(dils).copied().collect();
+    let first = build(all, false, &format!("{path}.op1"))?;
+    let second = (!seps.is_empty())
+        .then(|| build(seps.to_vec(), true, &format!("{path}.op2")))
+        .transpose()?;
+    Ok(Some(ConvBank { first, second }))
+}
+
+/// Edge `j`'s weights and statistics of kind `i` of `stage` into `op`.
+fn bank_into(stage: &BankStage, i: usize, j: usize, op: &mut QDilConv) {
+    let g = stage.group_of(i);
+    let dw = stage.filters(&stage.dw[g].val(), i, j);
+    op.dw.weight = Param::initialized(op.dw.weight.id, dw.detach().require_grad());
+    let pw = stage.rows(stage.pw.val(), i, j);
+    op.pw.weight = Param::initialized(op.pw.weight.id, pw.detach().require_grad());
+    op.bn.running_mean.set(stage.rows(stage.bn.running_mean.value(), i, j));
+    op.bn.running_var.set(stage.rows(stage.bn.running_var.value(), i, j));
+}
+
+/// A pool – BN with `ops[0]`'s kind and stride over the channels of every `ops` side by side,
+/// holding each one's running statistics in its slice, and state of its own.
+fn pool_stack(ops: &[&QPoolBN], path: &str) -> Result<QPoolBN, SpecError> {
+    let bns: Vec<&QBatchNorm> = ops.iter().map(|op| &op.bn).collect();
+    let bn = stacked_bn(&bns, &format!("{path}.bn"))?;
+    let mean = bn.running_mean.value();
+    let (device, channels) = (mean.device(), mean.dims()[0]);
     let cfg = QuantConfig::float();
-    let mean = op.bn.running_mean.value();
-    let device = mean.device();
     let ctx = Ctx::new(&cfg, "pool", path, &device);
-    let copy = QPoolBN::new(op.kind, mean.dims()[0], op.stride(), false, &ctx)?;
-    bn_slice_into(&copy.bn, &op.bn, 0);
-    Ok(copy)
+    let stack = QPoolBN::new(ops[0].kind, channels, ops[0].stride(), false, &ctx)?;
+    bn_slice_into(&stack.bn, &bn, 0);
+    Ok(stack)
 }
 
 impl BatchedCell {
@@ -173,7 +201,7 @@ impl BatchedCell {
 
     /// Writes the batched cell's weights and running statistics back into `cell`, the cell it
     /// was built from (or one of the same shape): each edge's slice of every stacked tensor,
-    /// and a pool's statistics to every edge that reads its source. The per-edge cell is the
+    /// and a pool's statistics of a source to every edge that reads it. The per-edge cell is the
     /// form records and checkpoints name; this makes it the batched cell's storage.
     pub fn write_into(&self, cell: &mut SearchCell) {
         for (wave, ops) in waves(self.nodes).iter().zip(&self.waves) {
@@ -181,14 +209,14 @@ impl BatchedCell {
                 for (j, &k) in wave.edges.iter().enumerate() {
                     match (slot, &mut cell.edges[k].ops[p]) {
                         (Slot::Conv(i), CandidateOp::Sep(op)) => {
-                            for (stage, part) in
-                                ops.convs[*i].stages.iter().zip([&mut op.op1, &mut op.op2])
-                            {
-                                stage.write_into(part, j);
-                            }
+                            let bank = ops.bank.as_ref().expect("a Conv slot has its bank");
+                            bank_into(&bank.first, *i, j, &mut op.op1);
+                            let second = bank.second.as_ref().expect("separable kinds have two");
+                            bank_into(second, *i, j, &mut op.op2);
                         }
                         (Slot::Conv(i), CandidateOp::Dil(op)) => {
-                            ops.convs[*i].stages[0].write_into(op, j)
+                            let bank = ops.bank.as_ref().expect("a Conv slot has its bank");
+                            bank_into(&bank.first, *i, j, op);
                         }
                         (Slot::Reduce, CandidateOp::Reduce(fr)) => {
                             let r = ops.reduce.as_ref().expect("a Reduce slot has its op");
@@ -197,8 +225,7 @@ impl BatchedCell {
                             bn_slice_into(&fr.bn, &r.bn, j);
                         }
                         (Slot::Pool(i), CandidateOp::Pool(op)) => {
-                            let shared = &ops.pools[i * wave.sources.len() + wave.source_of[j]];
-                            bn_slice_into(&op.bn, &shared.bn, 0);
+                            bn_slice_into(&op.bn, &ops.pools[*i].bn, wave.source_of[j]);
                         }
                         (Slot::Zero | Slot::Identity, _) => {}
                         _ => unreachable!("the batched cell was built from a cell of this shape"),

@@ -1,0 +1,365 @@
+//! A wave's convolutional candidates as one bank: every separable and dilated kind of the wave
+//! in one chain of launches per stage on the CubeCL runtimes.
+//!
+//! A stage (ReLU – depthwise – 1×1 – BN) holds every kind's weights side by side, kind after
+//! kind and, within a kind, edge after edge:
+//!
+//! - depthwise filters, one tensor per dilation: the kinds of one dilation zero-padded to the
+//!   largest kernel among them (sep 3×3 as a 5×5 whose outer ring is zero, dil 3×3 beside dil
+//!   5×5 at dilation 2), so that one launch convolves them all; a mask keeps the padding's
+//!   gradient at zero, so the padding stays zero through every optimizer step;
+//! - 1×1 weights of every kind, one convolution in `kinds·E` groups;
+//! - one BatchNorm of every kind's channels (each channel its own statistics, as before).
+//!
+//! On flex, where a launch costs nothing and a copy costs memory traffic, each kind runs on
+//! its own slices of the same weights (its filters without the padding): the per-kind chain
+//! the first form ran, with the same values. On the CubeCL runtimes the padding's taps add
+//! exact zeros in the same tap order, so the two paths compute the same sums.
+//!
+//! The separable kinds come first, so that their second stage reads the first `S·E·C`
+//! channels of the first stage's output.
+
+use std::ops::Range;
+
+use burn::module::{Module, Param};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{Tensor, TensorData, s};
+use qdarts_kernels::depthwise_conv::conv2d;
+use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::relu::relu;
+use qdarts_ops::candidates::{Ctx, QBatchNorm, QDilConv};
+use qdarts_ops::qconfig::QuantConfig;
+use qdarts_ops::quant::SpecError;
+
+use super::{BatchError, grouped_pointwise};
+
+/// One convolutional kind of a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BankKind {
+    /// Its candidate's index among the cell's primitives.
+    pub primitive: usize,
+    /// Kernel size `k` (square).
+    pub kernel: usize,
+    /// Dilation.
+    pub dilation: usize,
+    /// Padding (each side).
+    pub padding: usize,
+}
+
+/// The kinds of a stage that share a dilation, convolved in one launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DwGroup {
+    /// Their positions among the stage's kinds.
+    pub kinds: Range<usize>,
+    /// The largest kernel among them, the size every filter of the group is padded to.
+    pub kernel: usize,
+    /// Their dilation.
+    pub dilation: usize,
+    /// The padding of the padded filters.
+    pub padding: usize,
+}
+
+/// One stage of every kind of a bank: depthwise, 1×1, BN over the stacked edges of a wave.
+#[derive(Module, Debug)]
+pub struct BankStage {
+    /// Depthwise filters per dilation group, `[G·E·C, 1, k, k]` (see [`DwGroup`]).
+    pub dw: Vec<Param<Tensor<4>>>,
+    /// 1×1 weights `[K·E·C, C, 1, 1]`, kind after kind, edge after edge.
+    pub pw: Param<Tensor<4>>,
+    /// BatchNorm of the `K·E·C` channels.
+    pub bn: QBatchNorm,
+    /// The stage's kinds, in the bank's order.
+    #[module(skip)]
+    pub kinds: Vec<BankKind>,
+    /// The dilation groups, covering `kinds` in order.
+    #[module(skip)]
+    pub groups: Vec<DwGroup>,
+    /// Stride of the depthwise convolutions.
+    pub stride: usize,
+    /// Edges `E`.
+    pub edges: usize,
+    /// Channels `C` of one edge.
+    pub channels: usize,
+}
+
+/// A wave's separable and dilated candidates: their first stages, and the separable kinds'
+/// second.
+#[derive(Module, Debug)]
+pub struct ConvBank {
+    /// The first stage of every kind (a separable conv's `op1`, a dilated conv's only one).
+    pub first: BankStage,
+    /// The second stage of the separable kinds (`op2`), the first `seps` of `first`'s kinds.
+    pub second: Option<BankStage>,
+}
+
+/// What a merged stage reads.
+enum Input {
+    /// The wave's sources, which every kind and edge reads: `per` edges from each.
+    Sources { x: Tensor<4>, per: usize },
+    /// Each kind's own input, side by side.
+    Kinds(Tensor<4>),
+}
+
+/// `x` `[N, S·C, H, W]` (after the ReLU) as every edge's input, `copies` times over:
+/// `[N, copies·S·per·C, H, W]`, copy after copy, edge after edge (edges source by source).
+pub fn stack_sources(x: &Tensor<4>, sources: usize, per: usize, copies: usize) -> Tensor<4> {
+    let [n, sc, h, w] = x.dims();
+    let c = sc / sources;
+    if copies * per == 1 {
+        return x.clone();
+    }
+    let r = x.clone().reshape([n, 1, sources, 1, c, h * w]);
+    r.expand([n, copies, sources, per, c, h * w]).reshape([n, copies * sources * per * c, h, w])
+}
+
+/// The offset of a `k` filter centred in a `big` one.
+fn centre(big: usize, k: usize) -> usize {
+    (big - k) / 2
+}
+
+impl BankStage {
+    /// The stage of `ops[kind][edge]`, whose kinds are `kinds` (same stride throughout, and
+    /// within a dilation the same padding once centred).
+    pub fn new(
+        ops: &[Vec<&QDilConv>],
+        kinds: Vec<BankKind>,
+        path: &str,
+    ) -> Result<Self, BatchError> {
+        let first = ops[0][0];
+        let [c, _, _, _] = first.dw.weight.val().dims();
+        let edges = ops[0].len();
+        let stride = first.dw.options().stride[0];
+        let mut groups: Vec<DwGroup> = Vec::new();
+        for (i, kind) in kinds.iter().enumerate() {
+            match groups.last_mut() {
+                Some(g) if g.dilation == kind.dilation => {
+                    g.kinds.end = i + 1;
+                    g.kernel = g.kernel.max(kind.kernel);
+                }
+                _ => groups.push(DwGroup {
+                    kinds: i..i + 1,
+                    kernel: kind.kernel,
+                    dilation: kind.dilation,
+                    padding: 0,
+                }),
+            }
+        }
+        for g in &mut groups {
+            let k = &kinds[g.kinds.start];
+            g.padding = k.padding + k.dilation * centre(g.kernel, k.kernel);
+            let same = kinds[g.kinds.clone()]
+                .iter()
+                .all(|k| k.padding + k.dilation * centre(g.kernel, k.kernel) == g.padding);
+            if !same {
+                return Err(BatchError::Padding(path.to_string(), g.dilation));
+            }
+        }
+        let dw = groups
+            .iter()
+            .map(|g| {
+                let filters = ops[g.kinds.clone()].iter().zip(&kinds[g.kinds.clone()]).flat_map(
+                    |(per_edge, kind)| {
+                        per_edge.iter().map(move |op| padded(op.dw.weight.val(), g.kernel, kind))
+                    },
+                );
+                Param::from_tensor(Tensor::cat(filters.collect(), 0).detach())
+            })
+            .collect();
+        let all = || ops.iter().flatten();
+        let bns: Vec<&QBatchNorm> = all().map(|op| &op.bn).collect();
+        Ok(BankStage {
+            dw,
+            pw: Param::from_tensor(
+                Tensor::cat(all().map(|op| op.pw.weight.val()).collect(), 0).detach(),
+            ),
+            bn: super::stack::stacked_bn(&bns, &format!("{path}.bn"))?,
+            kinds,
+            groups,
+            stride,
+            edges,
+            channels: c,
+        })
+    }
+
+    /// Channels of one kind, `E·C`.
+    fn width(&self) -> usize {
+        self.edges * self.channels
+    }
+
+    /// Kind `i`'s filters out of `all`, a tensor shaped as its group's `dw` (its value or its
+    /// gradient): `[E·C, 1, k, k]`, the padding left out.
+    pub fn kind_filters(&self, all: &Tensor<4>, i: usize) -> Tensor<4> {
+        let group = &self.groups[self.group_of(i)];
+        let (k, width) = (self.kinds[i].kernel, self.width());
+        let off = centre(group.kernel, k);
+        let row = (i - group.kinds.start) * width;
+        all.clone().narrow(0, row, width).narrow(2, off, k).narrow(3, off, k)
+    }
+
+    /// Kind `i`'s filters for edge `j` out of `all` (as [`kind_filters`](Self::kind_filters)):
+    /// `[C, 1, k, k]`.
+    pub fn filters(&self, all: &Tensor<4>, i: usize, j: usize) -> Tensor<4> {
+        self.kind_filters(all, i).narrow(0, j * self.channels, self.channels)
+    }
+
+    /// The dilation group of kind `i`.
+    pub fn group_of(&self, i: usize) -> usize {
+        self.groups.iter().position(|g| g.kinds.contains(&i)).expect("groups cover every kind")
+    }
+
+    /// Kind `i`'s rows of a `[K·E·C, …]` tensor (1×1 weights, BN statistics) for edge `j`.
+    pub fn rows<const D: usize>(&self, all: Tensor<D>, i: usize, j: usize) -> Tensor<D> {
+        all.narrow(0, (i * self.edges + j) * self.channels, self.channels)
+    }
+
+    fn options(&self, padding: usize, dilation: usize, groups: usize) -> ConvOptions<2> {
+        ConvOptions::new([self.stride; 2], [padding; 2], [dilation; 2], groups)
+    }
+
+    /// Every kind at once, `[N, K·E·C, H', W']` out, from `x`: every kind's input side by
+    /// side, or ([`Input::Sources`]) the wave's sources that every kind reads.
+    fn forward_merged(&self, x: Input) -> Tensor<4> {
+        let width = self.width();
+        let outs: Vec<Tensor<4>> = self
+            .groups
+            .iter()
+            .zip(&self.dw)
+            .map(|(g, dw)| {
+                let kinds = g.kinds.len();
+                let input = match &x {
+                    Input::Sources { x, per } => {
+                        stack_sources(x, x.dims()[1] / self.channels, *per, kinds)
+                    }
+                    Input::Kinds(x) if kinds == self.kinds.len() => x.clone(),
+                    Input::Kinds(x) => x.clone().narrow(1, g.kinds.start * width, kinds * width),
+                };
+                let filters = match self.mask(g) {
+                    Some(mask) => dw.val().mul(mask),
+                    None => dw.val(),
+                };
+                conv2d(input, filters, self.options(g.padding, g.dilation, kinds * width))
+            })
+            .collect();
+        let y = match outs.len() {
+            1 => outs.into_iter().next().expect("one"),
+            _ => Tensor::cat(outs, 1),
+        };
+        let y = grouped_pointwise(y, self.pw.val(), self.kinds.len() * self.edges);
+        self.bn.forward(y)
+    }
+
+    /// 1 on the taps of each kind's own filter, 0 on its padding; none where no kind of the
+    /// group is padded.
+    fn mask(&self, g: &DwGroup) -> Option<Tensor<4>> {
+        let kinds = &self.kinds[g.kinds.clone()];
+        if kinds.iter().all(|k| k.kernel == g.kernel) {
+            return None;
+        }
+        let big = g.kernel;
+        let mut values = Vec::with_capacity(kinds.len() * self.width() * big * big);
+        for kind in kinds {
+            let off = centre(big, kind.kernel);
+            let inside = |t: usize| t >= off && t < off + kind.kernel;
+            let plane: Vec<f32> = (0..big * big)
+                .map(|t| if inside(t / big) && inside(t % big) { 1.0 } else { 0.0 })
+                .collect();
+            for _ in 0..self.width() {
+                values.extend_from_slice(&plane);
+            }
+        }
+        let rows = kinds.len() * self.width();
+        let device = self.pw.val().device();
+        Some(Tensor::from_data(TensorData::new(values, [rows, 1, big, big]), &device))
+    }
+
+    /// Kind by kind (flex): `xs` each kind's input (or one input all read), each kind's output.
+    fn forward_per_kind(&self, xs: &[Tensor<4>]) -> Vec<Tensor<4>> {
+        let (width, e) = (self.width(), self.edges);
+        let mut outs = Vec::with_capacity(self.kinds.len());
+        let (mut means, mut vars) = (Vec::new(), Vec::new());
+        for (i, kind) in self.kinds.iter().enumerate() {
+            let x = xs.get(i).unwrap_or(&xs[0]).clone();
+            let filters = self.kind_filters(&self.dw[self.group_of(i)].val(), i);
+            let opts = self.options(kind.padding, kind.dilation, width);
+            let y = conv2d(x, filters, opts);
+            let pw = self.pw.val().narrow(0, i * width, width);
+            let y = grouped_pointwise(y, pw, e);
+            let part = self.bn_part(i * width, width).expect("a float BatchNorm builds");
+            outs.push(part.forward(y));
+            means.push(part.running_mean.value());
+            vars.push(part.running_var.value());
+        }
+        self.bn.running_mean.set(Tensor::cat(means, 0));
+        self.bn.running_var.set(Tensor::cat(vars, 0));
+        outs
+    }
+
+    /// A BatchNorm of `len` of the stage's channels from `from`: their running statistics, the
+    /// stage's mode.
+    fn bn_part(&self, from: usize, len: usize) -> Result<QBatchNorm, SpecError> {
+        let mean = self.bn.running_mean.value();
+        let device = mean.device();
+        let cfg = QuantConfig::float();
+        let mut part = QBatchNorm::new(len, false, &Ctx::new(&cfg, "bn", "bank", &device))?;
+        part.running_mean.set(mean.narrow(0, from, len));
+        part.running_var.set(self.bn.running_var.value().narrow(0, from, len));
+        part.training = self.bn.training.clone();
+        Ok(part)
+    }
+}
+
+/// `w` `[C, 1, k, k]` centred in a `[C, 1, big, big]` of zeros.
+fn padded(w: Tensor<4>, big: usize, kind: &BankKind) -> Tensor<4> {
+    let [c, _, k, _] = w.dims();
+    if k == big {
+        return w;
+    }
+    let off = centre(big, kind.kernel);
+    Tensor::zeros([c, 1, big, big], &w.device())
+        .slice_assign(s![.., .., off..off + k, off..off + k], w)
+}
+
+impl ConvBank {
+    /// Every kind's output on the wave's sources `x` `[N, S·C, H, W]` after the ReLU (`per`
+    /// edges from each), as columns of the node sums: tensors `[N, kinds·E, C·H'·W']` whose
+    /// kinds, in order, are the bank's (separable first); and the shape of one node,
+    /// `[N, C, H', W']`.
+    pub fn forward(&self, x: Tensor<4>, per: usize) -> (Vec<Tensor<3>>, [usize; 4]) {
+        let merged = direct_available(&x.device(), x.dtype());
+        let sources = x.dims()[1] / self.first.channels;
+        let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
+        let (width, c) = (self.first.width(), self.first.channels);
+        if merged {
+            // Every kind's channels side by side, one chain per stage.
+            let y = self.first.forward_merged(Input::Sources { x, per });
+            let [n, _, h, w] = y.dims();
+            let columns = |t: Tensor<4>| {
+                let cols = t.dims()[1] / c;
+                t.reshape([n, cols, c * h * w])
+            };
+            let Some(second) = &self.second else { return (vec![columns(y)], [n, c, h, w]) };
+            let sep_in = relu(y.clone().narrow(1, 0, seps * width));
+            let mut out = vec![columns(second.forward_merged(Input::Kinds(sep_in)))];
+            let kinds = self.first.kinds.len();
+            if kinds > seps {
+                let e = self.first.edges;
+                out.push(columns(y).narrow(1, seps * e, (kinds - seps) * e));
+            }
+            return (out, [n, c, h, w]);
+        }
+        // Kind by kind.
+        let mut ys = self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]);
+        if let Some(second) = &self.second {
+            let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(relu).collect();
+            ys.splice(0..0, second.forward_per_kind(&sep_in));
+        }
+        let [n, _, h, w] = ys[0].dims();
+        let out = ys.into_iter().map(|t| t.reshape([n, width / c, c * h * w])).collect();
+        (out, [n, c, h, w])
+    }
+
+    /// The primitives of the bank's kinds, in its order.
+    pub fn primitives(&self) -> Vec<usize> {
+        self.first.kinds.iter().map(|k| k.primitive).collect()
+    }
+}
