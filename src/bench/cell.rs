@@ -135,15 +135,25 @@ pub fn render(rows: &[CellRow]) -> String {
 }
 
 /// Each form's `top` most launched kernels, per cell: launches and the kernel's name without
-/// its crate path and generic arguments.
+/// its crate path and generic arguments (kernels of one name summed).
 pub fn render_kernels(rows: &[CellRow], top: usize) -> String {
     let mut out = String::new();
     for r in rows {
         for (form, kernels) in ["edges", "waves"].iter().zip(&r.kernels) {
             let Some(kernels) = kernels else { continue };
             out.push_str(&format!("{} cell, {form}: the {top} most launched kernels\n", r.cell));
-            for (name, n) in kernels.iter().take(top) {
-                out.push_str(&format!("{n:>8}  {}\n", short_name(name)));
+            // Kernels that differ only in their generic arguments under one name.
+            let mut named: Vec<(String, u64)> = Vec::new();
+            for (name, n) in kernels {
+                let short = short_name(name);
+                match named.iter_mut().find(|(s, _)| *s == short) {
+                    Some((_, total)) => *total += n,
+                    None => named.push((short, *n)),
+                }
+            }
+            named.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            for (name, n) in named.iter().take(top) {
+                out.push_str(&format!("{n:>8}  {name}\n"));
             }
         }
     }

@@ -13,8 +13,10 @@
 //!
 //! On flex, where a launch costs nothing and a copy costs memory traffic, each kind runs on
 //! its own slices of the same weights (its filters without the padding): the per-kind chain
-//! the first form ran, with the same values. On the CubeCL runtimes the padding's taps add
-//! exact zeros in the same tap order, so the two paths compute the same sums.
+//! the first form ran, with its values bit for bit. On the CubeCL runtimes the padding's taps
+//! add zeros; what else changes is how the merged launches split their sums, so the values are
+//! the per-kind chain's within float rounding (`tests/wgpu.rs` holds a two-step search in
+//! waves on wgpu to flex's per-edge losses, and the parity fixtures to PyTorch).
 //!
 //! The separable kinds come first, so that their second stage reads the first `S·E·C`
 //! channels of the first stage's output.
