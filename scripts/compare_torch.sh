@@ -13,11 +13,13 @@
 #
 # usage: scripts/compare_torch.sh [--python PY] [--shape darts|default] [--rounds R]
 #                                 [--layers L] [--init-channels C] [--batch B]
-#                                 [--reps N] [--warmup N] [--ops | --runtime RUN] [CASE ...]
+#                                 [--reps N] [--warmup N] [--batched-cells]
+#                                 [--ops | --runtime RUN] [CASE ...]
 #   CASE: ORDER/QUANT with ORDER first|second and QUANT float|tensorrt
 #         (default: first/float first/tensorrt second/float second/tensorrt)
 #   PY:   a Python with torch, numpy and safetensors (default: python3); for --runtime, one
 #         with onnxruntime and numpy
+#   --batched-cells: qdarts runs its cells in waves (float cases only; PyTorch edge by edge).
 #   The qdarts binary is $QDARTS, else target/release/qdarts (built with cargo if missing).
 # Shapes: darts (the default): DARTS' search shape, 8 cells, C=16, batch 64, 4 nodes, 3x32x32;
 #   default: experiments/default.toml's, 4 cells, C=4, batch 32, 3 nodes, 1x28x28. Random data.
@@ -27,6 +29,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 python=python3 shape=darts rounds=3 layers="" channels="" batch="" reps=3 warmup=1 ops=0 runtime="" cases=()
+batched=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) python="$2"; shift 2 ;;
@@ -38,8 +41,9 @@ while [ $# -gt 0 ]; do
     --reps) reps="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
     --ops) ops=1; shift ;;
+    --batched-cells) batched=(--batched-cells); shift ;;
     --runtime) runtime="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     */*) cases+=("$1"); shift ;;
     *) echo "compare_torch.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -142,7 +146,8 @@ for c in "${cases[@]}"; do
   : > "$tmp/rounds.jsonl"
   for r in $(seq "$rounds"); do
     "$qdarts" bench search --shape "$shape" --layers "$layers" --init-channels "$channels" --batch "$batch" \
-      --order "$order" --quant "$quant" --reps "$reps" --warmup "$warmup" --csv "$tmp/q.csv" > "$tmp/q.txt"
+      --order "$order" --quant "$quant" --reps "$reps" --warmup "$warmup" ${batched[@]+"${batched[@]}"} \
+      --csv "$tmp/q.csv" > "$tmp/q.txt"
     "$python" scripts/torch_reference.py bench --layers "$layers" --init-channels "$channels" --batch "$batch" \
       --nodes "$nodes" --c-in "$c_in" --size "$size" --order "$order" --quant "$quant" \
       --reps "$reps" --warmup "$warmup" --threads "$threads" > "$tmp/t.json"
