@@ -2,6 +2,7 @@
 //! backward step.
 
 use super::*;
+use crate::support::autodiff::unary_step;
 
 #[cfg(feature = "cube")]
 impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B, C> {
@@ -41,32 +42,10 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
     }
 
     fn channel_rstd(m: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct RstdStep;
-
-        impl<B: Backend + FoldBackend> Backward<B, 1> for RstdStep {
-            type State = (FloatTensor<B>, f32);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (m, epsilon) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::channel_rstd_backward(m, grad, epsilon)
-                });
-            }
-        }
-
-        match RstdStep.prepare::<C>([m.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let mp = m.primitive().clone();
-                prep.finish((mp.clone(), epsilon), B::channel_rstd(mp, epsilon))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::channel_rstd(m.into_primitive(), epsilon)),
-        }
+        let forward = |m: FloatTensor<B>| (B::channel_rstd(m.clone(), epsilon), (m, epsilon));
+        unary_step::<B, C, _>(m, forward, |(m, epsilon), grad| {
+            B::channel_rstd_backward(m, grad, epsilon)
+        })
     }
 
     fn channel_rstd_backward(
@@ -137,37 +116,15 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct NormalizeStep;
-
-        impl<B: Backend + FoldBackend> Backward<B, 1> for NormalizeStep {
-            /// `x`, `m` and `w`.
-            type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (x, m, w) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::channel_normalize_backward(x, m, w, grad)
-                });
-            }
-        }
-
         let (m, w, b) = (m.into_primitive(), w.into_primitive(), b.into_primitive());
-        match NormalizeStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let xp = x.primitive().clone();
-                let out = B::channel_normalize(xp.clone(), m.clone(), w.clone(), b);
-                prep.finish((xp, m, w), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::channel_normalize(x.into_primitive(), m, w, b))
-            }
-        }
+        let forward = |x: FloatTensor<B>| {
+            let out = B::channel_normalize(x.clone(), m.clone(), w.clone(), b);
+            (out, (x, m, w))
+        };
+        // The state: `x`, `m` and `w`.
+        unary_step::<B, C, _>(x, forward, |(x, m, w), grad| {
+            B::channel_normalize_backward(x, m, w, grad)
+        })
     }
 
     fn channel_normalize_backward(
@@ -203,33 +160,11 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
 
 impl<B: Backend + ChannelBackend, C: CheckpointStrategy> ChannelBackend for Autodiff<B, C> {
     fn channel_moments(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct MomentsStep;
-
-        impl<B: Backend + ChannelBackend> Backward<B, 1> for MomentsStep {
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (x, m) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::channel_moments_backward(x, m, grad)
-                });
-            }
-        }
-
-        match MomentsStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let xp = x.primitive().clone();
-                let m = B::channel_moments(xp.clone());
-                prep.finish((xp, m.clone()), m)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::channel_moments(x.into_primitive())),
-        }
+        let forward = |x: FloatTensor<B>| {
+            let m = B::channel_moments(x.clone());
+            (m.clone(), (x, m))
+        };
+        unary_step::<B, C, _>(x, forward, |(x, m), grad| B::channel_moments_backward(x, m, grad))
     }
 
     fn channel_moments_backward(

@@ -28,7 +28,7 @@
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::{AutodiffBackend, TensorMetadata};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::{DType, Device, Tensor};

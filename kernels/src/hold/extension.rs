@@ -2,12 +2,11 @@
 //! steps.
 
 use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
 
 use crate::fake_quant::FusedLayout;
+use crate::support::autodiff::unary_step;
 
 /// The held-rounding kernels (see [`hold_available`](super::hold_available)).
 #[backend_extension(Cube, Autodiff)]
@@ -44,43 +43,15 @@ impl<B: Backend + HoldBackend, C: CheckpointStrategy> HoldBackend for Autodiff<B
         zero_point: FloatTensor<Self>,
         layout: FusedLayout,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct HeldStep;
-
-        impl<B: Backend + HoldBackend> Backward<B, 1> for HeldStep {
-            type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FusedLayout);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (x_w, mult, zp, layout) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::held_fake_quant_backward(x_w, grad, mult, zp, layout)
-                });
-            }
-        }
-
         let (x_w, at_w) = (x_w.into_primitive(), at_w.into_primitive());
         let (mult, zp) = (mult.into_primitive(), zero_point.into_primitive());
-        match HeldStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = B::held_fake_quant(
-                    x.into_primitive(),
-                    x_w.clone(),
-                    at_w,
-                    mult.clone(),
-                    zp.clone(),
-                    layout,
-                );
-                prep.finish((x_w, mult, zp, layout), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::held_fake_quant(x.into_primitive(), x_w, at_w, mult, zp, layout))
-            }
-        }
+        let forward = |x| {
+            let out = B::held_fake_quant(x, x_w.clone(), at_w, mult.clone(), zp.clone(), layout);
+            (out, (x_w, mult, zp, layout))
+        };
+        unary_step::<B, C, _>(x, forward, |(x_w, mult, zp, layout), grad| {
+            B::held_fake_quant_backward(x_w, grad, mult, zp, layout)
+        })
     }
 
     fn held_fake_quant_backward(
@@ -100,30 +71,8 @@ impl<B: Backend + HoldBackend, C: CheckpointStrategy> HoldBackend for Autodiff<B
     }
 
     fn gate(x: FloatTensor<Self>, key: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct GateStep;
-
-        impl<B: Backend + HoldBackend> Backward<B, 1> for GateStep {
-            type State = FloatTensor<B>;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let key = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| B::gate(grad, key));
-            }
-        }
-
         let key = key.into_primitive();
-        match GateStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let out = B::gate(x.into_primitive(), key.clone());
-                prep.finish(key, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::gate(x.into_primitive(), key)),
-        }
+        let forward = |x| (B::gate(x, key.clone()), key);
+        unary_step::<B, C, _>(x, forward, |key, grad| B::gate(grad, key))
     }
 }

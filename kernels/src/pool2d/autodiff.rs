@@ -1,69 +1,26 @@
 //! The pools under autodiff: each forward on the inner backend with its backward step.
 
 use super::*;
-
-/// The autodiff step of an average pool (also [`PoolBackend::pool_avg2d_rounded`]'s).
-#[derive(Debug)]
-struct AvgStep;
-
-impl<B: Backend + PoolBackend> Backward<B, 1> for AvgStep {
-    type State = (PlaneGeom, bool);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let (geom, include_pad) = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-            B::pool_avg2d_backward(grad, geom, include_pad)
-        });
-    }
-}
+use crate::support::autodiff::unary_step;
 
 /// `forward` of `x` on `B`, differentiated as an average pool of `geom` (and whether the
-/// padding counts).
+/// padding counts; also [`PoolBackend::pool_avg2d_rounded`]'s step).
 fn avg_step<B: Backend + PoolBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     state: (PlaneGeom, bool),
     forward: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
 ) -> FloatTensor<Autodiff<B, C>> {
-    match AvgStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish(state, forward(x.into_primitive())),
-        OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive())),
-    }
+    unary_step::<B, C, _>(
+        x,
+        |x| (forward(x), state),
+        |(geom, include_pad), grad| B::pool_avg2d_backward(grad, geom, include_pad),
+    )
 }
 
 impl<B: Backend + PoolBackend, C: CheckpointStrategy> PoolBackend for Autodiff<B, C> {
     fn pool_max2d(x: FloatTensor<Self>, geom: PlaneGeom) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct MaxStep;
-
-        impl<B: Backend + PoolBackend> Backward<B, 1> for MaxStep {
-            type State = (FloatTensor<B>, PlaneGeom);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (x, geom) = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::pool_max2d_backward(x, grad, geom)
-                });
-            }
-        }
-
-        match MaxStep.prepare::<C>([x.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let xp = x.primitive().clone();
-                let out = B::pool_max2d(xp.clone(), geom);
-                prep.finish((xp, geom), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::pool_max2d(x.into_primitive(), geom)),
-        }
+        let forward = |x: FloatTensor<B>| (B::pool_max2d(x.clone(), geom), (x, geom));
+        unary_step::<B, C, _>(x, forward, |(x, geom), grad| B::pool_max2d_backward(x, grad, geom))
     }
 
     fn pool_max2d_backward(

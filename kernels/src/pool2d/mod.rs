@@ -37,9 +37,7 @@
 //! pools ([`max_pool2d`] and [`avg_pool2d`] decide).
 
 use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::module;
 use burn::tensor::ops::{AvgPoolOptions, MaxPoolOptions};

@@ -32,6 +32,7 @@ pub(crate) fn on_cube(device: &Device) -> bool {
     }
 }
 
+pub(crate) mod autodiff;
 #[cfg(feature = "cube")]
 pub(crate) mod cube;
 #[cfg(feature = "flex")]
