@@ -159,11 +159,9 @@ impl BankStage {
         let dw = groups
             .iter()
             .map(|g| {
-                let filters = ops[g.kinds.clone()].iter().zip(&kinds[g.kinds.clone()]).flat_map(
-                    |(per_edge, kind)| {
-                        per_edge.iter().map(move |op| padded(op.dw.weight.val(), g.kernel, kind))
-                    },
-                );
+                let filters = ops[g.kinds.clone()].iter().flat_map(|per_edge| {
+                    per_edge.iter().map(|op| padded(op.dw.weight.val(), g.kernel))
+                });
                 Param::from_tensor(Tensor::cat(filters.collect(), 0).detach())
             })
             .collect();
@@ -311,12 +309,12 @@ impl BankStage {
 }
 
 /// `w` `[C, 1, k, k]` centred in a `[C, 1, big, big]` of zeros.
-fn padded(w: Tensor<4>, big: usize, kind: &BankKind) -> Tensor<4> {
+fn padded(w: Tensor<4>, big: usize) -> Tensor<4> {
     let [c, _, k, _] = w.dims();
     if k == big {
         return w;
     }
-    let off = centre(big, kind.kernel);
+    let off = centre(big, k);
     Tensor::zeros([c, 1, big, big], &w.device())
         .slice_assign(s![.., .., off..off + k, off..off + k], w)
 }
