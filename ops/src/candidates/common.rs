@@ -211,7 +211,7 @@ pub trait QuantSites {
     fn quant_stats(&self) -> Result<Vec<QuantError>, SpecError> {
         let mut rows = Vec::new();
         for q in self.quantizers() {
-            rows.extend(q.last_stats()?);
+            rows.extend(q.error_rows()?);
         }
         Ok(rows)
     }

@@ -96,6 +96,9 @@ pub enum SpecError {
     /// A value could not be read back from the device.
     #[error("reading {0} back from the device failed")]
     ReadBack(String),
+    /// Quantizers that cannot stand as rows of one ([`super::FakeQuantizer::stacked`]).
+    #[error("cannot stack quantizers: {0}")]
+    Stacked(String),
     /// A set of candidate bit widths that is empty or repeats one.
     #[error("{0}")]
     BitChoices(String),

@@ -22,4 +22,4 @@ pub use fake_quant::{
 pub use hold::HoldMode;
 pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
-pub use stats::{QuantError, TensorRole};
+pub use stats::{QuantError, Row, TensorRole};

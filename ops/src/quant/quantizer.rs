@@ -12,8 +12,8 @@ use super::fake_quant::{self, Grid, Quantized};
 use super::hold::{Hold, HoldMode};
 use super::lsq::LsqParams;
 use super::observer::ObserverState;
-use super::spec::{ObserverKind, QuantSpec};
-use super::stats::{Monitor, QuantError, TensorRole};
+use super::spec::{Granularity, ObserverKind, QuantSpec};
+use super::stats::{Monitor, QuantError, Row, RowLayout, TensorRole};
 
 /// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
 #[derive(Module, Debug)]
@@ -40,6 +40,10 @@ pub struct FakeQuantizer {
     /// How the fake quantization computes (fused where the backend has the kernels).
     #[module(skip)]
     imp: fake_quant::FakeQuantImpl,
+    /// The sites this quantizer stands for when it quantizes several side by side
+    /// ([`FakeQuantizer::stacked`]); empty for a quantizer of one site.
+    #[module(skip)]
+    rows: Vec<Row>,
 }
 
 /// Integer values of a tensor with the grid that dequantizes them (Paddle's `fake_quantize_*`
@@ -80,7 +84,78 @@ impl FakeQuantizer {
             monitor: Monitor::default(),
             hold: Hold::default(),
             imp: fake_quant::FakeQuantImpl::Fused,
+            rows: Vec::new(),
         })
+    }
+
+    /// One quantizer standing for `sites` (of one spec and role, none of them LSQ), each a
+    /// row: their tensors side by side along the spec's channel axis, and for a per-tensor
+    /// spec laid out as `[…, rows, …]` along axis 1 (the caller's view, one channel per row).
+    /// Row `r` is quantized as `sites[r]` would quantize its own tensor, from a copy of its
+    /// observer state; its error statistics keep its path. The batched cell's waves quantize
+    /// every edge's site in one launch chain so.
+    ///
+    /// # Errors
+    /// If `sites` is empty, mixes specs or roles, or is LSQ (its gradient factor counts the
+    /// values of the whole tensor).
+    pub fn stacked(sites: &[&FakeQuantizer], path: impl Into<String>) -> Result<Self, SpecError> {
+        let path = path.into();
+        let stacking = |why: &str| SpecError::Stacked(format!("{path}: {why}"));
+        let first = sites.first().ok_or_else(|| stacking("no sites"))?;
+        if sites.iter().any(|q| q.spec != first.spec || q.role != first.role) {
+            return Err(stacking("the sites differ in spec or role"));
+        }
+        let states: Option<Vec<&ObserverState>> =
+            sites.iter().map(|q| q.observer.as_ref()).collect();
+        let states = states.ok_or_else(|| stacking("LSQ sites do not stack"))?;
+        let (spec, channels) = match first.spec.granularity().axis() {
+            Some(_) => (first.spec, sites.iter().map(|q| q.channels).sum()),
+            None => {
+                (first.spec.with_granularity(Granularity::PerChannel { axis: 1 })?, sites.len())
+            }
+        };
+        Ok(FakeQuantizer {
+            spec,
+            path,
+            role: first.role,
+            channels,
+            training: Param::from_bool(first.training.is_enabled()),
+            observer: Some(ObserverState::stacked(&states)),
+            lsq: None,
+            monitor: Monitor::default(),
+            hold: Hold::default(),
+            imp: first.imp,
+            rows: sites.iter().map(|q| Row::new(q.path.clone())).collect(),
+        })
+    }
+
+    /// The same stacked quantizer with row `r` counting `numel` values in its error statistics
+    /// (its run holds padding besides).
+    pub fn with_row_numel(mut self, r: usize, numel: usize) -> Self {
+        self.rows[r].numel = Some(numel);
+        self
+    }
+
+    /// The sites of a stacked quantizer ([`stacked`](Self::stacked)); empty otherwise.
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    /// Row `r`'s observer state into `site`, the quantizer of that row's site (or one like
+    /// it): the inverse of [`stacked`](Self::stacked) for one site.
+    ///
+    /// # Panics
+    /// If `site` observes otherwise (another kind, or LSQ).
+    pub fn row_into(&self, r: usize, site: &FakeQuantizer) {
+        if let (Some(all), Some(to)) = (&self.observer, &site.observer) {
+            all.row_into(to, r * site.channels, site.channels);
+        }
+    }
+
+    /// Where the rows lie in the tensors this quantizer sees (none for one site).
+    fn row_layout(&self) -> Option<RowLayout> {
+        let axis = self.spec.granularity().axis()?;
+        (!self.rows.is_empty()).then_some(RowLayout { axis, rows: self.rows.len() })
     }
 
     /// The same quantizer computing by `imp` (fused by default; both give the same values and
@@ -117,6 +192,15 @@ impl FakeQuantizer {
     /// Error statistics of the last tensor quantized while recording was on.
     pub fn last_stats(&self) -> Result<Option<QuantError>, SpecError> {
         self.monitor.read(&self.path, self.role, &self.spec)
+    }
+
+    /// The error rows of the last tensor quantized while recording was on: one, or one per
+    /// site of a stacked quantizer ([`stacked`](Self::stacked)); none if nothing was recorded.
+    pub fn error_rows(&self) -> Result<Vec<QuantError>, SpecError> {
+        if self.rows.is_empty() {
+            return Ok(self.last_stats()?.into_iter().collect());
+        }
+        self.monitor.read_rows(&self.rows, self.role, &self.spec)
     }
 
     fn check<const D: usize>(&self, x: &Tensor<D>) -> Result<(), SpecError> {
@@ -164,7 +248,7 @@ impl FakeQuantizer {
                 }
             },
         };
-        self.monitor.record(&x, &out, qz.as_ref(), &grid);
+        self.monitor.record(&x, &out, qz.as_ref(), &grid, self.row_layout());
         self.hold.record(&x, &out, &grid);
         Ok((out, grid))
     }
@@ -191,7 +275,7 @@ impl FakeQuantizer {
         let grid = self.observe(&sum, self.training.is_enabled());
         let recording = self.monitor.is_recording();
         let (out, qz) = fake_quant::fake_quant_sum_ste(&xs, &sum, &grid, recording, self.imp);
-        self.monitor.record(&sum, &out, qz.as_ref(), &grid);
+        self.monitor.record(&sum, &out, qz.as_ref(), &grid, self.row_layout());
         self.hold.record(&sum, &out, &grid);
         (out, grid)
     }

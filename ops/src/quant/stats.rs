@@ -30,12 +30,52 @@ pub fn sqnr_db(signal: f64, noise: f64) -> f64 {
 
 #[derive(Debug, Clone)]
 struct Recorded {
+    /// Per row, `[rows]`.
     signal: Tensor<1>,
     noise: Tensor<1>,
     clipped: Tensor<1>,
     numel: usize,
     step: Tensor<1>,
     zero_point: Tensor<1>,
+}
+
+/// One of the sites a quantizer stands for when it quantizes several sites' tensors side by
+/// side (the batched cell's waves): a contiguous run of channels along its
+/// [`RowLayout::axis`], with its own layer path and error row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// The site's layer path.
+    pub path: String,
+    /// Its number of values, where its run holds more (a filter zero-padded to a larger
+    /// kernel); `None`: the run's.
+    pub numel: Option<usize>,
+}
+
+impl Row {
+    /// A row at `path` counting the values of its run.
+    pub fn new(path: impl Into<String>) -> Self {
+        Row { path: path.into(), numel: None }
+    }
+}
+
+/// Rows of a tensor: `rows` equal runs of its `axis`, each with the dimensions after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowLayout {
+    /// The axis the rows split.
+    pub axis: usize,
+    /// How many.
+    pub rows: usize,
+}
+
+impl RowLayout {
+    /// `x`'s sum per row, `[rows]`; one layout of none, the sum of all.
+    fn sums<const D: usize>(layout: Option<Self>, x: Tensor<D>) -> Tensor<1> {
+        let Some(RowLayout { axis, rows }) = layout else { return sum_all(x) };
+        let dims = x.dims();
+        let before: usize = dims[..axis].iter().product();
+        let numel: usize = dims.iter().product();
+        x.reshape([before, rows, numel / (before * rows)]).sum_dim(2).sum_dim(0).reshape([rows])
+    }
 }
 
 #[derive(Debug, Default)]
@@ -65,12 +105,14 @@ impl Monitor {
 
     /// Keeps the error of `out` against `x` (device tensors only) when recording. Without `qz`
     /// (the fused kernel keeps no mask), the clip fraction is recomputed from `x` and `grid`.
+    /// With `rows`, the energies and clip counts are kept per row.
     pub fn record<const D: usize>(
         &self,
         x: &Tensor<D>,
         out: &Tensor<D>,
         qz: Option<&Quantized<D>>,
         grid: &Grid,
+        rows: Option<RowLayout>,
     ) {
         let Ok(mut s) = self.state.lock() else { return };
         if !s.recording {
@@ -79,11 +121,13 @@ impl Monitor {
         let x = x.clone().detach();
         let noise = x.clone().sub(out.clone().detach());
         s.last = Some(Recorded {
-            signal: sum_all(x.clone().square()),
-            noise: sum_all(noise.square()),
+            signal: RowLayout::sums(rows, x.clone().square()),
+            noise: RowLayout::sums(rows, noise.square()),
             clipped: match qz {
-                Some(qz) => sum_all(qz.in_range.clone().bool_not().float()),
-                None => sum_all(quantize(x.clone(), grid).in_range.bool_not().float()),
+                Some(qz) => RowLayout::sums(rows, qz.in_range.clone().bool_not().float()),
+                None => {
+                    RowLayout::sums(rows, quantize(x.clone(), grid).in_range.bool_not().float())
+                }
             },
             numel: x.dims().iter().product(),
             step: grid.step.clone().detach(),
@@ -98,33 +142,59 @@ impl Monitor {
         role: TensorRole,
         spec: &QuantSpec,
     ) -> Result<Option<QuantError>, SpecError> {
+        Ok(self.read_rows(&[Row::new(path)], role, spec)?.pop())
+    }
+
+    /// [`read`](Self::read) of statistics kept per row ([`RowLayout`]): one error row for
+    /// each of `rows`, in order (none: nothing recorded). A grid parameter of several values
+    /// per row (per channel) reads as their mean, as one site's does.
+    pub fn read_rows(
+        &self,
+        rows: &[Row],
+        role: TensorRole,
+        spec: &QuantSpec,
+    ) -> Result<Vec<QuantError>, SpecError> {
         let Some(last) = self.state.lock().ok().and_then(|s| s.last.clone()) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        // The mean of a tensor (a scalar, or a per-channel step or zero point).
-        let scalar = |t: Tensor<1>, what: &str| -> Result<f64, SpecError> {
+        let what = rows.first().map_or("", |r| r.path.as_str());
+        let read = |t: Tensor<1>, name: &str| -> Result<Vec<f64>, SpecError> {
             let v = t
                 .try_to_vec_as::<f32>()
-                .map_err(|e| SpecError::ReadBack(format!("{path} {what}: {e:?}")))?;
-            Ok(if v.is_empty() {
-                0.0
-            } else {
-                v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64
-            })
+                .map_err(|e| SpecError::ReadBack(format!("{what} {name}: {e:?}")))?;
+            Ok(v.into_iter().map(f64::from).collect())
         };
-        let signal = scalar(last.signal, "signal energy")?;
-        let noise = scalar(last.noise, "noise energy")?;
-        let n = last.numel.max(1) as f64;
-        Ok(Some(QuantError {
-            layer: path.to_string(),
-            kind: role,
-            bits: spec.bits(),
-            scale: scalar(last.step, "step")?,
-            zero_point: scalar(last.zero_point, "zero point")?,
-            mse: noise / n,
-            sqnr_db: sqnr_db(signal, noise),
-            clip_frac: scalar(last.clipped, "clipped count")? / n,
-        }))
+        // The mean of row `r`'s part of `v` (a scalar per row, or its channels' values).
+        let mean = |v: &[f64], r: usize| -> f64 {
+            let per = v.len() / rows.len();
+            if per == 0 {
+                return 0.0;
+            }
+            v[r * per..(r + 1) * per].iter().sum::<f64>() / per as f64
+        };
+        let (signal, noise) =
+            (read(last.signal, "signal energy")?, read(last.noise, "noise energy")?);
+        let clipped = read(last.clipped, "clipped count")?;
+        let (step, zero_point) = (read(last.step, "step")?, read(last.zero_point, "zero point")?);
+        let run = last.numel / rows.len().max(1);
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let n = row.numel.unwrap_or(run).max(1) as f64;
+                let (signal, noise) = (mean(&signal, r), mean(&noise, r));
+                QuantError {
+                    layer: row.path.clone(),
+                    kind: role,
+                    bits: spec.bits(),
+                    scale: mean(&step, r),
+                    zero_point: mean(&zero_point, r),
+                    mse: noise / n,
+                    sqnr_db: sqnr_db(signal, noise),
+                    clip_frac: mean(&clipped, r) / n,
+                }
+            })
+            .collect())
     }
 }
 
