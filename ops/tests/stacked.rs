@@ -3,6 +3,9 @@
 //! same observer state step after step, each row's state written back, and each site's error
 //! row; on every backend compiled in.
 
+// A panic is the failure report in tests.
+#![allow(clippy::unwrap_used)]
+
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_ops::quant::{

@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Gradients, Tensor};
 use qdarts_genotypes::Primitive;
-use qdarts_ops::candidates::{CandidateOp, QTensor};
+use qdarts_ops::candidates::{CandidateOp, QTensor, QuantSites};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
 use qdarts_search::supernet::waves::waves as plan;
 use qdarts_search::supernet::{BatchError, BatchedCell, CellShape, SearchCell, Slot};
@@ -37,10 +37,14 @@ fn shape(reduction: bool, reduction_prev: bool) -> CellShape {
 }
 
 fn case(reduction: bool, reduction_prev: bool, seed: u64) -> Case {
+    case_with(&QuantConfig::float(), reduction, reduction_prev, seed)
+}
+
+fn case_with(cfg: &QuantConfig, reduction: bool, reduction_prev: bool, seed: u64) -> Case {
     let d = Device::flex().autodiff();
     qdarts_ops::seeded(&d, seed, || {
         let s = shape(reduction, reduction_prev);
-        let cell = SearchCell::new(s, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap();
+        let cell = SearchCell::new(s, &PRIMS, cfg, "cells.0", &d).unwrap();
         let batched = BatchedCell::from_cell(&cell, &PRIMS).unwrap();
         let side = if reduction_prev { 16 } else { 8 };
         let normal = Distribution::Normal(0.0, 1.0);
@@ -79,7 +83,7 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 /// `batched` on the inputs after `cell`'s preprocessing.
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
-    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0)).value
+    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0), cell).value
 }
 
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
@@ -188,11 +192,10 @@ fn the_batched_cell_computes_the_per_edge_cell_forward_and_backward() {
 #[test]
 fn the_batched_cell_refuses_what_it_does_not_batch_naming_it() {
     let d = Device::flex();
-    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    let cfg = QuantConfig::preset(Preset::Lsq);
     let cell = SearchCell::new(shape(false, false), &PRIMS, &cfg, "cells.0", &d).unwrap();
     let err = BatchedCell::from_cell(&cell, &PRIMS).unwrap_err();
-    assert!(matches!(err, BatchError::Quantized(n) if n > 0), "{err}");
-    assert!(err.to_string().contains("float cells only"), "{err}");
+    assert!(err.to_string().contains("LSQ"), "{err}");
 
     let partial = CellShape { partial: 2, ..shape(false, false) };
     let cell = SearchCell::new(partial, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap();
@@ -300,10 +303,132 @@ fn a_search_with_batched_cells_takes_the_per_edge_first_step_and_finishes() {
     assert!(!waves.genotype.to_darts_text().is_empty());
 
     let text = common::tiny_text(&dir.join("refused"), "");
-    let set = ["model.batched_cells=true".to_string()];
+    let set = ["model.batched_cells=true".to_string(), "quant.preset=lsq".to_string()];
     let err = qdarts_search::config::ExperimentConfig::parse(&text, Path::new("t.toml"), &set)
         .unwrap_err()
         .to_string();
     assert!(err.contains("model.batched_cells") && err.contains("quant.preset"), "{err}");
     assert!(!dir.join("refused").exists());
+}
+
+/// Every quantizer's grid as it stands (step and zero point), by layer path.
+fn grids(sites: &impl QuantSites) -> Vec<(String, Vec<f32>, Vec<f32>)> {
+    let d = Device::flex();
+    let mut out: Vec<_> = sites
+        .quantizers()
+        .iter()
+        .map(|q| {
+            let g = q.current_grid(&d);
+            (q.path().to_string(), vals(g.step), vals(g.zero_point))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// A quantized cell in waves against the per-edge cell, on flex: every output bit for bit
+/// (each quantizer a row of a stacked one, each edge's sum added in the per-edge order), the
+/// gradients to float rounding, every quantizer's state written back bit for bit, and every
+/// site's error row; two steps, the second on other inputs (the observers move).
+#[test]
+fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
+    for preset in [Preset::Tensorrt, Preset::OnnxQdq, Preset::Paddle] {
+        let cfg = QuantConfig::preset(preset);
+        for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
+            let what = format!("{preset:?}, reduction {reduction}, after one {reduction_prev}");
+            // Two cells from one seed: the per-edge one, and the one the batched cell reads.
+            let a = case_with(&cfg, reduction, reduction_prev, 5);
+            let mut b = case_with(&cfg, reduction, reduction_prev, 5);
+            let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
+            for step in 0..2 {
+                a.cell.set_recording(step == 1);
+                b.cell.set_recording(step == 1);
+                batched.set_recording(step == 1);
+                // Each graph its own product (a backward consumes the nodes it reaches).
+                let s0 = || a.s0.clone().mul_scalar(1.0 + step as f32);
+                let ya = a.cell.forward(q(&s0()), q(&a.s1), &a.weights, None, 0.0, None).value;
+                let (p0, p1) =
+                    (b.cell.preproc0.forward(q(&s0())), b.cell.preproc1.forward(q(&a.s1)));
+                let w = Tensor::stack(a.weights.clone(), 0);
+                let yb = batched.forward(p0, p1, w, &b.cell).value;
+                assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
+                let ga = ya.mul(a.probe.clone()).sum().backward();
+                let gb = yb.mul(a.probe.clone()).sum().backward();
+                let at = |x: &str| format!("{what} step {step}: {x}");
+                close(grad(&a.s0, &ga), grad(&a.s0, &gb), 1e-4, &at("∂s0"));
+                close(grad(&a.s1, &ga), grad(&a.s1, &gb), 1e-4, &at("∂s1"));
+                for (k, w) in a.weights.iter().enumerate() {
+                    close(grad(w, &ga), grad(w, &gb), 1e-4, &at(&format!("∂w of edge {k}")));
+                }
+            }
+            // Each site's error row (the sites of the per-edge cell that ran in waves are
+            // the batched cell's rows).
+            let mut rows_a = a.cell.quant_stats().unwrap();
+            let mut rows_b = b.cell.quant_stats().unwrap();
+            rows_b.extend(batched.quant_stats().unwrap());
+            rows_a.sort_by(|x, y| x.layer.cmp(&y.layer));
+            rows_b.sort_by(|x, y| x.layer.cmp(&y.layer));
+            let names =
+                |r: &[qdarts_ops::quant::QuantError]| -> std::collections::BTreeSet<String> {
+                    r.iter().map(|e| e.layer.clone()).collect()
+                };
+            let (na, nb) = (names(&rows_a), names(&rows_b));
+            let only_a: Vec<_> = na.difference(&nb).collect();
+            let only_b: Vec<_> = nb.difference(&na).collect();
+            assert!(only_a.is_empty() && only_b.is_empty(), "{what}: rows {only_a:?} / {only_b:?}");
+            assert_eq!(rows_a.len(), rows_b.len(), "{what}: error rows");
+            for (x, y) in rows_a.iter().zip(&rows_b) {
+                assert_eq!((&x.layer, x.scale, x.zero_point), (&y.layer, y.scale, y.zero_point));
+                assert_eq!(x.clip_frac, y.clip_frac, "{what}: {}", x.layer);
+                let near = |u: f64, v: f64| (u - v).abs() <= 1e-5 * u.abs().max(v.abs()) + 1e-12;
+                assert!(near(x.mse, y.mse) && near(x.sqnr_db, y.sqnr_db), "{what}: {x:?} {y:?}");
+            }
+            // Every quantizer's state written back is the per-edge cell's.
+            batched.write_into(&mut b.cell);
+            assert_eq!(grids(&a.cell), grids(&b.cell), "{what}: quantizer states");
+        }
+    }
+}
+
+/// The layers of a run's `quant_error.csv` rows, with how often each appears.
+fn error_layers(run: &std::path::Path) -> std::collections::BTreeMap<String, usize> {
+    let text = std::fs::read_to_string(run.join("quant_error.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let layer = header.iter().position(|h| *h == "layer").unwrap();
+    let mut seen = std::collections::BTreeMap::new();
+    for l in lines {
+        *seen.entry(l.split(',').nth(layer).unwrap().to_string()).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// A quantized search (the default preset) in waves, first and second order: the per-edge
+/// search's first step to float rounding (the step's forward is the per-edge cell's bit for
+/// bit; the architecture step before it adds its gradients in another order), finite losses,
+/// and an error row for every quantizer site the per-edge search records.
+#[test]
+fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
+    let d = Device::flex();
+    let dir = common::scratch("batched-quantized");
+    let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
+    for order in ["first", "second"] {
+        let at = |name: &str| dir.join(format!("{order}-{name}"));
+        let set = format!("search.order={order}");
+        let edges = common::tiny_with(&at("edges"), "", &[set.as_str()]);
+        let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
+        let waves =
+            common::tiny_with(&at("waves"), "", &[set.as_str(), "model.batched_cells=true"]);
+        let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
+        assert!(edges.finished && waves.finished);
+        let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
+        assert_eq!(a.len(), b.len());
+        let (la, lb) = (a[0].0, b[0].0);
+        assert!(
+            (la - lb).abs() <= 1e-4 * la.abs(),
+            "{order}: first loss {la} edge by edge, {lb} in waves"
+        );
+        assert!(b.iter().all(|(l, _)| l.is_finite()), "{order}: {b:?}");
+        assert_eq!(error_layers(&edges.run_dir), error_layers(&waves.run_dir), "{order}");
+    }
 }

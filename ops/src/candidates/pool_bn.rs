@@ -64,6 +64,12 @@ impl QPoolBN {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
+        quantize_opt(&self.act, self.pool_bn(x))
+    }
+
+    /// [`forward`](Self::forward) but for the output quantizer: the pool and the BN (whose
+    /// bias is rounded on the input's grid), for a caller that quantizes the output itself.
+    pub fn pool_bn(&self, x: QTensor) -> Tensor<4> {
         let s = [self.stride; 2];
         // The pooled values stay on the input's grid: one accumulator unit is its step.
         let unit = x
@@ -99,7 +105,7 @@ impl QPoolBN {
                             })
                             .flatten();
                         if let Some(y) = pass {
-                            return self.finish(y, unit);
+                            return self.bn.forward_biased(y, unit);
                         }
                         let mult = broadcast_param::<4>(grid.mult.clone().detach(), grid.axis);
                         let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
@@ -112,12 +118,7 @@ impl QPoolBN {
                 }
             }
         };
-        self.finish(pooled, unit)
-    }
-
-    /// BN and the output quantizer after the pool.
-    fn finish(&self, pooled: Tensor<4>, unit: Option<Bias>) -> QTensor {
-        quantize_opt(&self.act, self.bn.forward_biased(pooled, unit))
+        self.bn.forward_biased(pooled, unit)
     }
 }
 

@@ -136,6 +136,13 @@ impl FakeQuantizer {
         self
     }
 
+    /// The same stacked quantizer with row `r` standing also for the sites at `paths`
+    /// ([`Row::also`]).
+    pub fn with_row_aliases(mut self, r: usize, paths: Vec<String>) -> Self {
+        self.rows[r].also = paths;
+        self
+    }
+
     /// The sites of a stacked quantizer ([`stacked`](Self::stacked)); empty otherwise.
     pub fn rows(&self) -> &[Row] {
         &self.rows

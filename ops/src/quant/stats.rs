@@ -49,12 +49,16 @@ pub struct Row {
     /// Its number of values, where its run holds more (a filter zero-padded to a larger
     /// kernel); `None`: the run's.
     pub numel: Option<usize>,
+    /// The paths of sites that see the same tensor from the same state and so are this row
+    /// (a pool that every edge reading one state would compute alike): each gets its copy of
+    /// the error row.
+    pub also: Vec<String>,
 }
 
 impl Row {
     /// A row at `path` counting the values of its run.
     pub fn new(path: impl Into<String>) -> Self {
-        Row { path: path.into(), numel: None }
+        Row { path: path.into(), numel: None, also: Vec::new() }
     }
 }
 
@@ -180,11 +184,11 @@ impl Monitor {
         Ok(rows
             .iter()
             .enumerate()
-            .map(|(r, row)| {
+            .flat_map(|(r, row)| {
                 let n = row.numel.unwrap_or(run).max(1) as f64;
                 let (signal, noise) = (mean(&signal, r), mean(&noise, r));
-                QuantError {
-                    layer: row.path.clone(),
+                let error = |layer: &String| QuantError {
+                    layer: layer.clone(),
                     kind: role,
                     bits: spec.bits(),
                     scale: mean(&step, r),
@@ -192,7 +196,8 @@ impl Monitor {
                     mse: noise / n,
                     sqnr_db: sqnr_db(signal, noise),
                     clip_frac: mean(&clipped, r) / n,
-                }
+                };
+                std::iter::once(&row.path).chain(&row.also).map(error).collect::<Vec<_>>()
             })
             .collect())
     }

@@ -67,8 +67,9 @@ pub struct ModelConfig {
     #[serde(default = "ModelConfig::default_partial_channels")]
     pub partial_channels: usize,
     /// Run each cell in waves (the batched cell, docs/design/waves.md): each candidate kind one
-    /// chain of kernels over a wave's stacked edges. Float searches without partial channels,
-    /// edge normalization, DARTS-' β, a bit-width search or perturbation selection.
+    /// chain of kernels over a wave's stacked edges. Searches without LSQ quantizers, a
+    /// quantized BatchNorm multiplier, partial channels, edge normalization, DARTS-' β, a
+    /// bit-width search or perturbation selection.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub batched_cells: bool,
 }

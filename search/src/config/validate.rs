@@ -30,7 +30,8 @@ impl ExperimentConfig {
         r.count("model.nodes", m.nodes, 1, 16)?;
         if m.batched_cells {
             let conflict = [
-                (self.quant.preset != Preset::Float, "quant.preset (not float)"),
+                (self.quant.preset == Preset::Lsq, "quant.preset = \"lsq\""),
+                (self.quant.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
                 (m.partial_channels > 1, "model.partial_channels > 1"),
                 (s.guards.edge_normalization, "search.guards.edge_normalization"),
                 (s.guards.aux_skip > 0.0, "search.guards.aux_skip > 0"),
@@ -39,9 +40,10 @@ impl ExperimentConfig {
             ];
             if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
                 let message = format!(
-                    "runs float cells without partial channels, edge normalization, β, a \
-                     bit-width search or perturbation selection; this config has {what}: \
-                     set model.batched_cells = false (or leave it out) to run it edge by edge"
+                    "runs cells without LSQ quantizers, a quantized BatchNorm multiplier, \
+                     partial channels, edge normalization, β, a bit-width search or \
+                     perturbation selection; this config has {what}: set \
+                     model.batched_cells = false (or leave it out) to run it edge by edge"
                 );
                 return bad(path, "model.batched_cells", &message);
             }

@@ -170,7 +170,7 @@ impl SearchNetwork {
             if let Some(b) = self.batched.get(i) {
                 let w = if cell.reduction { &w_reduce } else { &w_normal };
                 let (p0, p1) = (cell.preproc0.forward(s0), cell.preproc1.forward(s1.clone()));
-                (s0, s1) = (s1, b.forward(p0, p1, w.clone()));
+                (s0, s1) = (s1, b.forward(p0, p1, w.clone(), cell));
                 continue;
             }
             let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };
@@ -194,6 +194,9 @@ impl QuantSites for SearchNetwork {
         q.extend(self.stem_act.iter());
         for c in &self.cells {
             q.extend(c.quantizers());
+        }
+        for b in &self.batched {
+            q.extend(b.quantizers());
         }
         q.extend(self.gap_act.iter());
         q.extend(self.classifier.wq.iter());

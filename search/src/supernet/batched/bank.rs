@@ -28,11 +28,12 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::direct_available;
-use qdarts_kernels::relu::relu;
-use qdarts_ops::candidates::{Ctx, QBatchNorm, QDilConv};
+use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::SpecError;
+use qdarts_ops::quant::hold::{narrow_channels, relu_held};
+use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
 
+use super::grids::rows_as_channels;
 use super::{BatchError, grouped_pointwise};
 
 /// One convolutional kind of a stage.
@@ -70,6 +71,8 @@ pub struct BankStage {
     pub pw: Param<Tensor<4>>,
     /// BatchNorm of the `K·E·C` channels.
     pub bn: QBatchNorm,
+    /// The stage's quantizers (none in a float cell).
+    pub quant: StageQuant,
     /// The stage's kinds, in the bank's order.
     #[module(skip)]
     pub kinds: Vec<BankKind>,
@@ -82,6 +85,49 @@ pub struct BankStage {
     pub edges: usize,
     /// Channels `C` of one edge.
     pub channels: usize,
+}
+
+/// A stage's quantizers, each standing for every (kind, edge) of the stage as one row
+/// ([`FakeQuantizer::stacked`]): numerically each edge's own (its observer state, its
+/// rounding, its straight-through gradient).
+#[derive(Module, Debug)]
+pub struct StageQuant {
+    /// Depthwise weights, per dilation group (per output channel; empty in a float cell).
+    pub dw: Vec<FakeQuantizer>,
+    /// Depthwise outputs (per tensor of each edge).
+    pub dw_act: Option<FakeQuantizer>,
+    /// 1×1 weights (per output channel).
+    pub pw: Option<FakeQuantizer>,
+    /// Outputs (per tensor of each edge).
+    pub act: Option<FakeQuantizer>,
+}
+
+/// A stacked quantizer of `sites`: none where every site is float.
+///
+/// # Errors
+/// Where some sites are quantized and others not, or they do not stack.
+pub(super) fn stack_sites(
+    sites: Vec<Option<&FakeQuantizer>>,
+    path: &str,
+) -> Result<Option<FakeQuantizer>, BatchError> {
+    let quantized: Vec<&FakeQuantizer> = sites.iter().flatten().copied().collect();
+    if quantized.is_empty() {
+        return Ok(None);
+    }
+    if quantized.len() < sites.len() {
+        return Err(BatchError::Quantizers(path.to_string()));
+    }
+    Ok(Some(FakeQuantizer::stacked(&quantized, path)?))
+}
+
+/// A stacked quantizer of `rows` per-tensor sites applied to `x` `[N, rows·C, H, W]`, the
+/// output and its grid (over the rows, one per site: see [`super::grids::rows_as_channels`]).
+pub(super) fn quantize_rows(q: &Option<FakeQuantizer>, x: Tensor<4>) -> (Tensor<4>, Option<Grid>) {
+    let Some(q) = q else { return (x, None) };
+    let [n, c, h, w] = x.dims();
+    let rows = q.rows().len();
+    let (y, grid) = q.forward_with_grid(x.reshape([n, rows, c / rows * h * w]));
+    (y.reshape([n, c, h, w]), Some(grid))
 }
 
 /// A wave's separable and dilated candidates: their first stages, and the separable kinds'
@@ -167,7 +213,36 @@ impl BankStage {
             .collect();
         let all = || ops.iter().flatten();
         let bns: Vec<&QBatchNorm> = all().map(|op| &op.bn).collect();
+        if all().any(|op| op.bn.wq.is_some() || op.dw_act_mix.is_some() || op.dw.wmix.is_some()) {
+            return Err(BatchError::Quantizers(format!(
+                "{path}: a quantized BatchNorm multiplier or a bit-width search"
+            )));
+        }
+        let mut dw_q = Vec::new();
+        for g in &groups {
+            let sites = ops[g.kinds.clone()].iter().flatten().map(|op| op.dw.wq.as_ref());
+            let Some(mut q) = stack_sites(sites.collect(), &format!("{path}.dw.weight"))? else {
+                continue;
+            };
+            // A filter padded to the group's kernel counts its own taps.
+            for (i, kind) in kinds[g.kinds.clone()].iter().enumerate() {
+                for e in 0..edges {
+                    q = q.with_row_numel(i * edges + e, c * kind.kernel * kind.kernel);
+                }
+            }
+            dw_q.push(q);
+        }
+        let site = |f: fn(&QDilConv) -> Option<&FakeQuantizer>, name: &str| {
+            stack_sites(all().map(|op| f(op)).collect(), &format!("{path}.{name}"))
+        };
+        let quant = StageQuant {
+            dw: dw_q,
+            dw_act: site(|op| op.dw_act.as_ref(), "dw.act")?,
+            pw: site(|op| op.pw.wq.as_ref(), "pw.weight")?,
+            act: site(|op| op.act.as_ref(), "act")?,
+        };
         Ok(BankStage {
+            quant,
             dw,
             pw: Param::from_tensor(
                 Tensor::cat(all().map(|op| op.pw.weight.val()).collect(), 0).detach(),
@@ -218,13 +293,13 @@ impl BankStage {
 
     /// Every kind at once, `[N, K·E·C, H', W']` out, from `x`: every kind's input side by
     /// side, or ([`Input::Sources`]) the wave's sources that every kind reads.
-    fn forward_merged(&self, x: Input) -> Tensor<4> {
+    fn forward_merged(&self, x: Input) -> QTensor {
         let width = self.width();
         let outs: Vec<Tensor<4>> = self
             .groups
             .iter()
-            .zip(&self.dw)
-            .map(|(g, dw)| {
+            .zip(self.filters_now())
+            .map(|(g, filters)| {
                 let kinds = g.kinds.len();
                 let input = match &x {
                     Input::Sources { x, per } => {
@@ -233,10 +308,6 @@ impl BankStage {
                     Input::Kinds(x) if kinds == self.kinds.len() => x.clone(),
                     Input::Kinds(x) => x.clone().narrow(1, g.kinds.start * width, kinds * width),
                 };
-                let filters = match self.mask(g) {
-                    Some(mask) => dw.val().mul(mask),
-                    None => dw.val(),
-                };
                 conv2d(input, filters, self.options(g.padding, g.dilation, kinds * width))
             })
             .collect();
@@ -244,8 +315,56 @@ impl BankStage {
             1 => outs.into_iter().next().expect("one"),
             _ => Tensor::cat(outs, 1),
         };
-        let y = grouped_pointwise(y, self.pw.val(), self.kinds.len() * self.edges);
-        self.bn.forward(y)
+        let (y, in_grid) = quantize_rows(&self.quant.dw_act, y);
+        let (pw, w_grid) = self.pointwise_now();
+        let y = grouped_pointwise(y, pw, self.kinds.len() * self.edges);
+        let bias = self.bias(w_grid.as_ref(), in_grid.as_ref());
+        let (value, grid) = quantize_rows(&self.quant.act, self.bn.forward_biased(y, bias));
+        QTensor { value, grid }
+    }
+
+    /// Each dilation group's filters as the convolution uses them: masked where padded (so
+    /// the padding has no gradient), fake-quantized where the cell is.
+    fn filters_now(&self) -> Vec<Tensor<4>> {
+        let groups = self.groups.iter().zip(&self.dw).enumerate();
+        groups
+            .map(|(i, (g, dw))| {
+                let filters = match self.mask(g) {
+                    Some(mask) => dw.val().mul(mask),
+                    None => dw.val(),
+                };
+                match self.quant.dw.get(i) {
+                    Some(q) => q.forward(filters),
+                    None => filters,
+                }
+            })
+            .collect()
+    }
+
+    /// The 1×1 weights as the convolution uses them, and their grid where quantized.
+    fn pointwise_now(&self) -> (Tensor<4>, Option<Grid>) {
+        match &self.quant.pw {
+            Some(q) => {
+                let (w, g) = q.forward_with_grid(self.pw.val());
+                (w, Some(g))
+            }
+            None => (self.pw.val(), None),
+        }
+    }
+
+    /// The unit of the 1×1 convolutions' integer accumulators (`s_w` per output channel
+    /// times its edge's input step), which the BatchNorm's bias is rounded to; none unless
+    /// both are quantized and neither held (as [`QConv::forward_unit`](qdarts_ops::candidates::QConv::forward_unit)).
+    fn bias(&self, w: Option<&Grid>, input: Option<&Grid>) -> Option<Bias> {
+        let (w, input, q) = (w?, input?, self.quant.pw.as_ref()?);
+        if w.is_held() || input.is_held() {
+            return None;
+        }
+        let step = rows_as_channels(input, self.channels).step;
+        Some(Bias {
+            factors: vec![w.step.clone().detach(), step.detach()],
+            round: q.spec().round(),
+        })
     }
 
     /// 1 on the taps of each kind's own filter, 0 on its padding; none where no kind of the
@@ -273,25 +392,62 @@ impl BankStage {
     }
 
     /// Kind by kind (flex): `xs` each kind's input (or one input all read), each kind's output.
-    fn forward_per_kind(&self, xs: &[Tensor<4>]) -> Vec<Tensor<4>> {
+    /// A quantizer of the stage sees every kind's tensor side by side, as on the CubeCL
+    /// runtimes.
+    fn forward_per_kind(&self, xs: &[Tensor<4>]) -> Vec<QTensor> {
         let (width, e) = (self.width(), self.edges);
+        let filters = self.filters_now();
+        let dws: Vec<Tensor<4>> = self
+            .kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                let x = xs.get(i).unwrap_or(&xs[0]).clone();
+                let filters = self.kind_filters(&filters[self.group_of(i)], i);
+                conv2d(x, filters, self.options(kind.padding, kind.dilation, width))
+            })
+            .collect();
+        let (dws, in_grid) = self.quantize_kinds(&self.quant.dw_act, dws);
+        let (pw, w_grid) = self.pointwise_now();
+        let bias = self.bias(w_grid.as_ref(), in_grid.as_ref());
         let mut outs = Vec::with_capacity(self.kinds.len());
         let (mut means, mut vars) = (Vec::new(), Vec::new());
-        for (i, kind) in self.kinds.iter().enumerate() {
-            let x = xs.get(i).unwrap_or(&xs[0]).clone();
-            let filters = self.kind_filters(&self.dw[self.group_of(i)].val(), i);
-            let opts = self.options(kind.padding, kind.dilation, width);
-            let y = conv2d(x, filters, opts);
-            let pw = self.pw.val().narrow(0, i * width, width);
-            let y = grouped_pointwise(y, pw, e);
+        for (i, y) in dws.into_iter().enumerate() {
+            let y = grouped_pointwise(y.value, pw.clone().narrow(0, i * width, width), e);
             let part = self.bn_part(i * width, width).expect("a float BatchNorm builds");
-            outs.push(part.forward(y));
+            let bias = bias.as_ref().map(|b| Bias {
+                factors: b.factors.iter().map(|f| f.clone().narrow(0, i * width, width)).collect(),
+                round: b.round,
+            });
+            outs.push(part.forward_biased(y, bias));
             means.push(part.running_mean.value());
             vars.push(part.running_var.value());
         }
         self.bn.running_mean.set(Tensor::cat(means, 0));
         self.bn.running_var.set(Tensor::cat(vars, 0));
-        outs
+        self.quantize_kinds(&self.quant.act, outs).0
+    }
+
+    /// Each kind's tensor through a quantizer of the whole stage: side by side, quantized,
+    /// and cut apart again (each with its channels of the grid); as they are where float.
+    fn quantize_kinds(
+        &self,
+        q: &Option<FakeQuantizer>,
+        ys: Vec<Tensor<4>>,
+    ) -> (Vec<QTensor>, Option<Grid>) {
+        if q.is_none() {
+            return (ys.into_iter().map(QTensor::float).collect(), None);
+        }
+        let width = self.width();
+        let (all, grid) = quantize_rows(q, Tensor::cat(ys, 1));
+        let dims = all.dims();
+        let each = (0..self.kinds.len())
+            .map(|i| QTensor {
+                value: all.clone().narrow(1, i * width, width),
+                grid: narrow_channels(grid.as_ref(), dims, i * width, width),
+            })
+            .collect();
+        (each, grid)
     }
 
     /// A BatchNorm of `len` of the stage's channels from `from`: their running statistics, the
@@ -332,29 +488,32 @@ impl ConvBank {
         if merged {
             // Every kind's channels side by side, one chain per stage.
             let y = self.first.forward_merged(Input::Sources { x, per });
-            let [n, _, h, w] = y.dims();
+            let dims = y.dims();
+            let [n, _, h, w] = dims;
             let columns = |t: Tensor<4>| {
                 let cols = t.dims()[1] / c;
                 t.reshape([n, cols, c * h * w])
             };
-            let Some(second) = &self.second else { return (vec![columns(y)], [n, c, h, w]) };
-            let sep_in = relu(y.clone().narrow(1, 0, seps * width));
-            let mut out = vec![columns(second.forward_merged(Input::Kinds(sep_in)))];
+            let Some(second) = &self.second else { return (vec![columns(y.value)], [n, c, h, w]) };
+            // The second stage starts with a ReLU of the first's output, on its grid.
+            let sep_grid = narrow_channels(y.grid.as_ref(), dims, 0, seps * width);
+            let sep_in = relu_held(y.value.clone().narrow(1, 0, seps * width), sep_grid.as_ref());
+            let mut out = vec![columns(second.forward_merged(Input::Kinds(sep_in)).value)];
             let kinds = self.first.kinds.len();
             if kinds > seps {
                 let e = self.first.edges;
-                out.push(columns(y).narrow(1, seps * e, (kinds - seps) * e));
+                out.push(columns(y.value).narrow(1, seps * e, (kinds - seps) * e));
             }
             return (out, [n, c, h, w]);
         }
         // Kind by kind.
         let mut ys = self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]);
         if let Some(second) = &self.second {
-            let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(relu).collect();
+            let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(|y| y.relu().value).collect();
             ys.splice(0..0, second.forward_per_kind(&sep_in));
         }
         let [n, _, h, w] = ys[0].dims();
-        let out = ys.into_iter().map(|t| t.reshape([n, width / c, c * h * w])).collect();
+        let out = ys.into_iter().map(|t| t.value.reshape([n, width / c, c * h * w])).collect();
         (out, [n, c, h, w])
     }
 

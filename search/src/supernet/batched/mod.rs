@@ -30,18 +30,17 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Int, Tensor, TensorData, s};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
-use qdarts_kernels::relu::relu;
-use qdarts_ops::candidates::{QBatchNorm, QPoolBN, QTensor};
-use qdarts_ops::quant::SpecError;
+use qdarts_kernels::scale::add_scaled;
+use qdarts_ops::candidates::{Bias, QBatchNorm, QPoolBN, QTensor, QuantSites};
+use qdarts_ops::quant::hold::relu_held;
+use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
 
+use super::cell::SearchCell;
 use super::waves::{Wave, waves};
 
 /// Why a cell cannot run batched.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
-    /// The cell has quantizers.
-    #[error("the batched cell runs float cells only; this one has {0} quantizers")]
-    Quantized(usize),
     /// PC-DARTS partial channels.
     #[error("the batched cell does not run PC-DARTS partial channels (K = {0})")]
     Partial(usize),
@@ -51,6 +50,11 @@ pub enum BatchError {
     /// Convolutional kinds of one dilation whose filters do not line up once centred.
     #[error("the batched cell cannot stack {0}: its kinds of dilation {1} pad differently")]
     Padding(String, usize),
+    /// Quantizers that do not batch.
+    #[error(
+        "the batched cell cannot stack the quantizers of {0}: every edge's must be alike, none LSQ"
+    )]
+    Quantizers(String),
     /// Building a module failed.
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -81,6 +85,9 @@ pub struct StackedReduce {
     pub conv2: Param<Tensor<4>>,
     /// BatchNorm of the `E·C` channels.
     pub bn: QBatchNorm,
+    /// The halves' weight quantizers (per output channel of each edge) and the output's
+    /// (per tensor of each edge); none in a float cell.
+    pub quant: [Option<FakeQuantizer>; 3],
     /// Edges `E`.
     pub edges: usize,
 }
@@ -95,6 +102,14 @@ pub struct WaveOps {
     pub pools: Vec<QPoolBN>,
     /// skip_connect at stride 2.
     pub reduce: Option<StackedReduce>,
+    /// The output quantizer of each pool, a row per source (standing for every edge that
+    /// reads it); none in a float cell.
+    pub pool_acts: Vec<Option<FakeQuantizer>>,
+    /// The output quantizer of each edge's mixed op, a row per edge; none in a float cell.
+    pub edge_act: Option<FakeQuantizer>,
+    /// The output quantizer of each edge's `none`, a row per edge: it sees zeros, and its
+    /// observer moves as the per-edge cell's does (none in a float cell or without `none`).
+    pub zero_act: Option<FakeQuantizer>,
     /// Each candidate, in the primitives' order.
     #[module(skip)]
     pub slots: Vec<Slot>,
@@ -106,25 +121,54 @@ pub struct WaveOps {
 pub struct BatchedCell {
     /// The candidates of each wave.
     pub waves: Vec<WaveOps>,
+    /// The quantizer of every edge's mixing weights, a row per edge; none in a float cell.
+    pub mix: Option<FakeQuantizer>,
     /// Intermediate nodes.
     pub nodes: usize,
 }
 
 impl StackedReduce {
-    fn forward(&self, x: Tensor<4>) -> Tensor<4> {
+    /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel).
+    fn forward(&self, x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
         let [n, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
-        let half = |x: Tensor<4>, wt: &Param<Tensor<4>>| {
-            let x = x.slice(s![.., .., 0..;2, 0..;2]);
-            grouped_pointwise(x, wt.val(), self.edges)
-        };
-        let (y1, y2) = (half(x, &self.conv1), half(shifted, &self.conv2));
-        let [_, c2, oh, ow] = y1.dims();
         let e = self.edges;
-        let y1 = y1.reshape([n, e, c2 / e, oh * ow]);
-        let y2 = y2.reshape([n, e, c2 / e, oh * ow]);
-        let y = Tensor::cat(vec![y1, y2], 2).reshape([n, 2 * c2, oh, ow]);
-        self.bn.forward(y)
+        let half = |x: Tensor<4>, wt: &Param<Tensor<4>>, q: &Option<FakeQuantizer>| {
+            let x = x.slice(s![.., .., 0..;2, 0..;2]);
+            let (wt, g) = match q {
+                Some(q) => {
+                    let (w, g) = q.forward_with_grid(wt.val());
+                    (w, Some(g))
+                }
+                None => (wt.val(), None),
+            };
+            (grouped_pointwise(x, wt, e), g)
+        };
+        let [q1, q2, act] = &self.quant;
+        let ((y1, g1), (y2, g2)) = (half(x, &self.conv1, q1), half(shifted, &self.conv2, q2));
+        let [_, c2, oh, ow] = y1.dims();
+        // Each edge's halves side by side.
+        let side = |a: Tensor<4>, b: Tensor<4>| {
+            let a = a.reshape([n, e, c2 / e, oh * ow]);
+            let b = b.reshape([n, e, c2 / e, oh * ow]);
+            Tensor::cat(vec![a, b], 2).reshape([n, 2 * c2, oh, ow])
+        };
+        let y = side(y1, y2);
+        // The bias's unit: each half's `s_w` times its edge's input step, as the edges'.
+        let bias = match (g1, g2, grid, q1) {
+            (Some(g1), Some(g2), Some(gi), Some(q)) if !(g1.is_held() || gi.is_held()) => {
+                // Every input channel of an edge has its source's step: the first of each.
+                let c = gi.step.dims()[0] / e;
+                let step_in = gi.step.clone().reshape([e, c]).narrow(1, 0, 1).expand([e, c2 / e]);
+                let unit = |g: Grid| {
+                    g.step.detach().mul(step_in.clone().reshape([c2]).detach()).reshape([e, c2 / e])
+                };
+                let both = Tensor::cat(vec![unit(g1), unit(g2)], 1).reshape([2 * c2]);
+                Some(Bias { factors: vec![both], round: q.spec().round() })
+            }
+            _ => None,
+        };
+        bank::quantize_rows(act, self.bn.forward_biased(y, bias)).0
     }
 }
 
@@ -144,19 +188,32 @@ fn grouped_pointwise(x: Tensor<4>, w: Tensor<4>, groups: usize) -> Tensor<4> {
 
 impl BatchedCell {
     /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing,
-    /// without partial channels, edge weights or β: `s0`, `s1` are the cell's preprocessed
-    /// inputs.
+    /// without partial channels, edge weights or β: `s0`, `s1` are `cell`'s preprocessed
+    /// inputs, `cell` the cell this one batches (its node adds and output concatenation run
+    /// as they are).
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
     ///   weights: `[edges, K]`, a row per edge in the cell's order; output:
     ///   `[N, nodes·C, H', W']`.
-    pub fn forward(&self, s0: QTensor, s1: QTensor, weights: Tensor<2>) -> QTensor {
-        let mut states = vec![s0.value, s1.value];
+    pub fn forward(
+        &self,
+        s0: QTensor,
+        s1: QTensor,
+        weights: Tensor<2>,
+        cell: &SearchCell,
+    ) -> QTensor {
+        let mut states = vec![s0, s1];
         let plan = waves(self.nodes);
         let [edges, k] = weights.dims();
         // Every edge's mixing weights in one row: a wave picks its coefficients from it.
-        let flat = weights.reshape([edges * k]);
+        let flat = match &self.mix {
+            Some(q) => q.forward(weights.reshape([1, edges, k])).reshape([edges * k]),
+            None => weights.reshape([edges * k]),
+        };
+        if self.waves.iter().any(|w| w.edge_act.is_some()) {
+            return self.forward_quantized(states, &flat, k, cell);
+        }
         // The sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`: each wave adds its
         // terms (it feeds every node from its own on), and its first node is then complete.
         let mut partial: Option<Tensor<3>> = None;
@@ -167,11 +224,72 @@ impl BatchedCell {
                 None => t,
             };
             let left = sum.dims()[1];
-            states.push(sum.clone().narrow(1, 0, 1).reshape(shape));
+            states.push(QTensor::float(sum.clone().narrow(1, 0, 1).reshape(shape)));
             partial = (left > 1).then(|| sum.narrow(1, 1, left - 1));
         }
-        QTensor::float(Tensor::cat(states.split_off(2), 1))
+        cell.concat.forward(states.split_off(2))
     }
+
+    /// [`forward`](Self::forward) of a quantized cell: each wave gives every edge's output on
+    /// its grid, and a node is `cell`'s quantized add of its edges' outputs, in the cell's
+    /// order, once the wave before its own has run.
+    fn forward_quantized(
+        &self,
+        mut states: Vec<QTensor>,
+        flat: &Tensor<1>,
+        k: usize,
+        cell: &SearchCell,
+    ) -> QTensor {
+        let mut terms: Vec<Vec<(usize, Tensor<4>)>> = vec![Vec::new(); self.nodes];
+        for (w, (wave, ops)) in waves(self.nodes).iter().zip(&self.waves).enumerate() {
+            let (out, shape) = ops.forward(wave, &states, flat, k);
+            for (j, &edge) in wave.edges.iter().enumerate() {
+                terms[wave.node_of[j]].push((edge, out.clone().narrow(1, j, 1).reshape(shape)));
+            }
+            let mut node = std::mem::take(&mut terms[w]);
+            node.sort_by_key(|(edge, _)| *edge);
+            states.push(
+                cell.adds[w].forward(node.into_iter().map(|(_, t)| QTensor::float(t)).collect()),
+            );
+        }
+        cell.concat.forward(states.split_off(2))
+    }
+}
+
+/// Each edge's weighted sum `Σ_p w[edge, p] · y_p` of a wave, `[N, E, C·H'·W']`, added term
+/// by term in the primitives' order from `columns` (laid out as `blocks` says).
+fn edge_sums(
+    wave: &Wave,
+    blocks: &[(usize, Block)],
+    columns: &[Tensor<3>],
+    flat: &Tensor<1>,
+    k: usize,
+) -> Tensor<3> {
+    // Every column's tensor and place in it (a tensor may hold several blocks).
+    let place: Vec<(usize, usize)> = columns
+        .iter()
+        .enumerate()
+        .flat_map(|(t, cols)| (0..cols.dims()[1]).map(move |c| (t, c)))
+        .collect();
+    let sums = wave.edges.iter().enumerate().map(|(j, &edge)| {
+        let mut start = 0;
+        let mut terms: Vec<(usize, Tensor<3>)> = Vec::with_capacity(blocks.len());
+        for &(p, block) in blocks {
+            let (col, width) = match block {
+                Block::Edges => (j, wave.edges.len()),
+                Block::Sources => (wave.source_of[j], wave.sources.len()),
+            };
+            let (t, c) = place[start + col];
+            terms.push((p, columns[t].clone().narrow(1, c, 1)));
+            start += width;
+        }
+        terms.sort_by_key(|(p, _)| *p);
+        let w = flat.clone().narrow(0, edge * k, k);
+        let sum =
+            terms.into_iter().fold(None, |sum, (p, y)| Some(add_scaled(sum, y, w.clone(), p)));
+        sum.expect("a wave has a candidate other than none")
+    });
+    Tensor::cat(sums.collect(), 1)
 }
 
 /// What a candidate's columns of a wave's node sums are.
@@ -196,28 +314,36 @@ struct Mixing {
 
 impl Mixing {
     /// The columns of `blocks` in order: a primitive's `E` (edge after edge) or one per
-    /// source.
-    fn new(wave: &Wave, blocks: &[(usize, Block)], k: usize) -> Self {
+    /// source. The rows are the nodes the wave feeds, or (`per_edge`) its edges, each edge's
+    /// own weighted sum.
+    fn new(wave: &Wave, blocks: &[(usize, Block)], k: usize, per_edge: bool) -> Self {
         let per = wave.per_source();
-        // Each column: its primitive, and for each node fed the edge that reaches it there.
+        let rows = if per_edge { wave.edges.len() } else { wave.fed.len() };
+        // Each column: its primitive, and for each row the edge that reaches it there.
         let mut columns: Vec<(usize, Vec<Option<usize>>)> = Vec::new();
         for &(p, block) in blocks {
             match block {
                 Block::Edges => {
                     for (j, &edge) in wave.edges.iter().enumerate() {
-                        let to = wave.fed.clone().map(|r| (wave.node_of[j] == r).then_some(edge));
+                        let to = (0..rows).map(|r| {
+                            let row = if per_edge { j } else { wave.node_of[j] - wave.fed.start };
+                            (row == r).then_some(edge)
+                        });
                         columns.push((p, to.collect()));
                     }
                 }
                 Block::Sources => {
                     for s in 0..wave.sources.len() {
-                        let to = (0..per).map(|r| Some(wave.edges[s * per + r]));
+                        let to = (0..rows).map(|r| match per_edge {
+                            true => (wave.source_of[r] == s).then_some(wave.edges[r]),
+                            false => Some(wave.edges[s * per + r]),
+                        });
                         columns.push((p, to.collect()));
                     }
                 }
             }
         }
-        let (fed, n) = (wave.fed.len(), columns.len());
+        let (fed, n) = (rows, columns.len());
         let (mut index, mut mask) = (vec![0i64; fed * n], vec![0.0f32; fed * n]);
         for (c, (p, to)) in columns.iter().enumerate() {
             for (r, edge) in to.iter().enumerate() {
@@ -230,7 +356,7 @@ impl Mixing {
         Mixing { index, mask, columns: n }
     }
 
-    /// The coefficients `[1, fed, columns]` from the cell's mixing weights `flat`.
+    /// The coefficients `[1, rows, columns]` from the cell's mixing weights `flat`.
     fn coefficients(&self, flat: &Tensor<1>, fed: usize) -> Tensor<3> {
         let device = flat.device();
         let n = self.index.len();
@@ -241,31 +367,34 @@ impl Mixing {
 }
 
 impl WaveOps {
-    /// The wave's terms of the nodes it feeds, `[N, fed, C·H'·W']`, and the shape of a node:
-    /// every candidate's output laid side by side, `[N, columns, C·H'·W']`, times the
-    /// coefficients `[fed, columns]` in one product.
+    /// The wave's terms of the nodes it feeds, `[N, fed, C·H'·W']` (a quantized cell: each
+    /// edge's output on its grid, `[N, E, C·H'·W']`), and the shape of a node: every
+    /// candidate's output laid side by side, `[N, columns, C·H'·W']`, times the coefficients
+    /// `[fed, columns]` (or `[E, columns]`) in one product.
     fn forward(
         &self,
         wave: &Wave,
-        states: &[Tensor<4>],
+        states: &[QTensor],
         flat: &Tensor<1>,
         k: usize,
     ) -> (Tensor<3>, [usize; 4]) {
         let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
-        // The sources side by side, `[N, S·C, H, W]`: parameter-free candidates run on all of
-        // them at once (each channel its own statistics), the identity is this tensor.
+        // The sources side by side, `[N, S·C, H, W]`, on their grids side by side:
+        // parameter-free candidates run on all of them at once (each channel its own
+        // statistics), the identity is this tensor.
         let input = match &wave.sources[..] {
             [s] => states[*s].clone(),
-            many => Tensor::cat(many.iter().map(|&s| states[s].clone()).collect(), 1),
+            many => {
+                let parts: Vec<&QTensor> = many.iter().map(|&s| &states[s]).collect();
+                let grids: Vec<_> = parts.iter().map(|q| (q.grid.as_ref(), q.dims())).collect();
+                let value = Tensor::cat(parts.iter().map(|q| q.value.clone()).collect(), 1);
+                QTensor { value, grid: grids::side_by_side(&grids) }
+            }
         };
         // The sources after the ReLU that every convolutional candidate starts with, and
         // (FactorizedReduce) each edge's, edge after edge, `[N, E·C, H, W]`.
         let convs = self.bank.is_some() || self.reduce.is_some();
-        let relu_sources = convs.then(|| relu(input.clone()));
-        let stacked = || {
-            let r = relu_sources.as_ref().expect("built above");
-            stack_sources(r, sources, per, 1)
-        };
+        let relu_sources = convs.then(|| relu_held(input.value.clone(), input.grid.as_ref()));
         // Each candidate's outputs and what their columns are: one per edge, or per source.
         let mut columns = Vec::new();
         let mut blocks = Vec::new();
@@ -281,12 +410,18 @@ impl WaveOps {
                 Slot::Zero | Slot::Conv(_) => continue,
                 Slot::Reduce => {
                     let reduce = self.reduce.as_ref().expect("a Reduce slot has its op");
-                    (reduce.forward(stacked()), Block::Edges)
+                    let r = relu_sources.as_ref().expect("built above");
+                    let grid = input
+                        .grid
+                        .as_ref()
+                        .map(|g| grids::stacked_grid(g, input.dims(), sources, per, 1));
+                    let x = stack_sources(r, sources, per, 1);
+                    (reduce.forward(x, grid.as_ref()), Block::Edges)
                 }
-                Slot::Identity => (input.clone(), Block::Sources),
+                Slot::Identity => (input.value.clone(), Block::Sources),
                 Slot::Pool(i) => {
-                    let pooled = self.pools[*i].forward(QTensor::float(input.clone()));
-                    (pooled.value, Block::Sources)
+                    let pooled = self.pools[*i].pool_bn(input.clone());
+                    (bank::quantize_rows(&self.pool_acts[*i], pooled).0, Block::Sources)
                 }
             };
             let cols = match block {
@@ -298,16 +433,55 @@ impl WaveOps {
             columns.push(out.reshape([n, cols, ch / cols * h * w]));
             blocks.push((p, block));
         }
-        let mixing = Mixing::new(wave, &blocks, k);
-        let x = match columns.len() {
-            1 => columns.pop().expect("one"),
-            _ => Tensor::cat(columns, 1),
+        if let Some(q) = &self.zero_act {
+            let [n, c, h, w] = shape;
+            q.forward(Tensor::<3>::zeros([n, edges, c * h * w], &flat.device()));
+        }
+        let per_edge = self.edge_act.is_some();
+        let device = flat.device();
+        let terms = if per_edge && !direct_available(&device, flat.dtype()) {
+            // Each edge's sum term by term in the primitives' order, as the per-edge cell adds
+            // them (on flex, where a launch costs nothing): its values bit for bit, so that
+            // the quantizer after it rounds them alike.
+            edge_sums(wave, &blocks, &columns, flat, k)
+        } else {
+            let rows = if per_edge { edges } else { wave.fed.len() };
+            let mixing = Mixing::new(wave, &blocks, k, per_edge);
+            let x = match columns.len() {
+                1 => columns.pop().expect("one"),
+                _ => Tensor::cat(columns, 1),
+            };
+            mixing.coefficients(flat, rows).matmul(x)
         };
-        (mixing.coefficients(flat, wave.fed.len()).matmul(x), shape)
+        match &self.edge_act {
+            Some(q) => (q.forward(terms), shape),
+            None => (terms, shape),
+        }
+    }
+}
+
+impl QuantSites for BatchedCell {
+    fn quantizers(&self) -> Vec<&FakeQuantizer> {
+        let mut q: Vec<&FakeQuantizer> = self.mix.iter().collect();
+        for w in &self.waves {
+            if let Some(bank) = &w.bank {
+                for stage in std::iter::once(&bank.first).chain(&bank.second) {
+                    let StageQuant { dw, dw_act, pw, act } = &stage.quant;
+                    q.extend(dw);
+                    q.extend([dw_act, pw, act].into_iter().flatten());
+                }
+            }
+            q.extend(w.pools.iter().flat_map(|p| p.quantizers()));
+            q.extend(w.pool_acts.iter().flatten());
+            q.extend(w.reduce.iter().flat_map(|r| r.quant.iter().flatten()));
+            q.extend(w.edge_act.iter().chain(&w.zero_act));
+        }
+        q
     }
 }
 
 mod bank;
+mod grids;
 mod stack;
 
-pub use bank::{BankKind, BankStage, ConvBank, DwGroup, stack_sources};
+pub use bank::{BankKind, BankStage, ConvBank, DwGroup, StageQuant, stack_sources};

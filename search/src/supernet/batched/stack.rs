@@ -4,12 +4,14 @@
 use burn::module::Param;
 use burn::tensor::Tensor;
 use qdarts_genotypes::Primitive;
-use qdarts_ops::candidates::{CandidateOp, Ctx, QBatchNorm, QDilConv, QPoolBN, QuantSites};
+use qdarts_ops::candidates::{CandidateOp, Ctx, QBatchNorm, QDilConv, QFactorizedReduce, QPoolBN};
+use qdarts_ops::network::Preprocess;
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::SpecError;
+use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
+use super::bank::stack_sites;
 use super::{BankKind, BankStage, BatchError, BatchedCell, ConvBank, Slot, StackedReduce, WaveOps};
 
 /// A BN of the stacked channels holding each edge's running statistics.
@@ -49,7 +51,7 @@ impl WaveOps {
         primitives: &[Primitive],
         path: &str,
     ) -> Result<Self, BatchError> {
-        let (mut pools, mut reduce, mut slots) = (vec![], None, vec![]);
+        let (mut pools, mut reduce, mut slots, mut pool_acts) = (vec![], None, vec![], vec![]);
         let (mut seps, mut dils) = (vec![], vec![]);
         let edge_ops = |p: usize| wave.edges.iter().map(move |&k| &cell.edges[k].ops[p]);
         for (p, primitive) in primitives.iter().enumerate() {
@@ -74,10 +76,21 @@ impl WaveOps {
                         })
                         .collect();
                     let bns: Vec<&QBatchNorm> = frs.iter().map(|fr| &fr.bn).collect();
+                    if frs.iter().any(|fr| fr.bn.wq.is_some() || fr.act_mix.is_some()) {
+                        return Err(BatchError::Quantizers(at));
+                    }
+                    let site = |f: fn(&QFactorizedReduce) -> Option<&FakeQuantizer>, name: &str| {
+                        stack_sites(frs.iter().map(|fr| f(fr)).collect(), &format!("{at}.{name}"))
+                    };
                     reduce = Some(StackedReduce {
                         conv1: stacked(frs.iter().map(|fr| fr.conv1.weight.val()).collect()),
                         conv2: stacked(frs.iter().map(|fr| fr.conv2.weight.val()).collect()),
                         bn: stacked_bn(&bns, &format!("{at}.bn"))?,
+                        quant: [
+                            site(|fr| fr.conv1.wq.as_ref(), "conv1.weight")?,
+                            site(|fr| fr.conv2.wq.as_ref(), "conv2.weight")?,
+                            site(|fr| fr.act.as_ref(), "act")?,
+                        ],
                         edges: frs.len(),
                     });
                     Slot::Reduce
@@ -91,6 +104,7 @@ impl WaveOps {
                         })
                         .collect();
                     pools.push(pool_stack(&per_source, &at)?);
+                    pool_acts.push(pool_act(cell, wave, p, &at)?);
                     Slot::Pool(pools.len() - 1)
                 }
                 CandidateOp::Fac(_) => return Err(BatchError::Primitive(*primitive)),
@@ -102,7 +116,17 @@ impl WaveOps {
             slots[p] = Slot::Conv(i);
         }
         let bank = conv_bank(cell, wave, (&seps, &dils), &format!("{path}.bank"))?;
-        Ok(WaveOps { bank, pools, reduce, slots })
+        let acts = wave.edges.iter().map(|&k| cell.edges[k].act.as_ref()).collect();
+        let edge_act = stack_sites(acts, &format!("{path}.act"))?;
+        let zeros = slots.iter().position(|s| *s == Slot::Zero).map(|p| {
+            let acts = wave.edges.iter().map(|&k| match &cell.edges[k].ops[p] {
+                CandidateOp::Zero(z) => z.act.as_ref(),
+                _ => unreachable!("one primitive is one kind of op on every edge"),
+            });
+            stack_sites(acts.collect(), &format!("{path}.none.act"))
+        });
+        let zero_act = zeros.transpose()?.flatten();
+        Ok(WaveOps { bank, pools, reduce, pool_acts, edge_act, zero_act, slots })
     }
 }
 
@@ -158,6 +182,45 @@ fn bank_into(stage: &BankStage, i: usize, j: usize, op: &mut QDilConv) {
     op.pw.weight = Param::initialized(op.pw.weight.id, pw.detach().require_grad());
     op.bn.running_mean.set(stage.rows(stage.bn.running_mean.value(), i, j));
     op.bn.running_var.set(stage.rows(stage.bn.running_var.value(), i, j));
+    let (q, row) = (&stage.quant, i * stage.edges + j);
+    if let (Some(all), Some(site)) = (q.dw.get(g), &op.dw.wq) {
+        all.row_into((i - stage.groups[g].kinds.start) * stage.edges + j, site);
+    }
+    row_into(&q.dw_act, row, &op.dw_act);
+    row_into(&q.pw, row, &op.pw.wq);
+    row_into(&q.act, row, &op.act);
+}
+
+/// Row `r` of a stacked quantizer into its site's, where both are quantized.
+fn row_into(all: &Option<FakeQuantizer>, r: usize, site: &Option<FakeQuantizer>) {
+    if let (Some(all), Some(site)) = (all, site) {
+        all.row_into(r, site);
+    }
+}
+
+/// The output quantizer of primitive `p`'s pools in `wave`: a row per source, from the first
+/// edge that reads it, standing for every edge that does.
+fn pool_act(
+    cell: &SearchCell,
+    wave: &Wave,
+    p: usize,
+    path: &str,
+) -> Result<Option<FakeQuantizer>, BatchError> {
+    let per = wave.per_source();
+    let act = |j: usize| match &cell.edges[wave.edges[j]].ops[p] {
+        CandidateOp::Pool(op) => op.act.as_ref(),
+        _ => unreachable!("one primitive is one kind of op on every edge"),
+    };
+    if (0..wave.edges.len()).any(|j| act(j).is_some() != act(0).is_some()) {
+        return Err(BatchError::Quantizers(path.to_string()));
+    }
+    let firsts = (0..wave.sources.len()).map(|s| act(s * per)).collect();
+    let Some(mut q) = stack_sites(firsts, &format!("{path}.act"))? else { return Ok(None) };
+    for s in 0..wave.sources.len() {
+        let others = (1..per).filter_map(|r| act(s * per + r)).map(|q| q.path().to_string());
+        q = q.with_row_aliases(s, others.collect());
+    }
+    Ok(Some(q))
 }
 
 /// A pool – BN with `ops[0]`'s kind and stride over the channels of every `ops` side by side,
@@ -174,6 +237,24 @@ fn pool_stack(ops: &[&QPoolBN], path: &str) -> Result<QPoolBN, SpecError> {
     Ok(stack)
 }
 
+/// A wave lays its source states side by side on one grid: the quantizers that make them
+/// (the inputs' preprocessing, the nodes' adds) must be alike.
+fn check_state_grids(cell: &SearchCell) -> Result<(), BatchError> {
+    let p0 = match &cell.preproc0 {
+        Preprocess::Reduce(op) => op.act.as_ref(),
+        Preprocess::Conv(op) => op.act.as_ref(),
+    };
+    let mut makers = vec![p0, cell.preproc1.act.as_ref()];
+    makers.extend(cell.adds.iter().map(|a| a.act.as_ref()));
+    let spec = |q: Option<&FakeQuantizer>| q.map(|q| *q.spec());
+    if makers.iter().any(|q| spec(*q) != spec(makers[0])) {
+        return Err(BatchError::Quantizers(
+            "the cell's states (preprocessing and node adds)".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl BatchedCell {
     /// The batched form of `cell`'s edges (built over `primitives`), with copies of their
     /// weights and running statistics; the input preprocessing stays `cell`'s.
@@ -181,10 +262,7 @@ impl BatchedCell {
     /// # Errors
     /// If `cell` has quantizers, partial channels or a candidate with no batched form.
     pub fn from_cell(cell: &SearchCell, primitives: &[Primitive]) -> Result<Self, BatchError> {
-        let quantizers = cell.quantizers().len();
-        if quantizers > 0 {
-            return Err(BatchError::Quantized(quantizers));
-        }
+        check_state_grids(cell)?;
         if let Some(e) = cell.edges.iter().find(|e| e.partial > 1) {
             return Err(BatchError::Partial(e.partial));
         }
@@ -196,7 +274,9 @@ impl BatchedCell {
             .enumerate()
             .map(|(w, wave)| WaveOps::new(cell, wave, primitives, &format!("waves.{w}")))
             .collect::<Result<_, _>>()?;
-        Ok(BatchedCell { waves, nodes: cell.nodes })
+        let mixes = cell.edges.iter().map(|e| e.mix.as_ref()).collect();
+        let mix = stack_sites(mixes, "mix")?;
+        Ok(BatchedCell { waves, mix, nodes: cell.nodes })
     }
 
     /// Writes the batched cell's weights and running statistics back into `cell`, the cell it
@@ -204,7 +284,17 @@ impl BatchedCell {
     /// and a pool's statistics of a source to every edge that reads it. The per-edge cell is the
     /// form records and checkpoints name; this makes it the batched cell's storage.
     pub fn write_into(&self, cell: &mut SearchCell) {
+        for (k, edge) in cell.edges.iter().enumerate() {
+            row_into(&self.mix, k, &edge.mix);
+        }
         for (wave, ops) in waves(self.nodes).iter().zip(&self.waves) {
+            let zero = ops.slots.iter().position(|s| *s == Slot::Zero);
+            for (j, &k) in wave.edges.iter().enumerate() {
+                row_into(&ops.edge_act, j, &cell.edges[k].act);
+                if let Some(CandidateOp::Zero(z)) = zero.map(|p| &cell.edges[k].ops[p]) {
+                    row_into(&ops.zero_act, j, &z.act);
+                }
+            }
             for (p, slot) in ops.slots.iter().enumerate() {
                 for (j, &k) in wave.edges.iter().enumerate() {
                     match (slot, &mut cell.edges[k].ops[p]) {
@@ -223,9 +313,14 @@ impl BatchedCell {
                             slice_into(&mut fr.conv1.weight, &r.conv1, j);
                             slice_into(&mut fr.conv2.weight, &r.conv2, j);
                             bn_slice_into(&fr.bn, &r.bn, j);
+                            let [q1, q2, act] = &r.quant;
+                            row_into(q1, j, &fr.conv1.wq);
+                            row_into(q2, j, &fr.conv2.wq);
+                            row_into(act, j, &fr.act);
                         }
                         (Slot::Pool(i), CandidateOp::Pool(op)) => {
                             bn_slice_into(&op.bn, &ops.pools[*i].bn, wave.source_of[j]);
+                            row_into(&ops.pool_acts[*i], wave.source_of[j], &op.act);
                         }
                         (Slot::Zero | Slot::Identity, _) => {}
                         _ => unreachable!("the batched cell was built from a cell of this shape"),
