@@ -17,8 +17,8 @@ fn a_search_runs_on_wgpu() {
     let _ = std::fs::remove_dir_all(run.parent().unwrap());
 }
 
-/// The train rows' losses of a two-step float search (64 training images) on `backend`, with
-/// the config's `sets`.
+/// The train rows' losses of a two-step search (64 training images) on `backend`, float
+/// unless the config's `sets` (applied after) say otherwise.
 fn first_losses(tag: &str, backend: &[&str], sets: &[&str]) -> Vec<f64> {
     let dir = common::scratch("wgpu-start", tag);
     let results = format!("record.results_dir=\"{}\"", dir.display());
@@ -64,6 +64,21 @@ fn a_search_in_waves_on_wgpu_takes_flex_s_per_edge_steps() {
     let reference = first_losses("flex-edges", &[], &[]);
     for (a, b) in ours.iter().zip(&reference) {
         assert!((a - b).abs() <= 1e-4 * b.abs(), "wgpu in waves {ours:?}, flex {reference:?}");
+    }
+}
+
+/// A quantized search (tensorrt) in waves on wgpu against the same search edge by edge on
+/// wgpu: the two steps' losses to the rounding of the merged launches' sums (a value at an
+/// exact rounding boundary may flip a level), which a row of a stacked quantizer that read
+/// another edge's range, or a bias rounded to another unit, would move by far more.
+#[test]
+fn a_quantized_search_in_waves_on_wgpu_takes_the_per_edge_steps() {
+    let trt = "quant.preset=\"tensorrt\"";
+    let ours =
+        first_losses("wgpu-q-waves", &["--backend", "wgpu"], &[trt, "model.batched_cells=true"]);
+    let reference = first_losses("wgpu-q-edges", &["--backend", "wgpu"], &[trt]);
+    for (a, b) in ours.iter().zip(&reference) {
+        assert!((a - b).abs() <= 1e-3 * b.abs(), "in waves {ours:?}, edge by edge {reference:?}");
     }
 }
 

@@ -44,8 +44,8 @@ pub enum BenchCommand {
         /// Only this quantization preset.
         #[arg(long, value_enum)]
         quant: Option<PresetArg>,
-        /// Run the supernet's cells in waves (the batched cell, `model.batched_cells`): float
-        /// only, with `--quant float`.
+        /// Run the supernet's cells in waves (the batched cell, `model.batched_cells`; not
+        /// with `--quant lsq`).
         #[arg(long)]
         batched_cells: bool,
         /// Timed steps per row.
@@ -79,7 +79,7 @@ pub enum BenchCommand {
         #[arg(long)]
         csv: Option<PathBuf>,
     },
-    /// One float search cell's forward+backward, edge by edge against in waves (the batched
+    /// One search cell's forward+backward, edge by edge against in waves (the batched
     /// cell): kernel launches (CubeCL backends) and seconds, in interleaved rounds.
     Cell {
         /// Batch size.
@@ -91,6 +91,9 @@ pub enum BenchCommand {
         /// Height and width of its inputs.
         #[arg(long, default_value_t = 8)]
         size: usize,
+        /// Quantization preset of the cell.
+        #[arg(long, value_enum, default_value = "float")]
+        quant: PresetArg,
         /// Rounds of edges then waves, alternating, after one warm-up each.
         #[arg(long, default_value_t = 5)]
         rounds: usize,

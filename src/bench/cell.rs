@@ -44,6 +44,7 @@ fn step(f: &dyn Fn(QTensor, QTensor) -> Tensor<4>, s0: &Tensor<4>, s1: &Tensor<4
 /// inputs, normal and reduction, each measured in `rounds` interleaved rounds after a warm-up.
 pub fn cell_rows(
     [batch, c, size]: [usize; 3],
+    cfg: &QuantConfig,
     rounds: usize,
     device: &Device,
 ) -> Result<Vec<CellRow>> {
@@ -61,7 +62,7 @@ pub fn cell_rows(
         };
         let prims = Primitive::DARTS;
         let (cell, s0, s1, weights) = qdarts_ops::seeded(&d, 1, || -> Result<_> {
-            let cell = SearchCell::new(shape, &prims, &QuantConfig::float(), "cells.0", &d)?;
+            let cell = SearchCell::new(shape, &prims, cfg, "cells.0", &d)?;
             let normal = Distribution::Normal(0.0, 1.0);
             let x = || Tensor::<4>::random([batch, c, size, size], normal, &d);
             let weights: Vec<Tensor<1>> = (0..14)
@@ -73,7 +74,7 @@ pub fn cell_rows(
         let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
         let waves = |a: QTensor, b: QTensor| {
             let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
-            batched.forward(a, b, Tensor::stack(weights.clone(), 0)).value
+            batched.forward(a, b, Tensor::stack(weights.clone(), 0), &cell).value
         };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {

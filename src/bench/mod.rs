@@ -16,7 +16,7 @@ mod timing;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use qdarts_ops::qconfig::Preset;
+use qdarts_ops::qconfig::{Preset, QuantConfig};
 use qdarts_search::config::Order;
 
 pub use self::args::{BenchCommand, OrderArg, PresetArg, SearchShapeArg};
@@ -57,8 +57,8 @@ impl SearchRequest {
             Some(p) => vec![p.into()],
             None => vec![Preset::Float, Preset::Tensorrt],
         };
-        if self.batched && presets.iter().any(|p| *p != Preset::Float) {
-            bail!("--batched-cells runs float cells only: add --quant float");
+        if self.batched && presets.contains(&Preset::Lsq) {
+            bail!("--batched-cells runs no LSQ quantizers: pick another --quant");
         }
         let mut cases = Vec::new();
         for sh in shapes {
@@ -113,8 +113,9 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             };
             search_bench(&request.cases()?, (reps, warmup), csv, backend)
         }
-        BenchCommand::Cell { batch, channels, size, rounds, kernels, csv } => {
-            cell_bench([batch, channels, size], rounds, kernels, csv, backend)
+        BenchCommand::Cell { batch, channels, size, quant, rounds, kernels, csv } => {
+            let cfg = QuantConfig::preset(quant.into());
+            cell_bench([batch, channels, size], &cfg, rounds, kernels, csv, backend)
         }
         BenchCommand::Ops { batch, channels, size, preset, reps, csv } => {
             ops_bench([batch, channels, size, size], preset, reps, csv, backend)
@@ -207,9 +208,10 @@ fn search_bench(
     Ok(())
 }
 
-/// `bench cell`: one float cell, per-edge against waves.
+/// `bench cell`: one cell, per-edge against waves.
 fn cell_bench(
     shape: [usize; 3],
+    cfg: &QuantConfig,
     rounds: usize,
     kernels: usize,
     csv: Option<PathBuf>,
@@ -220,10 +222,11 @@ fn cell_bench(
         bail!("--rounds, --batch must be >= 1, --channels >= 2, --size >= 4");
     }
     let device = backend.device()?;
-    let rows = cell::cell_rows(shape, rounds, &device)?;
+    let rows = cell::cell_rows(shape, cfg, rounds, &device)?;
     println!(
-        "one float DARTS cell (4 nodes, 8 candidates), forward+backward on {}, inputs \
+        "one DARTS cell (4 nodes, 8 candidates, {}), forward+backward on {}, inputs \
          {batch}x{channels}x{size}x{size}, median of {rounds} interleaved rounds",
+        preset_name(cfg.preset),
         backend.label()
     );
     print!("{}", cell::render(&rows));
@@ -328,9 +331,10 @@ mod tests {
             batched: false,
         };
         assert_eq!(all.cases().unwrap().len(), 4);
-        assert!(SearchRequest { batched: true, ..all }.cases().is_err());
-        let waves = SearchRequest { batched: true, quant: Some(PresetArg::Float), ..all };
+        let waves = SearchRequest { batched: true, ..all };
         assert!(waves.cases().unwrap().iter().all(|c| c.batched));
+        let lsq = SearchRequest { quant: Some(PresetArg::Lsq), ..waves };
+        assert!(lsq.cases().is_err());
         let one = SearchRequest {
             batch: Some(8),
             layers: Some(5),
