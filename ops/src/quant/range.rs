@@ -20,14 +20,38 @@ pub fn channel_rows<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor
     }
 }
 
+/// `row` (a per-row minimum or maximum) of each channel's values along `axis` (`None`: of the
+/// whole tensor): the rows of `[C, rest]` ([`channel_rows`]) for the first axis or per
+/// tensor; for a later axis the runs of each channel first, `[before·C, after]`, then their
+/// `before` results per channel, so that the tensor is never moved to put its channels first
+/// (a stacked quantizer's rows lie along axis 1 of whole activations). A minimum or maximum
+/// is exact in any order: the same values either way.
+fn per_channel<const D: usize>(
+    x: Tensor<D>,
+    axis: Option<usize>,
+    row: fn(Tensor<2>) -> Tensor<1>,
+) -> Tensor<1> {
+    let dims = x.dims();
+    match axis {
+        Some(a) if a > 0 => {
+            let c = dims[a];
+            let before: usize = dims[..a].iter().product();
+            let after = dims.iter().product::<usize>() / (before * c);
+            let runs = row(x.reshape([before * c, after])).reshape([before, c]);
+            row(runs.swap_dims(0, 1))
+        }
+        _ => row(channel_rows(x, axis)),
+    }
+}
+
 /// Per-channel (or per-tensor) max |x|, shape `[C]` (or `[1]`).
 pub fn abs_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> Tensor<1> {
-    row_max(channel_rows(x.detach(), axis).abs())
+    per_channel(x.detach().abs(), axis, row_max)
 }
 
 pub(super) fn min_max<const D: usize>(x: Tensor<D>, axis: Option<usize>) -> (Tensor<1>, Tensor<1>) {
-    let rows = channel_rows(x.detach(), axis);
-    (row_min(rows.clone()), row_max(rows))
+    let x = x.detach();
+    (per_channel(x.clone(), axis, row_min), per_channel(x, axis, row_max))
 }
 
 /// torch.ao's zero point of a symmetric grid: 0 signed, the middle of the range unsigned.

@@ -28,6 +28,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::relu::relu;
 use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::hold::{narrow_channels, relu_held};
@@ -315,6 +316,13 @@ impl BankStage {
             1 => outs.into_iter().next().expect("one"),
             _ => Tensor::cat(outs, 1),
         };
+        self.finish(y)
+    }
+
+    /// The stage after its depthwise convolutions `y` (every kind side by side): their
+    /// quantizer, the 1×1 convolutions in `K·E` groups, the BatchNorm (its bias rounded to the
+    /// accumulators' unit where quantized) and the output quantizer.
+    fn finish(&self, y: Tensor<4>) -> QTensor {
         let (y, in_grid) = quantize_rows(&self.quant.dw_act, y);
         let (pw, w_grid) = self.pointwise_now();
         let y = grouped_pointwise(y, pw, self.kinds.len() * self.edges);
@@ -391,9 +399,16 @@ impl BankStage {
         Some(Tensor::from_data(TensorData::new(values, [rows, 1, big, big]), &device))
     }
 
-    /// Kind by kind (flex): `xs` each kind's input (or one input all read), each kind's output.
-    /// A quantizer of the stage sees every kind's tensor side by side, as on the CubeCL
-    /// runtimes.
+    /// Whether the stage has a quantizer.
+    fn quantized(&self) -> bool {
+        let q = &self.quant;
+        !q.dw.is_empty() || q.dw_act.is_some() || q.pw.is_some() || q.act.is_some()
+    }
+
+    /// Kind by kind (flex): `xs` each kind's input (or one input all read), each kind's output;
+    /// in a quantized cell the depthwise convolutions kind by kind and the rest of the stage
+    /// on every kind side by side ([`finish`](Self::finish), one output), since a quantizer
+    /// of the stage sees every kind's tensor at once.
     fn forward_per_kind(&self, xs: &[Tensor<4>]) -> Vec<QTensor> {
         let (width, e) = (self.width(), self.edges);
         let filters = self.filters_now();
@@ -407,47 +422,21 @@ impl BankStage {
                 conv2d(x, filters, self.options(kind.padding, kind.dilation, width))
             })
             .collect();
-        let (dws, in_grid) = self.quantize_kinds(&self.quant.dw_act, dws);
-        let (pw, w_grid) = self.pointwise_now();
-        let bias = self.bias(w_grid.as_ref(), in_grid.as_ref());
+        if self.quantized() {
+            return vec![self.finish(Tensor::cat(dws, 1))];
+        }
         let mut outs = Vec::with_capacity(self.kinds.len());
         let (mut means, mut vars) = (Vec::new(), Vec::new());
         for (i, y) in dws.into_iter().enumerate() {
-            let y = grouped_pointwise(y.value, pw.clone().narrow(0, i * width, width), e);
+            let y = grouped_pointwise(y, self.pw.val().narrow(0, i * width, width), e);
             let part = self.bn_part(i * width, width).expect("a float BatchNorm builds");
-            let bias = bias.as_ref().map(|b| Bias {
-                factors: b.factors.iter().map(|f| f.clone().narrow(0, i * width, width)).collect(),
-                round: b.round,
-            });
-            outs.push(part.forward_biased(y, bias));
+            outs.push(QTensor::float(part.forward(y)));
             means.push(part.running_mean.value());
             vars.push(part.running_var.value());
         }
         self.bn.running_mean.set(Tensor::cat(means, 0));
         self.bn.running_var.set(Tensor::cat(vars, 0));
-        self.quantize_kinds(&self.quant.act, outs).0
-    }
-
-    /// Each kind's tensor through a quantizer of the whole stage: side by side, quantized,
-    /// and cut apart again (each with its channels of the grid); as they are where float.
-    fn quantize_kinds(
-        &self,
-        q: &Option<FakeQuantizer>,
-        ys: Vec<Tensor<4>>,
-    ) -> (Vec<QTensor>, Option<Grid>) {
-        if q.is_none() {
-            return (ys.into_iter().map(QTensor::float).collect(), None);
-        }
-        let width = self.width();
-        let (all, grid) = quantize_rows(q, Tensor::cat(ys, 1));
-        let dims = all.dims();
-        let each = (0..self.kinds.len())
-            .map(|i| QTensor {
-                value: all.clone().narrow(1, i * width, width),
-                grid: narrow_channels(grid.as_ref(), dims, i * width, width),
-            })
-            .collect();
-        (each, grid)
+        outs
     }
 
     /// A BatchNorm of `len` of the stage's channels from `from`: their running statistics, the
@@ -485,9 +474,16 @@ impl ConvBank {
         let sources = x.dims()[1] / self.first.channels;
         let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
         let (width, c) = (self.first.width(), self.first.channels);
-        if merged {
-            // Every kind's channels side by side, one chain per stage.
-            let y = self.first.forward_merged(Input::Sources { x, per });
+        if merged || self.first.quantized() {
+            // Every kind's channels side by side after the depthwise convolutions: one chain
+            // per stage on the CubeCL runtimes; on flex (a quantized cell) the depthwise
+            // convolutions kind by kind.
+            let y = match merged {
+                true => self.first.forward_merged(Input::Sources { x, per }),
+                false => {
+                    self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]).remove(0)
+                }
+            };
             let dims = y.dims();
             let [n, _, h, w] = dims;
             let columns = |t: Tensor<4>| {
@@ -498,7 +494,15 @@ impl ConvBank {
             // The second stage starts with a ReLU of the first's output, on its grid.
             let sep_grid = narrow_channels(y.grid.as_ref(), dims, 0, seps * width);
             let sep_in = relu_held(y.value.clone().narrow(1, 0, seps * width), sep_grid.as_ref());
-            let mut out = vec![columns(second.forward_merged(Input::Kinds(sep_in)).value)];
+            let z = match merged {
+                true => second.forward_merged(Input::Kinds(sep_in)),
+                false => {
+                    let each: Vec<Tensor<4>> =
+                        (0..seps).map(|i| sep_in.clone().narrow(1, i * width, width)).collect();
+                    second.forward_per_kind(&each).remove(0)
+                }
+            };
+            let mut out = vec![columns(z.value)];
             let kinds = self.first.kinds.len();
             if kinds > seps {
                 let e = self.first.edges;
@@ -509,7 +513,7 @@ impl ConvBank {
         // Kind by kind.
         let mut ys = self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]);
         if let Some(second) = &self.second {
-            let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(|y| y.relu().value).collect();
+            let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(|y| relu(y.value)).collect();
             ys.splice(0..0, second.forward_per_kind(&sep_in));
         }
         let [n, _, h, w] = ys[0].dims();

@@ -30,7 +30,6 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Int, Tensor, TensorData, s};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
-use qdarts_kernels::scale::add_scaled;
 use qdarts_ops::candidates::{Bias, QBatchNorm, QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
 use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
@@ -257,7 +256,10 @@ impl BatchedCell {
 }
 
 /// Each edge's weighted sum `Σ_p w[edge, p] · y_p` of a wave, `[N, E, C·H'·W']`, added term
-/// by term in the primitives' order from `columns` (laid out as `blocks` says).
+/// by term in the primitives' order from `columns` (laid out as `blocks` says). Each term is
+/// a whole block times its edges' weights, `[N, E, C·H'·W']` (a block per source repeated for
+/// the edges reading it), so that no column is cut out of its tensor one by one: the backward
+/// of a cut allocates the whole tensor, per cut.
 fn edge_sums(
     wave: &Wave,
     blocks: &[(usize, Block)],
@@ -265,31 +267,44 @@ fn edge_sums(
     flat: &Tensor<1>,
     k: usize,
 ) -> Tensor<3> {
-    // Every column's tensor and place in it (a tensor may hold several blocks).
-    let place: Vec<(usize, usize)> = columns
-        .iter()
-        .enumerate()
-        .flat_map(|(t, cols)| (0..cols.dims()[1]).map(move |c| (t, c)))
-        .collect();
-    let sums = wave.edges.iter().enumerate().map(|(j, &edge)| {
-        let mut start = 0;
-        let mut terms: Vec<(usize, Tensor<3>)> = Vec::with_capacity(blocks.len());
-        for &(p, block) in blocks {
-            let (col, width) = match block {
-                Block::Edges => (j, wave.edges.len()),
-                Block::Sources => (wave.source_of[j], wave.sources.len()),
-            };
-            let (t, c) = place[start + col];
-            terms.push((p, columns[t].clone().narrow(1, c, 1)));
-            start += width;
+    let (edges, per) = (wave.edges.len(), wave.per_source());
+    // Each block's columns: its tensor's, or its run of them.
+    let mut terms: Vec<(usize, Block, Tensor<3>)> = Vec::with_capacity(blocks.len());
+    let (mut t, mut at) = (0, 0);
+    for &(p, block) in blocks {
+        let width = match block {
+            Block::Edges => edges,
+            Block::Sources => wave.sources.len(),
+        };
+        if at == columns[t].dims()[1] {
+            (t, at) = (t + 1, 0);
         }
-        terms.sort_by_key(|(p, _)| *p);
-        let w = flat.clone().narrow(0, edge * k, k);
-        let sum =
-            terms.into_iter().fold(None, |sum, (p, y)| Some(add_scaled(sum, y, w.clone(), p)));
-        sum.expect("a wave has a candidate other than none")
+        let cols = &columns[t];
+        let y =
+            if width == cols.dims()[1] { cols.clone() } else { cols.clone().narrow(1, at, width) };
+        terms.push((p, block, y));
+        at += width;
+    }
+    terms.sort_by_key(|(p, _, _)| *p);
+    let device = flat.device();
+    let sum = terms.into_iter().fold(None, |sum: Option<Tensor<3>>, (p, block, t)| {
+        let y = match block {
+            Block::Edges => t,
+            Block::Sources => {
+                let [n, s, len] = t.dims();
+                t.reshape([n, s, 1, len]).expand([n, s, per, len]).reshape([n, edges, len])
+            }
+        };
+        let index: Vec<i64> = wave.edges.iter().map(|&edge| (edge * k + p) as i64).collect();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [edges]), &device);
+        let w = flat.clone().select(0, index).reshape([1, edges, 1]);
+        let term = y.mul(w);
+        Some(match sum {
+            Some(acc) => acc.add(term),
+            None => term,
+        })
     });
-    Tensor::cat(sums.collect(), 1)
+    sum.expect("a wave has a candidate other than none")
 }
 
 /// What a candidate's columns of a wave's node sums are.
