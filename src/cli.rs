@@ -168,8 +168,8 @@ pub(crate) enum Command {
         #[arg(long, value_name = "DIR")]
         write_outputs: Option<PathBuf>,
         /// Run the supernet's cells in waves (the batched cell, `model.batched_cells`), from
-        /// the same weights, statistics and momentum buffers: float fixtures only, the others
-        /// are listed as skipped.
+        /// the same weights, statistics and momentum buffers; LSQ fixtures are listed as
+        /// skipped.
         #[arg(long)]
         batched_cells: bool,
         #[command(flatten)]

@@ -176,7 +176,7 @@ pub fn dump_step(
 
 /// Runs `qdarts parity`: every fixture folder's step on `backend`, against its expected
 /// outputs; an error when a quantity is off its bound. `batched`: with the cells in waves
-/// (float fixtures; the others are skipped, and none left is an error).
+/// (LSQ fixtures are skipped, and none left is an error).
 pub fn parity(
     fixtures: &[PathBuf],
     write_outputs: Option<&Path>,
@@ -210,8 +210,8 @@ pub fn parity(
         let (spec, mut state) = read_inputs(dir, &device)
             .with_context(|| format!("reading fixture {}", dir.display()))?;
         if batched {
-            if spec.preset != qdarts_ops::qconfig::Preset::Float {
-                println!("{}: skipped (--batched-cells runs float fixtures only)", dir.display());
+            if spec.preset == qdarts_ops::qconfig::Preset::Lsq {
+                println!("{}: skipped (--batched-cells runs no LSQ fixture)", dir.display());
                 continue;
             }
             state = batch_inputs(dir, &spec, state)
@@ -247,7 +247,7 @@ pub fn parity(
         bail!("parity failed on {}{how}: {}", backend.label(), failed.join("; "));
     }
     if checked == 0 {
-        bail!("parity: no float fixture among {} to run with --batched-cells", dirs.len());
+        bail!("parity: no fixture but LSQ ones among {} to run with --batched-cells", dirs.len());
     }
     println!("parity: {checked} fixture(s) within bounds on {}{how}", backend.label());
     Ok(())
