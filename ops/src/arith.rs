@@ -32,15 +32,31 @@ impl QAdd {
     /// If `xs` is empty.
     pub fn forward(&self, xs: Vec<QTensor>) -> QTensor {
         let values: Vec<Tensor<4>> = xs.into_iter().map(|x| x.value).collect();
+        let Some(sum) = values.iter().cloned().reduce(|a, b| a.add(b)) else {
+            panic!("QAdd needs at least one operand");
+        };
+        self.forward_summed(&values, sum)
+    }
+
+    /// [`forward`](Self::forward) of operands whose float sum the caller has computed (`xs`
+    /// added left to right): the gradient goes through `sum` alone, and only the values of
+    /// `xs` are read (they may be detached).
+    ///
+    /// # Shapes
+    /// - xs: one or more `[N, C, H, W]` of one shape; sum and output: the same shape.
+    ///
+    /// # Panics
+    /// If `xs` is empty.
+    pub fn forward_summed(&self, xs: &[Tensor<4>], sum: Tensor<4>) -> QTensor {
         match &self.act {
             Some(q) => {
-                let (value, grid) = q.forward_sum(values);
+                let (value, grid) = q.forward_summed(xs, sum);
                 QTensor { value, grid: Some(grid) }
             }
-            None => match values.into_iter().reduce(|a, b| a.add(b)) {
-                Some(v) => QTensor::float(v),
-                None => panic!("QAdd needs at least one operand"),
-            },
+            None => {
+                assert!(!xs.is_empty(), "QAdd needs at least one operand");
+                QTensor::float(sum)
+            }
         }
     }
 }

@@ -729,7 +729,7 @@ fn quantized_sum(
         if fused {
             fake_quant_sum_ste(&xs, &sum, grid, integers, FakeQuantImpl::Fused)
         } else {
-            let (out, qz) = fake_quant_sum(&xs, grid);
+            let (out, qz) = fake_quant_sum(&xs, &sum, grid);
             (out, Some(qz))
         }
     };

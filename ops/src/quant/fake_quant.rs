@@ -193,9 +193,14 @@ fn zero_with_param_grad<const D: usize>(
 
 /// Fake-quantizes a sum the way integer kernels add: every operand is rounded onto the output
 /// grid on its own (rescaled with its own multiplier), then the integers are added once with the
-/// zero point and clamped. The straight-through gradient reaches every operand where the clamped
-/// sum was in range.
-pub fn fake_quant_sum<const D: usize>(xs: &[Tensor<D>], grid: &Grid) -> (Tensor<D>, Quantized<D>) {
+/// zero point and clamped. The straight-through gradient goes to `sum`, the float sum of `xs`
+/// (whose adds hand it to every operand): the upstream gradient where the clamped sum was in
+/// range, else 0. The operands' values alone are read, so they may be detached copies.
+pub fn fake_quant_sum<const D: usize>(
+    xs: &[Tensor<D>],
+    sum: &Tensor<D>,
+    grid: &Grid,
+) -> (Tensor<D>, Quantized<D>) {
     let mult = broadcast_param::<D>(grid.mult.clone().detach(), grid.axis);
     let zp = broadcast_param::<D>(grid.zero_point.clone().detach(), grid.axis);
     let mut r: Option<Tensor<D>> = None;
@@ -211,9 +216,8 @@ pub fn fake_quant_sum<const D: usize>(xs: &[Tensor<D>], grid: &Grid) -> (Tensor<
     };
     let Quantized { q, in_range, below } = clamped(r.add(zp), grid);
     let mut out = dequantize(q.clone(), grid);
-    let mask = in_range.clone().float();
-    for x in xs.iter().filter(|x| x.is_autodiff()) {
-        out = out.add(zero_with_grad(x.clone(), mask.clone()));
+    if sum.is_autodiff() {
+        out = out.add(zero_with_grad(sum.clone(), in_range.clone().float()));
     }
     (out, Quantized { q, in_range, below })
 }
@@ -235,7 +239,7 @@ pub fn fake_quant_sum_ste<const D: usize>(
         && xs.len() >= 2
         && quant_sum_available(&sum.device(), sum.dtype());
     if !fused {
-        let (out, qz) = fake_quant_sum(xs, grid);
+        let (out, qz) = fake_quant_sum(xs, sum, grid);
         return (out, Some(qz));
     }
     let ties_away = grid.round == RoundMode::TiesAwayFromZero;

@@ -270,6 +270,21 @@ impl FakeQuantizer {
         let Some(sum) = xs.iter().cloned().reduce(|a, b| a.add(b)) else {
             panic!("quantizer {}: an add needs at least one operand", self.path);
         };
+        self.forward_summed(&xs, sum)
+    }
+
+    /// [`forward_sum`](Self::forward_sum) of operands whose float sum, `sum`, the caller has
+    /// computed: the gradient goes through `sum` alone, and only the values of `xs` are read
+    /// (they may be detached). `sum` must be `xs` added left to right.
+    ///
+    /// # Panics
+    /// If `xs` is empty, or as [`forward`](Self::forward).
+    pub fn forward_summed<const D: usize>(
+        &self,
+        xs: &[Tensor<D>],
+        sum: Tensor<D>,
+    ) -> (Tensor<D>, Grid) {
+        assert!(!xs.is_empty(), "quantizer {}: an add needs at least one operand", self.path);
         if self.lsq.is_some() || xs.len() == 1 {
             return self.forward_with_grid(sum);
         }
@@ -281,7 +296,7 @@ impl FakeQuantizer {
         }
         let grid = self.observe(&sum, self.training.is_enabled());
         let recording = self.monitor.is_recording();
-        let (out, qz) = fake_quant::fake_quant_sum_ste(&xs, &sum, &grid, recording, self.imp);
+        let (out, qz) = fake_quant::fake_quant_sum_ste(xs, &sum, &grid, recording, self.imp);
         self.monitor.record(&sum, &out, qz.as_ref(), &grid, self.row_layout());
         self.hold.record(&sum, &out, &grid);
         (out, grid)
