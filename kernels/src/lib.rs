@@ -16,6 +16,9 @@
 //!   one backward (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
 //! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
+//! - [`split`]: a tensor cut into consecutive parts whose backward is one concatenation,
+//!   where Burn's narrows each fill, write and add a whole-size gradient (flex and the CubeCL
+//!   runtimes).
 //! - [`scale`]: a mixed op's `w_i · op_i(x)` and its running sum `acc + w_i · op_i(x)` in one
 //!   launch, with the gradient of `w_i` summed by whole cubes (the CubeCL runtimes).
 //! - [`optim`]: the SGD update and a gradient's squared sum, one kernel each (the CubeCL
@@ -61,4 +64,5 @@ pub mod quant_sum;
 pub mod reduce;
 pub mod relu;
 pub mod scale;
+pub mod split;
 mod support;
