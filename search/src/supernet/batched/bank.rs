@@ -29,6 +29,7 @@ use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::relu::relu;
+use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::hold::{narrow_channels, relu_held};
@@ -296,6 +297,15 @@ impl BankStage {
     /// side, or ([`Input::Sources`]) the wave's sources that every kind reads.
     fn forward_merged(&self, x: Input) -> QTensor {
         let width = self.width();
+        // The groups are runs of consecutive kinds: each one's inputs, cut in one split.
+        let mut by_group = match &x {
+            Input::Kinds(x) => {
+                let sizes: Vec<usize> = self.groups.iter().map(|g| g.kinds.len() * width).collect();
+                split(x.clone(), 1, &sizes)
+            }
+            Input::Sources { .. } => Vec::new(),
+        }
+        .into_iter();
         let outs: Vec<Tensor<4>> = self
             .groups
             .iter()
@@ -306,8 +316,7 @@ impl BankStage {
                     Input::Sources { x, per } => {
                         stack_sources(x, x.dims()[1] / self.channels, *per, kinds)
                     }
-                    Input::Kinds(x) if kinds == self.kinds.len() => x.clone(),
-                    Input::Kinds(x) => x.clone().narrow(1, g.kinds.start * width, kinds * width),
+                    Input::Kinds(_) => by_group.next().expect("one input per group"),
                 };
                 conv2d(input, filters, self.options(g.padding, g.dilation, kinds * width))
             })
@@ -491,23 +500,21 @@ impl ConvBank {
                 t.reshape([n, cols, c * h * w])
             };
             let Some(second) = &self.second else { return (vec![columns(y.value)], [n, c, h, w]) };
-            // The second stage starts with a ReLU of the first's output, on its grid.
+            // The second stage starts with a ReLU of the first's output, on its grid; the
+            // kinds without one (dilated) are done. The cuts are splits: one backward each.
             let sep_grid = narrow_channels(y.grid.as_ref(), dims, 0, seps * width);
-            let sep_in = relu_held(y.value.clone().narrow(1, 0, seps * width), sep_grid.as_ref());
+            let kinds = self.first.kinds.len();
+            let sizes = [seps * width, (kinds - seps) * width];
+            let mut parts =
+                split(y.value, 1, &sizes[..if kinds > seps { 2 } else { 1 }]).into_iter();
+            let sep_out = parts.next().expect("a bank with a second stage has separable kinds");
+            let sep_in = relu_held(sep_out, sep_grid.as_ref());
             let z = match merged {
                 true => second.forward_merged(Input::Kinds(sep_in)),
-                false => {
-                    let each: Vec<Tensor<4>> =
-                        (0..seps).map(|i| sep_in.clone().narrow(1, i * width, width)).collect();
-                    second.forward_per_kind(&each).remove(0)
-                }
+                false => second.forward_per_kind(&split(sep_in, 1, &vec![width; seps])).remove(0),
             };
             let mut out = vec![columns(z.value)];
-            let kinds = self.first.kinds.len();
-            if kinds > seps {
-                let e = self.first.edges;
-                out.push(columns(y.value).narrow(1, seps * e, (kinds - seps) * e));
-            }
+            out.extend(parts.map(columns));
             return (out, [n, c, h, w]);
         }
         // Kind by kind.

@@ -30,6 +30,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Int, Tensor, TensorData, s};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
+use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{Bias, QBatchNorm, QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
 use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
@@ -222,9 +223,9 @@ impl BatchedCell {
                 Some(p) => p.add(t),
                 None => t,
             };
-            let left = sum.dims()[1];
-            states.push(QTensor::float(sum.clone().narrow(1, 0, 1).reshape(shape)));
-            partial = (left > 1).then(|| sum.narrow(1, 1, left - 1));
+            let (node, rest) = first_and_rest(sum);
+            states.push(QTensor::float(node.reshape(shape)));
+            partial = rest;
         }
         cell.concat.forward(states.split_off(2))
     }
@@ -232,6 +233,11 @@ impl BatchedCell {
     /// [`forward`](Self::forward) of a quantized cell: each wave gives every edge's output on
     /// its grid, and a node is `cell`'s quantized add of its edges' outputs, in the cell's
     /// order, once the wave before its own has run.
+    ///
+    /// A quantized add reads its operands' values and sends its gradient through their float
+    /// sum, so the operands are cut out of their wave's tensor detached, and the float sums
+    /// are kept for all the nodes a wave feeds at once, as in the float cell: no edge's output
+    /// is cut out of the tracked graph (each cut's backward allocates the whole tensor).
     fn forward_quantized(
         &self,
         mut states: Vec<QTensor>,
@@ -239,19 +245,50 @@ impl BatchedCell {
         k: usize,
         cell: &SearchCell,
     ) -> QTensor {
-        let mut terms: Vec<Vec<(usize, Tensor<4>)>> = vec![Vec::new(); self.nodes];
+        let mut operands: Vec<Vec<(usize, Tensor<4>)>> = vec![Vec::new(); self.nodes];
+        // The float sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`.
+        let mut partial: Option<Tensor<3>> = None;
         for (w, (wave, ops)) in waves(self.nodes).iter().zip(&self.waves).enumerate() {
             let (out, shape) = ops.forward(wave, &states, flat, k);
+            let values = out.clone().detach();
             for (j, &edge) in wave.edges.iter().enumerate() {
-                terms[wave.node_of[j]].push((edge, out.clone().narrow(1, j, 1).reshape(shape)));
+                let value = values.clone().narrow(1, j, 1).reshape(shape);
+                operands[wave.node_of[j]].push((edge, value));
             }
-            let mut node = std::mem::take(&mut terms[w]);
+            // The wave's edges are source by source, each source's by node: its terms added
+            // source after source are each node's operands added in the cell's edge order.
+            let fed = wave.per_source();
+            let terms = split(out, 1, &vec![fed; wave.sources.len()])
+                .into_iter()
+                .reduce(|a, b| a.add(b))
+                .expect("a wave reads a source");
+            let sum = match partial.take() {
+                Some(p) => p.add(terms),
+                None => terms,
+            };
+            let (node_sum, rest) = first_and_rest(sum);
+            let node_sum = node_sum.reshape(shape);
+            partial = rest;
+            let mut node = std::mem::take(&mut operands[w]);
             node.sort_by_key(|(edge, _)| *edge);
-            states.push(
-                cell.adds[w].forward(node.into_iter().map(|(_, t)| QTensor::float(t)).collect()),
-            );
+            let values: Vec<Tensor<4>> = node.into_iter().map(|(_, t)| t).collect();
+            states.push(cell.adds[w].forward_summed(&values, node_sum));
         }
         cell.concat.forward(states.split_off(2))
+    }
+}
+
+/// The sums `[N, nodes − w, L]` of the nodes a wave fed: the first node's (complete), and
+/// the rest's, if any, cut in one [`split`].
+fn first_and_rest(sum: Tensor<3>) -> (Tensor<3>, Option<Tensor<3>>) {
+    let left = sum.dims()[1];
+    if left == 1 {
+        return (sum, None);
+    }
+    let mut parts = split(sum, 1, &[1, left - 1]).into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(first), rest) => (first, rest),
+        (None, _) => unreachable!("a split into two parts gives two"),
     }
 }
 
@@ -269,9 +306,10 @@ fn edge_sums(
 ) -> Tensor<3> {
     let (edges, per) = (wave.edges.len(), wave.per_source());
     // Each block's columns: its tensor's, or its run of them.
-    let mut terms: Vec<(usize, Block, Tensor<3>)> = Vec::with_capacity(blocks.len());
+    // Each columns tensor's blocks, in order, cut in one split.
+    let mut widths: Vec<Vec<usize>> = vec![Vec::new(); columns.len()];
     let (mut t, mut at) = (0, 0);
-    for &(p, block) in blocks {
+    for &(_, block) in blocks {
         let width = match block {
             Block::Edges => edges,
             Block::Sources => wave.sources.len(),
@@ -279,12 +317,16 @@ fn edge_sums(
         if at == columns[t].dims()[1] {
             (t, at) = (t + 1, 0);
         }
-        let cols = &columns[t];
-        let y =
-            if width == cols.dims()[1] { cols.clone() } else { cols.clone().narrow(1, at, width) };
-        terms.push((p, block, y));
+        widths[t].push(width);
         at += width;
     }
+    let cut = columns
+        .iter()
+        .zip(&widths)
+        .filter(|(_, w)| !w.is_empty())
+        .flat_map(|(cols, w)| split(cols.clone(), 1, w));
+    let mut terms: Vec<(usize, Block, Tensor<3>)> =
+        blocks.iter().zip(cut).map(|(&(p, block), y)| (p, block, y)).collect();
     terms.sort_by_key(|(p, _, _)| *p);
     let device = flat.device();
     let sum = terms.into_iter().fold(None, |sum: Option<Tensor<3>>, (p, block, t)| {
