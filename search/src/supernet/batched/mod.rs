@@ -250,9 +250,12 @@ impl BatchedCell {
         let mut partial: Option<Tensor<3>> = None;
         for (w, (wave, ops)) in waves(self.nodes).iter().zip(&self.waves).enumerate() {
             let (out, shape) = ops.forward(wave, &states, flat, k);
-            let values = out.clone().detach();
+            // Each edge's output as a view `[N, C, H', W']` of the wave's channels (the
+            // quantized adds read views through their strides; no copy per edge).
+            let [n, c, h, wd] = shape;
+            let values = out.clone().detach().reshape([n, wave.edges.len() * c, h, wd]);
             for (j, &edge) in wave.edges.iter().enumerate() {
-                let value = values.clone().narrow(1, j, 1).reshape(shape);
+                let value = values.clone().narrow(1, j * c, c);
                 operands[wave.node_of[j]].push((edge, value));
             }
             // The wave's edges are source by source, each source's by node: its terms added
