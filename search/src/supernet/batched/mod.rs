@@ -25,18 +25,18 @@
 //! together, forward and every gradient. This first form runs float cells without partial
 //! channels; the per-edge cell stays the reference and runs everything else.
 
-use burn::module::{Module, Param};
-use burn::tensor::ops::ConvOptions;
-use burn::tensor::{Int, Tensor, TensorData, s};
+use burn::module::Module;
+use burn::tensor::Tensor;
 use qdarts_genotypes::Primitive;
-use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
+use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::split::split;
-use qdarts_ops::candidates::{Bias, QBatchNorm, QPoolBN, QTensor, QuantSites};
+use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
-use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
 use super::cell::SearchCell;
 use super::waves::{Wave, waves};
+use sums::{Block, Mixing, edge_sums};
 
 /// Why a cell cannot run batched.
 #[derive(Debug, thiserror::Error)]
@@ -75,23 +75,6 @@ pub enum Slot {
     Pool(usize),
 }
 
-/// FactorizedReduce over the stacked edges: two strided 1×1 convolutions in `E` groups, each
-/// edge's halves side by side, and one BN.
-#[derive(Module, Debug)]
-pub struct StackedReduce {
-    /// First half's weights `[E·C/2, C, 1, 1]`.
-    pub conv1: Param<Tensor<4>>,
-    /// Second half's (on the input shifted by a pixel).
-    pub conv2: Param<Tensor<4>>,
-    /// BatchNorm of the `E·C` channels.
-    pub bn: QBatchNorm,
-    /// The halves' weight quantizers (per output channel of each edge) and the output's
-    /// (per tensor of each edge); none in a float cell.
-    pub quant: [Option<FakeQuantizer>; 3],
-    /// Edges `E`.
-    pub edges: usize,
-}
-
 /// The candidates of one wave.
 #[derive(Module, Debug)]
 pub struct WaveOps {
@@ -125,65 +108,6 @@ pub struct BatchedCell {
     pub mix: Option<FakeQuantizer>,
     /// Intermediate nodes.
     pub nodes: usize,
-}
-
-impl StackedReduce {
-    /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel).
-    fn forward(&self, x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
-        let [n, _, h, w] = x.dims();
-        let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
-        let e = self.edges;
-        let half = |x: Tensor<4>, wt: &Param<Tensor<4>>, q: &Option<FakeQuantizer>| {
-            let x = x.slice(s![.., .., 0..;2, 0..;2]);
-            let (wt, g) = match q {
-                Some(q) => {
-                    let (w, g) = q.forward_with_grid(wt.val());
-                    (w, Some(g))
-                }
-                None => (wt.val(), None),
-            };
-            (grouped_pointwise(x, wt, e), g)
-        };
-        let [q1, q2, act] = &self.quant;
-        let ((y1, g1), (y2, g2)) = (half(x, &self.conv1, q1), half(shifted, &self.conv2, q2));
-        let [_, c2, oh, ow] = y1.dims();
-        // Each edge's halves side by side.
-        let side = |a: Tensor<4>, b: Tensor<4>| {
-            let a = a.reshape([n, e, c2 / e, oh * ow]);
-            let b = b.reshape([n, e, c2 / e, oh * ow]);
-            Tensor::cat(vec![a, b], 2).reshape([n, 2 * c2, oh, ow])
-        };
-        let y = side(y1, y2);
-        // The bias's unit: each half's `s_w` times its edge's input step, as the edges'.
-        let bias = match (g1, g2, grid, q1) {
-            (Some(g1), Some(g2), Some(gi), Some(q)) if !(g1.is_held() || gi.is_held()) => {
-                // Every input channel of an edge has its source's step: the first of each.
-                let c = gi.step.dims()[0] / e;
-                let step_in = gi.step.clone().reshape([e, c]).narrow(1, 0, 1).expand([e, c2 / e]);
-                let unit = |g: Grid| {
-                    g.step.detach().mul(step_in.clone().reshape([c2]).detach()).reshape([e, c2 / e])
-                };
-                let both = Tensor::cat(vec![unit(g1), unit(g2)], 1).reshape([2 * c2]);
-                Some(Bias { factors: vec![both], round: q.spec().round() })
-            }
-            _ => None,
-        };
-        bank::quantize_rows(act, self.bn.forward_biased(y, bias)).0
-    }
-}
-
-/// A 1×1 convolution of `x` `[N, G·Ci, H, W]` in `groups` groups, `w` `[G·Co, Ci, 1, 1]`:
-/// one launch on the CubeCL runtimes, a batched matrix product elsewhere.
-fn grouped_pointwise(x: Tensor<4>, w: Tensor<4>, groups: usize) -> Tensor<4> {
-    if direct_available(&x.device(), x.dtype()) {
-        let opts = ConvOptions::new([1, 1], [0, 0], [1, 1], groups);
-        return direct_conv2d(x, w, opts);
-    }
-    let [n, c, h, wd] = x.dims();
-    let [co, ci, _, _] = w.dims();
-    let x = x.reshape([n, groups, c / groups, h * wd]);
-    let w = w.reshape([1, groups, co / groups, ci]);
-    w.matmul(x).reshape([n, co, h, wd])
 }
 
 impl BatchedCell {
@@ -292,137 +216,6 @@ fn first_and_rest(sum: Tensor<3>) -> (Tensor<3>, Option<Tensor<3>>) {
     match (parts.next(), parts.next()) {
         (Some(first), rest) => (first, rest),
         (None, _) => unreachable!("a split into two parts gives two"),
-    }
-}
-
-/// Each edge's weighted sum `Σ_p w[edge, p] · y_p` of a wave, `[N, E, C·H'·W']`, added term
-/// by term in the primitives' order from `columns` (laid out as `blocks` says). Each term is
-/// a whole block times its edges' weights, `[N, E, C·H'·W']` (a block per source repeated for
-/// the edges reading it), so that no column is cut out of its tensor one by one: the backward
-/// of a cut allocates the whole tensor, per cut.
-fn edge_sums(
-    wave: &Wave,
-    blocks: &[(usize, Block)],
-    columns: &[Tensor<3>],
-    flat: &Tensor<1>,
-    k: usize,
-) -> Tensor<3> {
-    let (edges, per) = (wave.edges.len(), wave.per_source());
-    // Each block's columns: its tensor's, or its run of them.
-    // Each columns tensor's blocks, in order, cut in one split.
-    let mut widths: Vec<Vec<usize>> = vec![Vec::new(); columns.len()];
-    let (mut t, mut at) = (0, 0);
-    for &(_, block) in blocks {
-        let width = match block {
-            Block::Edges => edges,
-            Block::Sources => wave.sources.len(),
-        };
-        if at == columns[t].dims()[1] {
-            (t, at) = (t + 1, 0);
-        }
-        widths[t].push(width);
-        at += width;
-    }
-    let cut = columns
-        .iter()
-        .zip(&widths)
-        .filter(|(_, w)| !w.is_empty())
-        .flat_map(|(cols, w)| split(cols.clone(), 1, w));
-    let mut terms: Vec<(usize, Block, Tensor<3>)> =
-        blocks.iter().zip(cut).map(|(&(p, block), y)| (p, block, y)).collect();
-    terms.sort_by_key(|(p, _, _)| *p);
-    let device = flat.device();
-    let sum = terms.into_iter().fold(None, |sum: Option<Tensor<3>>, (p, block, t)| {
-        let y = match block {
-            Block::Edges => t,
-            Block::Sources => {
-                let [n, s, len] = t.dims();
-                t.reshape([n, s, 1, len]).expand([n, s, per, len]).reshape([n, edges, len])
-            }
-        };
-        let index: Vec<i64> = wave.edges.iter().map(|&edge| (edge * k + p) as i64).collect();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [edges]), &device);
-        let w = flat.clone().select(0, index).reshape([1, edges, 1]);
-        let term = y.mul(w);
-        Some(match sum {
-            Some(acc) => acc.add(term),
-            None => term,
-        })
-    });
-    sum.expect("a wave has a candidate other than none")
-}
-
-/// What a candidate's columns of a wave's node sums are.
-#[derive(Debug, Clone, Copy)]
-enum Block {
-    /// One per edge, edge after edge.
-    Edges,
-    /// One per source state (a parameter-free candidate, run once per source).
-    Sources,
-}
-
-/// Where a wave's coefficients come from: for each column of its terms and each node it
-/// feeds, the index of the mixing weight in the cell's `[edges · K]` row, or none where that
-/// column does not feed that node.
-struct Mixing {
-    /// `[fed, columns]`, row by row: `edge · K + primitive`.
-    index: Vec<i64>,
-    /// 1 where the column feeds the node, 0 elsewhere.
-    mask: Vec<f32>,
-    columns: usize,
-}
-
-impl Mixing {
-    /// The columns of `blocks` in order: a primitive's `E` (edge after edge) or one per
-    /// source. The rows are the nodes the wave feeds, or (`per_edge`) its edges, each edge's
-    /// own weighted sum.
-    fn new(wave: &Wave, blocks: &[(usize, Block)], k: usize, per_edge: bool) -> Self {
-        let per = wave.per_source();
-        let rows = if per_edge { wave.edges.len() } else { wave.fed.len() };
-        // Each column: its primitive, and for each row the edge that reaches it there.
-        let mut columns: Vec<(usize, Vec<Option<usize>>)> = Vec::new();
-        for &(p, block) in blocks {
-            match block {
-                Block::Edges => {
-                    for (j, &edge) in wave.edges.iter().enumerate() {
-                        let to = (0..rows).map(|r| {
-                            let row = if per_edge { j } else { wave.node_of[j] - wave.fed.start };
-                            (row == r).then_some(edge)
-                        });
-                        columns.push((p, to.collect()));
-                    }
-                }
-                Block::Sources => {
-                    for s in 0..wave.sources.len() {
-                        let to = (0..rows).map(|r| match per_edge {
-                            true => (wave.source_of[r] == s).then_some(wave.edges[r]),
-                            false => Some(wave.edges[s * per + r]),
-                        });
-                        columns.push((p, to.collect()));
-                    }
-                }
-            }
-        }
-        let (fed, n) = (rows, columns.len());
-        let (mut index, mut mask) = (vec![0i64; fed * n], vec![0.0f32; fed * n]);
-        for (c, (p, to)) in columns.iter().enumerate() {
-            for (r, edge) in to.iter().enumerate() {
-                if let Some(edge) = edge {
-                    index[r * n + c] = (edge * k + p) as i64;
-                    mask[r * n + c] = 1.0;
-                }
-            }
-        }
-        Mixing { index, mask, columns: n }
-    }
-
-    /// The coefficients `[1, rows, columns]` from the cell's mixing weights `flat`.
-    fn coefficients(&self, flat: &Tensor<1>, fed: usize) -> Tensor<3> {
-        let device = flat.device();
-        let n = self.index.len();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(self.index.clone(), [n]), &device);
-        let mask = Tensor::<1>::from_data(TensorData::new(self.mask.clone(), [n]), &device);
-        flat.clone().select(0, index).mul(mask).reshape([1, fed, self.columns])
     }
 }
 
@@ -542,6 +335,9 @@ impl QuantSites for BatchedCell {
 
 mod bank;
 mod grids;
+mod reduce;
 mod stack;
+mod sums;
 
 pub use bank::{BankKind, BankStage, ConvBank, DwGroup, StageQuant, stack_sources};
+pub use reduce::StackedReduce;

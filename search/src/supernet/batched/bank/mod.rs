@@ -1,0 +1,197 @@
+//! A wave's convolutional candidates as one bank: every separable and dilated kind of the wave
+//! in one chain of launches per stage on the CubeCL runtimes.
+//!
+//! A stage (ReLU – depthwise – 1×1 – BN) holds every kind's weights side by side, kind after
+//! kind and, within a kind, edge after edge:
+//!
+//! - depthwise filters, one tensor per dilation: the kinds of one dilation zero-padded to the
+//!   largest kernel among them (sep 3×3 as a 5×5 whose outer ring is zero, dil 3×3 beside dil
+//!   5×5 at dilation 2), so that one launch convolves them all; a mask keeps the padding's
+//!   gradient at zero, so the padding stays zero through every optimizer step;
+//! - 1×1 weights of every kind, one convolution in `kinds·E` groups;
+//! - one BatchNorm of every kind's channels (each channel its own statistics, as before).
+//!
+//! On flex, where a launch costs nothing and a copy costs memory traffic, each kind runs on
+//! its own slices of the same weights (its filters without the padding): the per-kind chain
+//! the first form ran, with its values bit for bit. On the CubeCL runtimes the padding's taps
+//! add zeros; what else changes is how the merged launches split their sums, so the values are
+//! the per-kind chain's within float rounding (`tests/wgpu.rs` holds a two-step search in
+//! waves on wgpu to flex's per-edge losses, and the parity fixtures to PyTorch).
+//!
+//! The separable kinds come first, so that their second stage reads the first `S·E·C`
+//! channels of the first stage's output.
+
+use std::ops::Range;
+
+use burn::module::Module;
+use burn::tensor::Tensor;
+use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::relu::relu;
+use qdarts_kernels::split::split;
+use qdarts_ops::quant::hold::{narrow_channels, relu_held};
+use qdarts_ops::quant::{FakeQuantizer, Grid};
+
+mod stage;
+
+use super::BatchError;
+pub use stage::BankStage;
+
+/// One convolutional kind of a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BankKind {
+    /// Its candidate's index among the cell's primitives.
+    pub primitive: usize,
+    /// Kernel size `k` (square).
+    pub kernel: usize,
+    /// Dilation.
+    pub dilation: usize,
+    /// Padding (each side).
+    pub padding: usize,
+}
+
+/// The kinds of a stage that share a dilation, convolved in one launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DwGroup {
+    /// Their positions among the stage's kinds.
+    pub kinds: Range<usize>,
+    /// The largest kernel among them, the size every filter of the group is padded to.
+    pub kernel: usize,
+    /// Their dilation.
+    pub dilation: usize,
+    /// The padding of the padded filters.
+    pub padding: usize,
+}
+
+/// A stage's quantizers, each standing for every (kind, edge) of the stage as one row
+/// ([`FakeQuantizer::stacked`]): numerically each edge's own (its observer state, its
+/// rounding, its straight-through gradient).
+#[derive(Module, Debug)]
+pub struct StageQuant {
+    /// Depthwise weights, per dilation group (per output channel; empty in a float cell).
+    pub dw: Vec<FakeQuantizer>,
+    /// Depthwise outputs (per tensor of each edge).
+    pub dw_act: Option<FakeQuantizer>,
+    /// 1×1 weights (per output channel).
+    pub pw: Option<FakeQuantizer>,
+    /// Outputs (per tensor of each edge).
+    pub act: Option<FakeQuantizer>,
+}
+
+/// A stacked quantizer of `sites`: none where every site is float.
+///
+/// # Errors
+/// Where some sites are quantized and others not, or they do not stack.
+pub(super) fn stack_sites(
+    sites: Vec<Option<&FakeQuantizer>>,
+    path: &str,
+) -> Result<Option<FakeQuantizer>, BatchError> {
+    let quantized: Vec<&FakeQuantizer> = sites.iter().flatten().copied().collect();
+    if quantized.is_empty() {
+        return Ok(None);
+    }
+    if quantized.len() < sites.len() {
+        return Err(BatchError::Quantizers(path.to_string()));
+    }
+    Ok(Some(FakeQuantizer::stacked(&quantized, path)?))
+}
+
+/// A stacked quantizer of `rows` per-tensor sites applied to `x` `[N, rows·C, H, W]`, the
+/// output and its grid (over the rows, one per site: see [`super::grids::rows_as_channels`]).
+pub(super) fn quantize_rows(q: &Option<FakeQuantizer>, x: Tensor<4>) -> (Tensor<4>, Option<Grid>) {
+    let Some(q) = q else { return (x, None) };
+    let [n, c, h, w] = x.dims();
+    let rows = q.rows().len();
+    let (y, grid) = q.forward_with_grid(x.reshape([n, rows, c / rows * h * w]));
+    (y.reshape([n, c, h, w]), Some(grid))
+}
+
+/// A wave's separable and dilated candidates: their first stages, and the separable kinds'
+/// second.
+#[derive(Module, Debug)]
+pub struct ConvBank {
+    /// The first stage of every kind (a separable conv's `op1`, a dilated conv's only one).
+    pub first: BankStage,
+    /// The second stage of the separable kinds (`op2`), the first `seps` of `first`'s kinds.
+    pub second: Option<BankStage>,
+}
+
+/// What a merged stage reads.
+enum Input {
+    /// The wave's sources, which every kind and edge reads: `per` edges from each.
+    Sources { x: Tensor<4>, per: usize },
+    /// Each kind's own input, side by side.
+    Kinds(Tensor<4>),
+}
+
+/// `x` `[N, S·C, H, W]` (after the ReLU) as every edge's input, `copies` times over:
+/// `[N, copies·S·per·C, H, W]`, copy after copy, edge after edge (edges source by source).
+pub fn stack_sources(x: &Tensor<4>, sources: usize, per: usize, copies: usize) -> Tensor<4> {
+    let [n, sc, h, w] = x.dims();
+    let c = sc / sources;
+    if copies * per == 1 {
+        return x.clone();
+    }
+    let r = x.clone().reshape([n, 1, sources, 1, c, h * w]);
+    r.expand([n, copies, sources, per, c, h * w]).reshape([n, copies * sources * per * c, h, w])
+}
+
+impl ConvBank {
+    /// Every kind's output on the wave's sources `x` `[N, S·C, H, W]` after the ReLU (`per`
+    /// edges from each), as columns of the node sums: tensors `[N, kinds·E, C·H'·W']` whose
+    /// kinds, in order, are the bank's (separable first); and the shape of one node,
+    /// `[N, C, H', W']`.
+    pub fn forward(&self, x: Tensor<4>, per: usize) -> (Vec<Tensor<3>>, [usize; 4]) {
+        let merged = direct_available(&x.device(), x.dtype());
+        let sources = x.dims()[1] / self.first.channels;
+        let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
+        let (width, c) = (self.first.width(), self.first.channels);
+        if merged || self.first.quantized() {
+            // Every kind's channels side by side after the depthwise convolutions: one chain
+            // per stage on the CubeCL runtimes; on flex (a quantized cell) the depthwise
+            // convolutions kind by kind.
+            let y = match merged {
+                true => self.first.forward_merged(Input::Sources { x, per }),
+                false => {
+                    self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]).remove(0)
+                }
+            };
+            let dims = y.dims();
+            let [n, _, h, w] = dims;
+            let columns = |t: Tensor<4>| {
+                let cols = t.dims()[1] / c;
+                t.reshape([n, cols, c * h * w])
+            };
+            let Some(second) = &self.second else { return (vec![columns(y.value)], [n, c, h, w]) };
+            // The second stage starts with a ReLU of the first's output, on its grid; the
+            // kinds without one (dilated) are done. The cuts are splits: one backward each.
+            let sep_grid = narrow_channels(y.grid.as_ref(), dims, 0, seps * width);
+            let kinds = self.first.kinds.len();
+            let sizes = [seps * width, (kinds - seps) * width];
+            let mut parts =
+                split(y.value, 1, &sizes[..if kinds > seps { 2 } else { 1 }]).into_iter();
+            let sep_out = parts.next().expect("a bank with a second stage has separable kinds");
+            let sep_in = relu_held(sep_out, sep_grid.as_ref());
+            let z = match merged {
+                true => second.forward_merged(Input::Kinds(sep_in)),
+                false => second.forward_per_kind(&split(sep_in, 1, &vec![width; seps])).remove(0),
+            };
+            let mut out = vec![columns(z.value)];
+            out.extend(parts.map(columns));
+            return (out, [n, c, h, w]);
+        }
+        // Kind by kind.
+        let mut ys = self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]);
+        if let Some(second) = &self.second {
+            let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(|y| relu(y.value)).collect();
+            ys.splice(0..0, second.forward_per_kind(&sep_in));
+        }
+        let [n, _, h, w] = ys[0].dims();
+        let out = ys.into_iter().map(|t| t.value.reshape([n, width / c, c * h * w])).collect();
+        (out, [n, c, h, w])
+    }
+
+    /// The primitives of the bank's kinds, in its order.
+    pub fn primitives(&self) -> Vec<usize> {
+        self.first.kinds.iter().map(|k| k.primitive).collect()
+    }
+}
