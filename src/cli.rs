@@ -304,9 +304,9 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// `qdarts search`'s arguments.
+/// What a run starts from: a config and its overrides, or the run folder to resume.
 #[derive(Debug, Args)]
-pub(crate) struct SearchCli {
+pub(crate) struct RunArgs {
     /// Experiment config (TOML) [default: experiments/default.toml].
     #[arg(long, conflicts_with = "resume")]
     pub(crate) config: Option<PathBuf>,
@@ -320,6 +320,20 @@ pub(crate) struct SearchCli {
     /// cosine learning rate is stretched over the new total).
     #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) extend_epochs: Option<u32>,
+}
+
+impl RunArgs {
+    /// The epochs `--extend-epochs` adds (none without it).
+    pub(crate) fn extra_epochs(&self) -> usize {
+        self.extend_epochs.map_or(0, |n| n as usize)
+    }
+}
+
+/// `qdarts search`'s arguments.
+#[derive(Debug, Args)]
+pub(crate) struct SearchCli {
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
     /// Show the dashboard while searching (logs go to the run's debug.log).
     #[arg(long)]
     pub(crate) dashboard: bool,
@@ -333,25 +347,20 @@ pub(crate) struct SearchCli {
     pub(crate) on: BackendArgs,
 }
 
-/// `qdarts train`'s arguments.
+/// `qdarts train`'s arguments: [`RunArgs`] in training's words.
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("config", |a| a.help("Training config (TOML) [default: experiments/train-default.toml]")),
+    mut_arg("overrides", |a| a.help("Override a config key, e.g. `--set train.epochs=5`")),
+    mut_arg("resume", |a| a.help("Continue an interrupted training run with the config it started with")),
+)]
 pub(crate) struct TrainCli {
-    /// Training config (TOML) [default: experiments/train-default.toml].
-    #[arg(long, conflicts_with = "resume")]
-    pub(crate) config: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
     /// The genotype: a JSON or DARTS-text file, a search run folder, or a shipped name
     /// such as DARTS_V2 (sets `genotype`).
     #[arg(long, conflicts_with = "resume")]
     pub(crate) genotype: Option<String>,
-    /// Override a config key, e.g. `--set train.epochs=5`.
-    #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
-    pub(crate) overrides: Vec<String>,
-    /// Continue an interrupted training run with the config it started with.
-    #[arg(long, value_name = "RUN_DIR")]
-    pub(crate) resume: Option<PathBuf>,
-    /// With --resume: add this many epochs to the run (recorded in its changes.csv).
-    #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub(crate) extend_epochs: Option<u32>,
     #[command(flatten)]
     pub(crate) data: DataArgs,
     #[command(flatten)]

@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use backend::{Backend, BackendKind};
-use cli::{Cli, Command, DataArgs, SearchCli, TrainCli};
+use cli::{Cli, Command, DataArgs, RunArgs, SearchCli, TrainCli};
 use qdarts_engine::Progress;
 use qdarts_sweep::TrialKind;
 
@@ -206,17 +206,7 @@ fn run_command(command: Command, backend: Backend) -> anyhow::Result<()> {
 
 /// `qdarts search`: a new run, a resumed one, or a sweep's trial.
 fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
-    let SearchCli {
-        config,
-        mut overrides,
-        resume,
-        extend_epochs,
-        dashboard,
-        dash,
-        data,
-        trial,
-        ..
-    } = args;
+    let SearchCli { run, dashboard, dash, data, trial, .. } = args;
     if let Some(dir) = trial.sweep {
         if dashboard {
             return Err(Usage(
@@ -226,13 +216,15 @@ fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
         }
         return sweep_cmd::run_trial(&dir, trial.trial, TrialKind::Search, backend);
     }
+    let extend_epochs = run.extra_epochs();
+    let RunArgs { config, mut overrides, resume, .. } = run;
     data_overrides(&mut overrides, data);
     let config = default_config(config, "experiments/default.toml", resume.is_some())?;
     search_cmd::run(&search_cmd::SearchArgs {
         config: &config,
         overrides: &overrides,
         resume: resume.as_deref(),
-        extend_epochs: extend_epochs.map_or(0, |n| n as usize),
+        extend_epochs,
         backend,
         dashboard,
         dash: dash.options(),
@@ -241,7 +233,7 @@ fn search(args: SearchCli, backend: Backend) -> anyhow::Result<()> {
 
 /// `qdarts train`: a new training run, a resumed one, or a sweep's trial.
 fn train(args: TrainCli, backend: Backend) -> anyhow::Result<()> {
-    let TrainCli { config, genotype, mut overrides, resume, extend_epochs, data, trial, .. } = args;
+    let TrainCli { run, genotype, data, trial, .. } = args;
     if let Some(dir) = trial.sweep {
         if genotype.is_some() {
             return Err(
@@ -250,6 +242,8 @@ fn train(args: TrainCli, backend: Backend) -> anyhow::Result<()> {
         }
         return sweep_cmd::run_trial(&dir, trial.trial, TrialKind::Train, backend);
     }
+    let extend_epochs = run.extra_epochs();
+    let RunArgs { config, mut overrides, resume, .. } = run;
     data_overrides(&mut overrides, data);
     if let Some(g) = genotype {
         overrides.push(format!("genotype={}", toml_string(&g)));
@@ -259,7 +253,7 @@ fn train(args: TrainCli, backend: Backend) -> anyhow::Result<()> {
         config: &config,
         overrides: &overrides,
         resume: resume.as_deref(),
-        extend_epochs: extend_epochs.map_or(0, |n| n as usize),
+        extend_epochs,
         backend,
     })
 }
