@@ -2,7 +2,7 @@
 //! backward step.
 
 use super::*;
-use crate::support::autodiff::unary_step;
+use crate::support::autodiff::{step, unary_step};
 
 #[cfg(feature = "cube")]
 impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B, C> {
@@ -61,40 +61,12 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
     }
 
     fn channel_shift(m: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct ShiftStep;
-
-        impl<B: Backend + FoldBackend> Backward<B, 2> for ShiftStep {
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_m, node_w] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                let (m, w) = ops.state;
-                let (dm, dw) = B::channel_shift_backward(m, w, grad);
-                if let Some(node) = node_m {
-                    grads.register::<B>(node.id, dm);
-                }
-                if let Some(node) = node_w {
-                    grads.register::<B>(node.id, dw);
-                }
-            }
-        }
-
-        match ShiftStep.prepare::<C>([m.node(), w.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (mp, wp) = (m.primitive().clone(), w.primitive().clone());
-                prep.finish((mp.clone(), wp.clone()), B::channel_shift(mp, wp))
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::channel_shift(m.into_primitive(), w.into_primitive()))
-            }
-        }
+        let keep = |[m, w]: &[FloatTensor<B>; 2]| (m.clone(), w.clone());
+        let forward = |[m, w]: [FloatTensor<B>; 2]| B::channel_shift(m, w);
+        step::<B, C, _, 2>([m, w], keep, forward, |(m, w), grad, [dm, dw]| {
+            let (m_grad, w_grad) = B::channel_shift_backward(m, w, grad);
+            [dm.then_some(m_grad), dw.then_some(w_grad)]
+        })
     }
 
     fn channel_shift_backward(
@@ -184,55 +156,22 @@ impl<B: Backend + ChannelBackend, C: CheckpointStrategy> ChannelBackend for Auto
         w: FloatTensor<Self>,
         b: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct AffineStep;
-
-        impl<B: Backend + ChannelBackend> Backward<B, 3> for AffineStep {
-            /// `x`, `w` and the number of channels.
-            type State = (FloatTensor<B>, FloatTensor<B>, usize);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x, node_w, node_b] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                let (x, w, c) = ops.state;
-                if node_w.is_some() || node_b.is_some() {
-                    let wb = B::channel_affine_wb_backward(x, grad.clone());
-                    let row = |r: usize| {
-                        let t = B::float_slice(wb.clone(), &[(r..r + 1).into(), (0..c).into()]);
-                        B::float_reshape(t, [c].into())
-                    };
-                    if let Some(node) = node_w {
-                        grads.register::<B>(node.id, row(0));
-                    }
-                    if let Some(node) = node_b {
-                        grads.register::<B>(node.id, row(1));
-                    }
-                }
-                if let Some(node) = node_x {
-                    grads.register::<B>(node.id, B::channel_affine_x_backward(grad, w));
-                }
-            }
-        }
-
         let c = x.primitive().shape()[1];
-        let prep = AffineStep.prepare::<C>([x.node(), w.node(), b.node()]);
-        match prep.compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
-                let out = B::channel_affine(xp.clone(), wp.clone(), b.into_primitive());
-                prep.finish((xp, wp, c), out)
+        // `x`, `w` and the number of channels.
+        let keep = |[x, w, _]: &[FloatTensor<B>; 3]| (x.clone(), w.clone(), c);
+        let forward = |[x, w, b]: [FloatTensor<B>; 3]| B::channel_affine(x, w, b);
+        step::<B, C, _, 3>([x, w, b], keep, forward, |(x, w, c), grad, [dx, dw, db]| {
+            let (mut w_grad, mut b_grad) = (None, None);
+            if dw || db {
+                let wb = B::channel_affine_wb_backward(x, grad.clone());
+                let row = |r: usize| {
+                    let t = B::float_slice(wb.clone(), &[(r..r + 1).into(), (0..c).into()]);
+                    B::float_reshape(t, [c].into())
+                };
+                (w_grad, b_grad) = (dw.then(|| row(0)), db.then(|| row(1)));
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::channel_affine(
-                x.into_primitive(),
-                w.into_primitive(),
-                b.into_primitive(),
-            )),
-        }
+            [dx.then(|| B::channel_affine_x_backward(grad, w)), w_grad, b_grad]
+        })
     }
 
     fn channel_affine_x_backward(

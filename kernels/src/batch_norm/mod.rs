@@ -26,9 +26,7 @@
 //! `tests/batch_norm.rs` holds the two together on every backend of the build.
 
 use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{AutodiffBackend, TensorMetadata};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::{DType, Device, Tensor};

@@ -2,6 +2,7 @@
 //! backward step.
 
 use super::*;
+use crate::support::autodiff::step;
 
 impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for Autodiff<B, C> {
     fn depthwise_conv2d(
@@ -9,46 +10,23 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
         weight: FloatTensor<Self>,
         geom: PlaneGeom,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct DepthwiseStep;
-
-        impl<B: Backend + DepthwiseBackend> Backward<B, 2> for DepthwiseStep {
-            type State = (FloatTensor<B>, FloatTensor<B>, PlaneGeom);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (x, weight, geom) = ops.state;
-                if let [Some(node_x), Some(node_w)] = &ops.parents {
-                    let grad = grads.consume::<B>(&ops.node);
-                    let (dx, dw) = B::depthwise_conv2d_backward(x, grad, weight, geom);
-                    grads.register::<B>(node_x.id, dx);
-                    grads.register::<B>(node_w.id, dw);
-                    return;
+        let keep = |[x, w]: &[FloatTensor<B>; 2]| (x.clone(), w.clone(), geom);
+        let forward = |[x, w]: [FloatTensor<B>; 2]| B::depthwise_conv2d(x, w, geom);
+        step::<B, C, _, 2>(
+            [x, weight],
+            keep,
+            forward,
+            |(x, w, geom), grad, tracked| match tracked {
+                [true, true] => {
+                    let (dx, dw) = B::depthwise_conv2d_backward(x, grad, w, geom);
+                    [Some(dx), Some(dw)]
                 }
-                binary::<B, _, _>(
-                    ops.parents,
-                    ops.node,
-                    grads,
-                    |grad| B::depthwise_conv2d_x_backward(grad, weight, geom),
-                    |grad| B::depthwise_conv2d_weight_backward(x, grad, geom),
-                );
-            }
-        }
-
-        match DepthwiseStep.prepare::<C>([x.node(), weight.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (xp, wp) = (x.primitive().clone(), weight.primitive().clone());
-                let out = B::depthwise_conv2d(xp.clone(), wp.clone(), geom);
-                prep.finish((xp, wp, geom), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::depthwise_conv2d(x.into_primitive(), weight.into_primitive(), geom))
-            }
-        }
+                [dx, dw] => [
+                    dx.then(|| B::depthwise_conv2d_x_backward(grad.clone(), w, geom)),
+                    dw.then(|| B::depthwise_conv2d_weight_backward(x, grad, geom)),
+                ],
+            },
+        )
     }
 
     fn depthwise_conv2d_x_backward(

@@ -27,9 +27,7 @@
 
 use burn::backend::AutodiffBackend;
 use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor};

@@ -1,12 +1,12 @@
 //! The scaling kernels as a CubeCL backend extension, with their autodiff steps.
 
 use burn::backend::autodiff::Autodiff;
-use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{
     AutodiffBackend, Backend, TensorMetadata, backend_extension, tensor::FloatTensor,
 };
+
+use crate::support::autodiff::step;
 
 /// The scaling kernels (see [`scale_available`](super::scale_available)).
 #[backend_extension(Cube, Autodiff)]
@@ -39,55 +39,35 @@ pub trait ScaleBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// The length of a rank-1 weight vector, as the kernels' index type.
-fn len_of<B: Backend>(w: &FloatTensor<B>) -> u32 {
-    u32::try_from(w.shape().num_elements()).unwrap_or(u32::MAX)
+/// The gradients of `y · w[index]` that the graph tracks: both in one launch, or either alone.
+fn scaled_grads<B: ScaleBackend>(
+    y: FloatTensor<B>,
+    w: FloatTensor<B>,
+    index: u32,
+    grad: FloatTensor<B>,
+    tracked: [bool; 2],
+) -> [Option<FloatTensor<B>>; 2] {
+    match tracked {
+        [true, true] => {
+            let (dy, dw) = B::scale_by_backward(y, w, grad, index);
+            [Some(dy), Some(dw)]
+        }
+        [true, false] => [Some(B::scale_by(grad, w, index)), None],
+        [false, true] => {
+            let len = u32::try_from(w.shape().num_elements()).unwrap_or(u32::MAX);
+            [None, Some(B::scale_by_weight_grad(y, grad, index, len))]
+        }
+        [false, false] => [None, None],
+    }
 }
 
 impl<B: Backend + ScaleBackend, C: CheckpointStrategy> ScaleBackend for Autodiff<B, C> {
     fn scale_by(y: FloatTensor<Self>, w: FloatTensor<Self>, index: u32) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct ScaleStep(u32);
-
-        impl<B: Backend + ScaleBackend> Backward<B, 2> for ScaleStep {
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let (y, w) = ops.state;
-                let index = self.0;
-                if let [Some(node_y), Some(node_w)] = &ops.parents {
-                    let grad = grads.consume::<B>(&ops.node);
-                    let (dy, dw) = B::scale_by_backward(y, w, grad, index);
-                    grads.register::<B>(node_y.id, dy);
-                    grads.register::<B>(node_w.id, dw);
-                    return;
-                }
-                let len = len_of::<B>(&w);
-                binary::<B, _, _>(
-                    ops.parents,
-                    ops.node,
-                    grads,
-                    |grad| B::scale_by(grad, w, index),
-                    |grad| B::scale_by_weight_grad(y, grad, index, len),
-                );
-            }
-        }
-
-        match ScaleStep(index).prepare::<C>([y.node(), w.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (yp, wp) = (y.primitive().clone(), w.primitive().clone());
-                let out = B::scale_by(yp.clone(), wp.clone(), index);
-                prep.finish((yp, wp), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::scale_by(y.into_primitive(), w.into_primitive(), index))
-            }
-        }
+        let keep = |[y, w]: &[FloatTensor<B>; 2]| (y.clone(), w.clone(), index);
+        let forward = |[y, w]: [FloatTensor<B>; 2]| B::scale_by(y, w, index);
+        step::<B, C, _, 2>([y, w], keep, forward, |(y, w, index), grad, tracked| {
+            scaled_grads::<B>(y, w, index, grad, tracked)
+        })
     }
 
     fn add_scaled(
@@ -96,60 +76,14 @@ impl<B: Backend + ScaleBackend, C: CheckpointStrategy> ScaleBackend for Autodiff
         w: FloatTensor<Self>,
         index: u32,
     ) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct AddScaledStep(u32);
-
-        impl<B: Backend + ScaleBackend> Backward<B, 3> for AddScaledStep {
-            type State = (FloatTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 3>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node_acc, node_y, node_w] = ops.parents;
-                let grad = grads.consume::<B>(&ops.node);
-                let (y, w) = ops.state;
-                let index = self.0;
-                // `∂acc` is `∂out` itself; while it is held here the kernels see the buffer
-                // shared and write `∂y` into one of its own.
-                match (node_y, node_w) {
-                    (Some(node_y), Some(node_w)) => {
-                        let (dy, dw) = B::scale_by_backward(y, w, grad.clone(), index);
-                        grads.register::<B>(node_y.id, dy);
-                        grads.register::<B>(node_w.id, dw);
-                    }
-                    (Some(node_y), None) => {
-                        grads.register::<B>(node_y.id, B::scale_by(grad.clone(), w, index));
-                    }
-                    (None, Some(node_w)) => {
-                        let len = len_of::<B>(&w);
-                        let dw = B::scale_by_weight_grad(y, grad.clone(), index, len);
-                        grads.register::<B>(node_w.id, dw);
-                    }
-                    (None, None) => {}
-                }
-                if let Some(node_acc) = node_acc {
-                    grads.register::<B>(node_acc.id, grad);
-                }
-            }
-        }
-
-        let nodes = [acc.node(), y.node(), w.node()];
-        match AddScaledStep(index).prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (yp, wp) = (y.primitive().clone(), w.primitive().clone());
-                let out = B::add_scaled(acc.into_primitive(), yp.clone(), wp.clone(), index);
-                prep.finish((yp, wp), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::add_scaled(
-                acc.into_primitive(),
-                y.into_primitive(),
-                w.into_primitive(),
-                index,
-            )),
-        }
+        let keep = |[_, y, w]: &[FloatTensor<B>; 3]| (y.clone(), w.clone(), index);
+        let forward = |[acc, y, w]: [FloatTensor<B>; 3]| B::add_scaled(acc, y, w, index);
+        step::<B, C, _, 3>([acc, y, w], keep, forward, |(y, w, index), grad, [da, dy, dw]| {
+            // `∂acc` is `∂out` itself; while it is held here the kernels see the buffer
+            // shared and write `∂y` into one of its own.
+            let [dy, dw] = scaled_grads::<B>(y, w, index, grad.clone(), [dy, dw]);
+            [da.then_some(grad), dy, dw]
+        })
     }
 
     fn scale_by_backward(

@@ -1,6 +1,7 @@
-//! The autodiff step of a kernel with one differentiated input, written once: the forward on
-//! the inner backend, and where the graph tracks the input, the state its backward keeps and
-//! the function that maps the output's gradient to the input's.
+//! The autodiff step of a kernel, written once: the forward on the inner backend, and where
+//! the graph tracks an input, the state its backward keeps and the function that maps the
+//! output's gradient to the inputs' ([`unary_step`] for one differentiated input, [`step`] for
+//! several).
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -53,5 +54,63 @@ where
             prep.finish(state, out)
         }
         OpsKind::UnTracked(prep) => prep.finish(forward(x.into_primitive()).0),
+    }
+}
+
+/// The inputs' gradients of a [`step`] from the state it kept, the output's gradient and which
+/// inputs the graph tracks (`None` for the others).
+pub(crate) type Grads<B, S, const N: usize> =
+    fn(S, FloatTensor<B>, [bool; N]) -> [Option<FloatTensor<B>>; N];
+
+/// The backward of a [`step`].
+pub(crate) struct StepBackward<B: Backend, S, const N: usize>(Grads<B, S, N>, PhantomData<S>);
+
+impl<B: Backend, S, const N: usize> fmt::Debug for StepBackward<B, S, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StepBackward<{N}>")
+    }
+}
+
+impl<B: Backend, S: Clone + Send + fmt::Debug + 'static, const N: usize> Backward<B, N>
+    for StepBackward<B, S, N>
+{
+    type State = S;
+
+    fn backward(self, ops: Ops<S, N>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let grad = grads.consume::<B>(&ops.node);
+        let tracked = ops.parents.each_ref().map(Option::is_some);
+        let inputs = (self.0)(ops.state, grad, tracked);
+        for (parent, input) in ops.parents.into_iter().zip(inputs) {
+            if let (Some(node), Some(input)) = (parent, input) {
+                grads.register::<B>(node.id, input);
+            }
+        }
+    }
+}
+
+/// `forward` of `N` inputs on the inner backend, differentiated by `backward`: where the graph
+/// tracks an input, `keep` first takes what `backward` needs from the inputs (so that an
+/// untracked step holds no second reference to them and its kernels may write in place), and
+/// `backward` gives each tracked input's gradient from that and the output's gradient.
+pub(crate) fn step<B, C, S, const N: usize>(
+    inputs: [FloatTensor<Autodiff<B, C>>; N],
+    keep: impl FnOnce(&[FloatTensor<B>; N]) -> S,
+    forward: impl FnOnce([FloatTensor<B>; N]) -> FloatTensor<B>,
+    backward: Grads<B, S, N>,
+) -> FloatTensor<Autodiff<B, C>>
+where
+    B: Backend,
+    C: CheckpointStrategy,
+    S: Clone + Send + fmt::Debug + 'static,
+{
+    let nodes = inputs.each_ref().map(|x| x.node());
+    let prep = StepBackward(backward, PhantomData).prepare::<C>(nodes);
+    let inner = inputs.map(|x| x.into_primitive());
+    match prep.compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let state = keep(&inner);
+            prep.finish(state, forward(inner))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(inner)),
     }
 }
