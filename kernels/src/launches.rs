@@ -11,6 +11,40 @@ pub fn counted<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
     (out, kinds.map(|k| k.iter().map(|(_, n)| n).sum()))
 }
 
+/// The environment variable that names a kernel (part of its name, e.g. `copy_kernel`) whose
+/// launches [`counted_by_kernel`] reports on standard error, each with its call sites in this
+/// workspace and in Burn's autodiff (innermost first): which line of the model a launch
+/// comes from, forward or backward.
+pub const TRACE: &str = "QDARTS_LAUNCH_TRACE";
+
+/// The frames of the current call stack in this workspace's crates (not this file) and in
+/// Burn's autodiff and backend, innermost first, as `path:line` joined by ` <- `.
+#[cfg(feature = "cube")]
+fn call_sites() -> String {
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    let ours = [
+        "/search/src/",
+        "/ops/src/",
+        "/kernels/src/",
+        "/src/bench/",
+        "burn-autodiff-",
+        "burn-backend-",
+    ];
+    let sites: Vec<&str> = trace
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("at "))
+        .filter(|at| ours.iter().any(|p| at.contains(p)) && !at.contains("launches.rs"))
+        .map(|at| at.rsplit_once(':').map_or(at, |(path_line, _col)| path_line))
+        // A registry crate by its own name: `burn-autodiff-0.22.1/src/…`.
+        .map(|at| {
+            at.split_once("/registry/src/")
+                .and_then(|(_, r)| r.split_once('/'))
+                .map_or(at, |(_, p)| p)
+        })
+        .collect();
+    sites.join(" <- ")
+}
+
 /// [`counted`] by kernel: each kernel's name (CubeCL's, e.g. the kernel function's path) and
 /// its launches, most launched first, ties by name.
 pub fn counted_by_kernel<R>(
@@ -25,16 +59,20 @@ pub fn counted_by_kernel<R>(
         use cubecl::logging::{LaunchObservation, LaunchObserver};
 
         #[derive(Default)]
-        struct Count(Mutex<HashMap<&'static str, u64>>);
+        struct Count(Mutex<HashMap<&'static str, u64>>, Option<String>);
 
         impl LaunchObserver for Count {
             fn launched(&self, kernel: &'static str) {
+                if self.1.as_ref().is_some_and(|want| kernel.contains(want.as_str())) {
+                    eprintln!("launch {kernel} from {}", call_sites());
+                }
                 let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
                 *seen.entry(kernel).or_default() += 1;
             }
         }
 
-        let count = Arc::new(Count::default());
+        let trace = std::env::var(TRACE).ok().filter(|k| !k.is_empty());
+        let count = Arc::new(Count(Mutex::default(), trace));
         let watching = LaunchObservation::new(count.clone());
         let out = f();
         drop(watching);

@@ -11,7 +11,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData, module};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::devices::compiled;
 use qdarts_kernels::direct_conv::direct_available;
-use qdarts_kernels::launches::counted;
+use qdarts_kernels::launches::{counted, counted_by_kernel};
 
 /// The launch counter sees every thread's launches: the tests of this file run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -241,5 +241,40 @@ fn a_forward_is_one_launch() {
         let (y, launches) = counted(&d, || conv2d(x.clone(), w.clone(), options.clone()));
         assert_eq!(y.dims(), [2, 4, 8, 8], "{name}");
         assert_eq!(launches, Some(1), "{name}: launches of a contiguous forward");
+    }
+}
+
+/// Output, ∂x and ∂w (empty where untracked) of a grouped 1×1 convolution on `d` whose output's
+/// gradient arrives strided (the loss reads the output through a permutation), and the copy
+/// kernels its backward launched.
+fn strided_gradient(d: &Device, track: [bool; 2]) -> ([Vec<f32>; 3], u64) {
+    let d = d.clone().autodiff();
+    let x = Tensor::<4>::from_data(TensorData::new(values(2 * 8 * 6 * 6, 41), [2, 8, 6, 6]), &d);
+    let w = Tensor::<4>::from_data(TensorData::new(values(8 * 4, 42), [8, 4, 1, 1]), &d);
+    let x = if track[0] { x.require_grad() } else { x };
+    let w = if track[1] { w.require_grad() } else { w };
+    let opts = ConvOptions::new([1, 1], [0, 0], [1, 1], 2);
+    let y = qdarts_kernels::direct_conv::conv2d(x.clone(), w.clone(), opts);
+    let up = Tensor::<4>::from_data(TensorData::new(values(2 * 6 * 6 * 8, 43), [2, 6, 6, 8]), &d);
+    let loss = y.clone().permute([0, 2, 3, 1]).mul(up).sum();
+    let (grads, kinds) = counted_by_kernel(&d, || loss.backward());
+    let copies =
+        kinds.unwrap_or_default().iter().filter(|(k, _)| k.contains("copy")).map(|(_, n)| n).sum();
+    let grad = |t: &Tensor<4>| t.grad(&grads).map(vals).unwrap_or_default();
+    ([vals(y), grad(&x), grad(&w)], copies)
+}
+
+#[test]
+fn both_gradients_at_once_are_each_alone_bitwise_and_copy_a_strided_gradient_once() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let (_serial, devices) = cube_devices();
+    for (name, d) in devices {
+        let ([y, dx, dw], copies) = strided_gradient(&d, [true, true]);
+        let ([_, dx_alone, _], copies_x) = strided_gradient(&d, [true, false]);
+        let ([_, _, dw_alone], copies_w) = strided_gradient(&d, [false, true]);
+        assert!(!dx.is_empty() && !dw.is_empty() && y.len() == dx.len(), "{name}");
+        assert_eq!(bits(&dx), bits(&dx_alone), "{name}: ∂x");
+        assert_eq!(bits(&dw), bits(&dw_alone), "{name}: ∂w");
+        assert_eq!((copies, copies_x, copies_w), (1, 1, 1), "{name}: copies of the strided ∂y");
     }
 }

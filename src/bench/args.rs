@@ -97,7 +97,9 @@ pub enum BenchCommand {
         /// Rounds of edges then waves, alternating, after one warm-up each.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
-        /// Also list each form's N most launched kernels (CubeCL backends).
+        /// Also list each form's N most launched kernels (CubeCL backends). With
+        /// QDARTS_LAUNCH_TRACE=NAME in the environment, every launch of a kernel whose name
+        /// contains NAME is printed on standard error with the lines it comes from.
         #[arg(long, value_name = "N", default_value_t = 0)]
         kernels: usize,
         /// Also write the table as CSV.

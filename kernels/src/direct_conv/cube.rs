@@ -319,6 +319,17 @@ impl DirectConvBackend for CubeBackend {
         out
     }
 
+    fn direct_conv2d_backward(
+        x: CubeTensor,
+        grad: CubeTensor,
+        weight: CubeTensor,
+        geom: ConvGeom,
+    ) -> (CubeTensor, CubeTensor) {
+        let grad = f32_contiguous(grad, OP);
+        let dx = Self::direct_conv2d_x_backward(grad.clone(), weight, geom);
+        (dx, Self::direct_conv2d_weight_backward(x, grad, geom))
+    }
+
     fn direct_conv2d_x_backward(
         grad: CubeTensor,
         weight: CubeTensor,

@@ -31,6 +31,15 @@ pub trait DirectConvBackend: Backend {
         grad: FloatTensor<Self>,
         geom: ConvGeom,
     ) -> FloatTensor<Self>;
+
+    /// Both gradients, `(input's, weight's)`: the two functions above, with the output's
+    /// gradient laid out contiguously once for both (each would copy a strided one).
+    fn direct_conv2d_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        geom: ConvGeom,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 impl<B: Backend + DirectConvBackend, C: CheckpointStrategy> DirectConvBackend for Autodiff<B, C> {
@@ -41,12 +50,21 @@ impl<B: Backend + DirectConvBackend, C: CheckpointStrategy> DirectConvBackend fo
     ) -> FloatTensor<Self> {
         let keep = |[x, w]: &[FloatTensor<B>; 2]| (x.clone(), w.clone(), geom);
         let forward = |[x, w]: [FloatTensor<B>; 2]| B::direct_conv2d(x, w, geom);
-        step::<B, C, _, 2>([x, weight], keep, forward, |(x, w, geom), grad, [dx, dw]| {
-            [
-                dx.then(|| B::direct_conv2d_x_backward(grad.clone(), w, geom)),
-                dw.then(|| B::direct_conv2d_weight_backward(x, grad, geom)),
-            ]
-        })
+        step::<B, C, _, 2>(
+            [x, weight],
+            keep,
+            forward,
+            |(x, w, geom), grad, tracked| match tracked {
+                [true, true] => {
+                    let (dx, dw) = B::direct_conv2d_backward(x, grad, w, geom);
+                    [Some(dx), Some(dw)]
+                }
+                [dx, dw] => [
+                    dx.then(|| B::direct_conv2d_x_backward(grad.clone(), w, geom)),
+                    dw.then(|| B::direct_conv2d_weight_backward(x, grad, geom)),
+                ],
+            },
+        )
     }
 
     fn direct_conv2d_x_backward(
@@ -71,5 +89,20 @@ impl<B: Backend + DirectConvBackend, C: CheckpointStrategy> DirectConvBackend fo
             grad.into_primitive(),
             geom,
         ))
+    }
+
+    fn direct_conv2d_backward(
+        x: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        geom: ConvGeom,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dw) = B::direct_conv2d_backward(
+            x.into_primitive(),
+            grad.into_primitive(),
+            weight.into_primitive(),
+            geom,
+        );
+        (Self::from_inner(dx), Self::from_inner(dw))
     }
 }

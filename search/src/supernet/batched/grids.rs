@@ -49,20 +49,12 @@ pub fn side_by_side(parts: &[(Option<&Grid>, [usize; 4])]) -> Option<Grid> {
     Some(grid)
 }
 
-/// A stacked quantizer's grid over `[N, R, C·H·W]` (one row per site, along axis 1) as the
-/// grid of the same tensor viewed as `[N, R·C, H, W]`: each row's parameters repeated for its
-/// `c` channels. Its held values, if any, are already in that layout.
-pub fn rows_as_channels(grid: &Grid, c: usize) -> Grid {
-    let each = |p: &Tensor<1>| {
-        let r = p.dims()[0];
-        p.clone().reshape([r, 1]).expand([r, c]).reshape([r * c])
-    };
-    Grid {
-        mult: each(&grid.mult),
-        step: each(&grid.step),
-        zero_point: each(&grid.zero_point),
-        ..grid.clone()
-    }
+/// A parameter of a stacked quantizer's grid over `[N, R, C·H·W]` (one value per row, per
+/// site) as the same parameter of the tensor viewed as `[N, R·C, H, W]`: each row's value
+/// repeated for its `c` channels.
+pub fn rows_as_channels(p: &Tensor<1>, c: usize) -> Tensor<1> {
+    let r = p.dims()[0];
+    p.clone().reshape([r, 1]).expand([r, c]).reshape([r * c])
 }
 
 /// The grid of [`super::stack_sources`]`(x, sources, per, copies)` for `x` `[N, S·C, H, W]`

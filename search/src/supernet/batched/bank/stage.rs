@@ -255,7 +255,7 @@ impl BankStage {
         if w.is_held() || input.is_held() {
             return None;
         }
-        let step = rows_as_channels(input, self.channels).step;
+        let step = rows_as_channels(&input.step, self.channels);
         Some(Bias {
             factors: vec![w.step.clone().detach(), step.detach()],
             round: q.spec().round(),
