@@ -205,17 +205,20 @@ impl BatchedCell {
     }
 }
 
-/// The sums `[N, nodes − w, L]` of the nodes a wave fed: the first node's (complete), and
-/// the rest's, if any, cut in one [`split`].
-fn first_and_rest(sum: Tensor<3>) -> (Tensor<3>, Option<Tensor<3>>) {
-    let left = sum.dims()[1];
+/// The sums `[N, nodes − w, L]` of the nodes a wave fed: the first node's (complete) as
+/// `[N, L]`, and the rest's, if any, cut in one [`split`] of the rows laid flat, so that each
+/// part is a view its next shape can take without a copy (a cut along the middle axis of
+/// `[N, nodes − w, L]` would be copied by the reshape to the node's shape).
+fn first_and_rest(sum: Tensor<3>) -> (Tensor<2>, Option<Tensor<3>>) {
+    let [n, left, l] = sum.dims();
+    let flat = sum.reshape([n, left * l]);
     if left == 1 {
-        return (sum, None);
+        return (flat, None);
     }
-    let mut parts = split(sum, 1, &[1, left - 1]).into_iter();
+    let mut parts = split(flat, 1, &[l, (left - 1) * l]).into_iter();
     match (parts.next(), parts.next()) {
-        (Some(first), rest) => (first, rest),
-        (None, _) => unreachable!("a split into two parts gives two"),
+        (Some(first), Some(rest)) => (first, Some(rest.reshape([n, left - 1, l]))),
+        _ => unreachable!("a split into two parts gives two"),
     }
 }
 
