@@ -2,7 +2,7 @@
 //! backward step.
 
 use super::*;
-use crate::support::autodiff::step;
+use crate::support::autodiff::{ConvKernels, conv_step};
 
 impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for Autodiff<B, C> {
     fn depthwise_conv2d(
@@ -10,23 +10,16 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
         weight: FloatTensor<Self>,
         geom: PlaneGeom,
     ) -> FloatTensor<Self> {
-        let keep = |[x, w]: &[FloatTensor<B>; 2]| (x.clone(), w.clone(), geom);
-        let forward = |[x, w]: [FloatTensor<B>; 2]| B::depthwise_conv2d(x, w, geom);
-        step::<B, C, _, 2>(
-            [x, weight],
-            keep,
-            forward,
-            |(x, w, geom), grad, tracked| match tracked {
-                [true, true] => {
-                    let (dx, dw) = B::depthwise_conv2d_backward(x, grad, w, geom);
-                    [Some(dx), Some(dw)]
-                }
-                [dx, dw] => [
-                    dx.then(|| B::depthwise_conv2d_x_backward(grad.clone(), w, geom)),
-                    dw.then(|| B::depthwise_conv2d_weight_backward(x, grad, geom)),
-                ],
+        let kernels = ConvKernels {
+            forward: B::depthwise_conv2d,
+            both: |x, grad, w, geom| {
+                let (dx, dw) = B::depthwise_conv2d_backward(x, grad, w, geom);
+                [dx, dw]
             },
-        )
+            x: B::depthwise_conv2d_x_backward,
+            w: B::depthwise_conv2d_weight_backward,
+        };
+        conv_step::<B, C, _>(x, weight, geom, kernels)
     }
 
     fn depthwise_conv2d_x_backward(

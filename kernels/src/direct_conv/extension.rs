@@ -5,7 +5,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
 
 use super::ConvGeom;
-use crate::support::autodiff::step;
+use crate::support::autodiff::{ConvKernels, conv_step};
 
 /// The convolution kernels (see the module docs): `x` `[N, C, H, W]`, `weight`
 /// `[C_out, C / groups, kh, kw]`.
@@ -48,23 +48,16 @@ impl<B: Backend + DirectConvBackend, C: CheckpointStrategy> DirectConvBackend fo
         weight: FloatTensor<Self>,
         geom: ConvGeom,
     ) -> FloatTensor<Self> {
-        let keep = |[x, w]: &[FloatTensor<B>; 2]| (x.clone(), w.clone(), geom);
-        let forward = |[x, w]: [FloatTensor<B>; 2]| B::direct_conv2d(x, w, geom);
-        step::<B, C, _, 2>(
-            [x, weight],
-            keep,
-            forward,
-            |(x, w, geom), grad, tracked| match tracked {
-                [true, true] => {
-                    let (dx, dw) = B::direct_conv2d_backward(x, grad, w, geom);
-                    [Some(dx), Some(dw)]
-                }
-                [dx, dw] => [
-                    dx.then(|| B::direct_conv2d_x_backward(grad.clone(), w, geom)),
-                    dw.then(|| B::direct_conv2d_weight_backward(x, grad, geom)),
-                ],
+        let kernels = ConvKernels {
+            forward: B::direct_conv2d,
+            both: |x, grad, w, geom| {
+                let (dx, dw) = B::direct_conv2d_backward(x, grad, w, geom);
+                [dx, dw]
             },
-        )
+            x: B::direct_conv2d_x_backward,
+            w: B::direct_conv2d_weight_backward,
+        };
+        conv_step::<B, C, _>(x, weight, geom, kernels)
     }
 
     fn direct_conv2d_x_backward(

@@ -1,7 +1,7 @@
 //! The autodiff step of a kernel, written once: the forward on the inner backend, and where
 //! the graph tracks an input, the state its backward keeps and the function that maps the
 //! output's gradient to the inputs' ([`unary_step`] for one differentiated input, [`step`] for
-//! several).
+//! several, [`conv_step`] for a convolution's input and weight).
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -113,4 +113,55 @@ where
         }
         OpsKind::UnTracked(prep) => prep.finish(forward(inner)),
     }
+}
+
+/// A convolution's kernels on `B` with geometry `G`, as [`conv_step`] calls them: the forward
+/// `(x, w)`, both gradients `(x, ∂y, w)`, the input's `(∂y, w)` and the weight's `(x, ∂y)`.
+pub(crate) struct ConvKernels<B: Backend, G> {
+    pub(crate) forward: PairKernel<B, G>,
+    pub(crate) both: BothGrads<B, G>,
+    pub(crate) x: PairKernel<B, G>,
+    pub(crate) w: PairKernel<B, G>,
+}
+
+/// A kernel of two tensors and a geometry.
+pub(crate) type PairKernel<B, G> = fn(FloatTensor<B>, FloatTensor<B>, G) -> FloatTensor<B>;
+
+/// A convolution's two gradients `(∂x, ∂w)` from `(x, ∂y, w)`.
+pub(crate) type BothGrads<B, G> =
+    fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, G) -> [FloatTensor<B>; 2];
+
+impl<B: Backend, G> Clone for ConvKernels<B, G> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend, G> Copy for ConvKernels<B, G> {}
+
+impl<B: Backend, G> fmt::Debug for ConvKernels<B, G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConvKernels")
+    }
+}
+
+/// The autodiff step of a convolution of `x` by `w`: where both are tracked, both gradients
+/// in one call; where one is, its own kernel.
+pub(crate) fn conv_step<B, C, G>(
+    x: FloatTensor<Autodiff<B, C>>,
+    w: FloatTensor<Autodiff<B, C>>,
+    geom: G,
+    kernels: ConvKernels<B, G>,
+) -> FloatTensor<Autodiff<B, C>>
+where
+    B: Backend,
+    C: CheckpointStrategy,
+    G: Copy + Send + fmt::Debug + 'static,
+{
+    let keep = |[x, w]: &[FloatTensor<B>; 2]| (x.clone(), w.clone(), geom, kernels);
+    let forward = |[x, w]: [FloatTensor<B>; 2]| (kernels.forward)(x, w, geom);
+    step::<B, C, _, 2>([x, w], keep, forward, |(x, w, geom, k), grad, tracked| match tracked {
+        [true, true] => (k.both)(x, grad, w, geom).map(Some),
+        [dx, dw] => [dx.then(|| (k.x)(grad.clone(), w, geom)), dw.then(|| (k.w)(x, grad, geom))],
+    })
 }
