@@ -163,20 +163,23 @@ impl ConvBank {
             };
             let Some(second) = &self.second else { return (vec![columns(y.value)], [n, c, h, w]) };
             // The second stage starts with a ReLU of the first's output, on its grid; the
-            // kinds without one (dilated) are done. The cuts are splits: one backward each.
+            // kinds without one (dilated) are done. The cut is a split (one backward) of the
+            // output laid flat, `[N, kinds·E·C·H·W]`, so that each part takes its next shape as
+            // a view (cut along the channels, the dilated kinds' columns would be a copy).
             let sep_grid = narrow_channels(y.grid.as_ref(), dims, 0, seps * width);
             let kinds = self.first.kinds.len();
-            let sizes = [seps * width, (kinds - seps) * width];
-            let mut parts =
-                split(y.value, 1, &sizes[..if kinds > seps { 2 } else { 1 }]).into_iter();
+            let plane = h * w;
+            let sizes = [seps * width * plane, (kinds - seps) * width * plane];
+            let flat = y.value.reshape([n, kinds * width * plane]);
+            let mut parts = split(flat, 1, &sizes[..if kinds > seps { 2 } else { 1 }]).into_iter();
             let sep_out = parts.next().expect("a bank with a second stage has separable kinds");
-            let sep_in = relu_held(sep_out, sep_grid.as_ref());
+            let sep_in = relu_held(sep_out.reshape([n, seps * width, h, w]), sep_grid.as_ref());
             let z = match merged {
                 true => second.forward_merged(Input::Kinds(sep_in)),
                 false => second.forward_per_kind(&split(sep_in, 1, &vec![width; seps])).remove(0),
             };
             let mut out = vec![columns(z.value)];
-            out.extend(parts.map(columns));
+            out.extend(parts.map(|t| t.reshape([n, (kinds - seps) * width / c, c * plane])));
             return (out, [n, c, h, w]);
         }
         // Kind by kind.
