@@ -13,7 +13,7 @@ pub fn counted<R>(device: &Device, f: impl FnOnce() -> R) -> (R, Option<u64>) {
 
 /// The environment variable that names a kernel (part of its name, e.g. `copy_kernel`) whose
 /// launches [`counted_by_kernel`] reports on standard error, each with its call sites in this
-/// workspace and in Burn's autodiff (innermost first): which line of the model a launch
+/// workspace and in Burn's autodiff and backend (innermost first): which line of the model a launch
 /// comes from, forward or backward.
 pub const TRACE: &str = "QDARTS_LAUNCH_TRACE";
 
@@ -58,25 +58,28 @@ pub fn counted_by_kernel<R>(
 
         use cubecl::logging::{LaunchObservation, LaunchObserver};
 
-        #[derive(Default)]
-        struct Count(Mutex<HashMap<&'static str, u64>>, Option<String>);
+        /// Launches per kernel, and the kernel name (part of it) whose launches are traced.
+        struct Count {
+            seen: Mutex<HashMap<&'static str, u64>>,
+            trace: Option<String>,
+        }
 
         impl LaunchObserver for Count {
             fn launched(&self, kernel: &'static str) {
-                if self.1.as_ref().is_some_and(|want| kernel.contains(want.as_str())) {
+                if self.trace.as_ref().is_some_and(|want| kernel.contains(want.as_str())) {
                     eprintln!("launch {kernel} from {}", call_sites());
                 }
-                let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
                 *seen.entry(kernel).or_default() += 1;
             }
         }
 
         let trace = std::env::var(TRACE).ok().filter(|k| !k.is_empty());
-        let count = Arc::new(Count(Mutex::default(), trace));
+        let count = Arc::new(Count { seen: Mutex::default(), trace });
         let watching = LaunchObservation::new(count.clone());
         let out = f();
         drop(watching);
-        let seen = std::mem::take(&mut *count.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let seen = std::mem::take(&mut *count.seen.lock().unwrap_or_else(|e| e.into_inner()));
         let mut kinds: Vec<(&'static str, u64)> = seen.into_iter().collect();
         kinds.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         return (out, Some(kinds));
