@@ -46,6 +46,7 @@
 
 pub mod batch_norm;
 pub mod bias;
+pub mod cat;
 #[cfg(feature = "cuda")]
 pub mod cuda_source;
 pub mod depthwise_conv;

@@ -11,6 +11,7 @@ use burn::tensor::{Tensor, TensorData};
 use crate::candidates::{Ctx, QTensor, QuantSites};
 use crate::qconfig::Site;
 use crate::quant::{FakeQuantizer, SpecError};
+use qdarts_kernels::cat::cat;
 
 /// `Σ x_i`, requantized onto the output grid.
 #[derive(Module, Debug)]
@@ -86,7 +87,7 @@ impl QConcat {
     /// # Shapes
     /// - xs: `[N, C_i, H, W]`; output: `[N, ΣC_i, H, W]`.
     pub fn forward(&self, xs: Vec<QTensor>) -> QTensor {
-        let cat = Tensor::cat(xs.into_iter().map(|x| x.value).collect(), 1);
+        let cat = cat(xs.into_iter().map(|x| x.value).collect(), 1);
         crate::candidates::quantize_opt(&self.act, cat)
     }
 }

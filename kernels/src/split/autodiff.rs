@@ -13,6 +13,7 @@ use burn::backend::{Backend, TensorMetadata, tensor::Device, tensor::FloatTensor
 use burn::tensor::Shape;
 
 use super::{SplitBackend, slices};
+use crate::cat::{CatBackend, cat_primitives};
 
 /// The parts' gradients, kept by their steps for the gathering step (`None`: not reached).
 struct Kept<B: Backend>(Arc<Mutex<Vec<Option<FloatTensor<B>>>>>);
@@ -43,7 +44,7 @@ struct Gather;
 /// shape and device (for the zeros of a part no gradient reached).
 type GatherState<B> = (Kept<B>, usize, Vec<usize>, Shape, Device<B>);
 
-impl<B: Backend> Backward<B, 1> for Gather {
+impl<B: Backend + CatBackend> Backward<B, 1> for Gather {
     type State = GatherState<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -65,7 +66,7 @@ impl<B: Backend> Backward<B, 1> for Gather {
                 })
             })
             .collect();
-        grads.register::<B>(parent.id, B::float_cat(parts, dim));
+        grads.register::<B>(parent.id, cat_primitives::<B>(parts, dim));
     }
 }
 
@@ -90,7 +91,9 @@ impl<B: Backend> Backward<B, 1> for Part {
     }
 }
 
-impl<B: Backend + SplitBackend, C: CheckpointStrategy> SplitBackend for Autodiff<B, C> {
+impl<B: Backend + SplitBackend + CatBackend, C: CheckpointStrategy> SplitBackend
+    for Autodiff<B, C>
+{
     fn split_parts(x: FloatTensor<Self>, dim: usize, sizes: Vec<usize>) -> Vec<FloatTensor<Self>> {
         let kept = Kept::<B>(Arc::new(Mutex::new(vec![None; sizes.len()])));
         let gathered = match Gather.prepare::<C>([x.node()]).compute_bound().stateful() {

@@ -75,7 +75,11 @@ pub fn split<const D: usize>(x: Tensor<D>, dim: usize, sizes: &[usize]) -> Vec<T
 }
 
 /// `x`'s parts of `sizes` along `dim` on a backend without autodiff: Burn's slices.
-fn slices<B: Backend>(x: FloatTensor<B>, dim: usize, sizes: &[usize]) -> Vec<FloatTensor<B>> {
+pub(crate) fn slices<B: Backend>(
+    x: FloatTensor<B>,
+    dim: usize,
+    sizes: &[usize],
+) -> Vec<FloatTensor<B>> {
     use burn::backend::TensorMetadata;
 
     let shape = x.shape();

@@ -25,6 +25,7 @@ use qdarts_kernels::batch_norm::{
     shift, statistics,
 };
 use qdarts_kernels::bias::{int32_residual, residual_available};
+use qdarts_kernels::cat::cat;
 
 /// PyTorch's BatchNorm2d defaults.
 const MOMENTUM: f64 = 0.1;
@@ -69,7 +70,7 @@ impl QBatchNorm {
         if !self.training.is_enabled() {
             // `x` may be a stand-in here (freeze folds with the running statistics alone).
             let c = rm.dims()[0];
-            return Tensor::cat(vec![rm.reshape([1, c]), rv.reshape([1, c])], 0);
+            return cat(vec![rm.reshape([1, c]), rv.reshape([1, c])], 0);
         }
         let m = statistics(x.clone());
         let (rm, rv) = running(rm, rv, m.clone(), MOMENTUM, n * h * w);

@@ -2,13 +2,13 @@
 //! (pt.darts `FactorizedReduce`: halves H and W; `skip_connect` at stride 2).
 
 use burn::module::Module;
-use burn::tensor::Tensor;
 
 use super::bn::QBatchNorm;
 use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{Bias, ConvShape, QConv};
 use crate::qconfig::Site;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
+use qdarts_kernels::cat::cat;
 
 /// Two offset strided 1×1 convs, concatenated, then BN.
 #[derive(Module, Debug)]
@@ -74,14 +74,11 @@ impl QFactorizedReduce {
         let unit = match (u1, u2) {
             (Some(a), Some(b)) => {
                 let (c1, c2) = (y1.dims()[1], y2.dims()[1]);
-                Some(Bias {
-                    factors: vec![Tensor::cat(vec![a.unit(c1), b.unit(c2)], 0)],
-                    round: a.round,
-                })
+                Some(Bias { factors: vec![cat(vec![a.unit(c1), b.unit(c2)], 0)], round: a.round })
             }
             _ => None,
         };
-        let y = self.bn.forward_biased(Tensor::cat(vec![y1, y2], 1), unit);
+        let y = self.bn.forward_biased(cat(vec![y1, y2], 1), unit);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }

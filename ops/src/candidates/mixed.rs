@@ -21,6 +21,7 @@ use super::common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, si
 use crate::qconfig::{QuantConfig, Site};
 use crate::quant::hold::{max_pool2d_held, narrow_channels};
 use crate::quant::{FakeQuantizer, SpecError};
+use qdarts_kernels::cat::cat;
 
 /// A weighted sum of candidate ops.
 #[derive(Module, Debug)]
@@ -132,7 +133,7 @@ impl QMixedOp {
             rest = max_pool2d_held(rest, grid.as_ref(), opts);
         }
         let cat = match self.weighted_sum(head, weights, bits) {
-            Some(y) => Tensor::cat(vec![y, rest], 1),
+            Some(y) => cat(vec![y, rest], 1),
             None => return QTensor::float(rest),
         };
         quantize_opt(&self.act, channel_shuffle(cat, self.partial))

@@ -22,6 +22,7 @@ pub use super::range::{abs_max, channel_rows, qparams_from_min_max};
 use super::range::{min_max, symmetric_zero_point};
 use super::spec::{ObserverKind, QuantSpec, RoundMode};
 use crate::buffer::Buffer;
+use qdarts_kernels::cat::cat;
 use qdarts_kernels::observe::{
     GridRule, Observed, Rule, observe, observe_available, observe_fake_quant,
 };
@@ -355,7 +356,7 @@ impl ObserverState {
                     let c = cur.dims()[0];
                     let w = read(&s.window, &device);
                     let window = w.dims()[0];
-                    let w = Tensor::cat(vec![w.slice(1..window), cur.reshape([1, c])], 0);
+                    let w = cat(vec![w.slice(1..window), cur.reshape([1, c])], 0);
                     let t = w.clone().max_dim(0).reshape([c]);
                     s.window.set(w);
                     s.threshold.set(t.clone());

@@ -7,6 +7,7 @@
 //! tensor had at `w`; side by side, they are laid out as the tensors are.
 
 use burn::tensor::Tensor;
+use qdarts_kernels::cat::cat;
 use qdarts_ops::quant::Grid;
 
 /// The grids of `parts`, tensors `[N, C_i, H, W]` each on a per-tensor grid (or per channel
@@ -30,14 +31,14 @@ pub fn side_by_side(parts: &[(Option<&Grid>, [usize; 4])]) -> Option<Grid> {
             let p = f(g).clone();
             if p.dims()[0] == dims[1] { p } else { p.expand([dims[1]]) }
         });
-        Tensor::cat(each.collect(), 0)
+        cat(each.collect(), 0)
     };
     let held = grids.iter().all(|g| g.is_held()).then(|| {
         let each = parts
             .iter()
             .zip(&grids)
             .map(|((_, dims), g)| g.held.clone().expect("every grid is held").reshape(*dims));
-        Tensor::cat(each.collect(), 1).reshape([-1])
+        cat(each.collect(), 1).reshape([-1])
     });
     let mut grid = Grid::new(
         [param(|g| &g.mult), param(|g| &g.step), param(|g| &g.zero_point)],

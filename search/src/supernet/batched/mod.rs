@@ -36,6 +36,7 @@ use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
 use super::cell::SearchCell;
 use super::waves::{Wave, waves};
+use qdarts_kernels::cat::cat;
 use sums::{Block, Mixing, edge_sums};
 
 /// Why a cell cannot run batched.
@@ -243,7 +244,7 @@ impl WaveOps {
             many => {
                 let parts: Vec<&QTensor> = many.iter().map(|&s| &states[s]).collect();
                 let grids: Vec<_> = parts.iter().map(|q| (q.grid.as_ref(), q.dims())).collect();
-                let value = Tensor::cat(parts.iter().map(|q| q.value.clone()).collect(), 1);
+                let value = cat(parts.iter().map(|q| q.value.clone()).collect(), 1);
                 QTensor { value, grid: grids::side_by_side(&grids) }
             }
         };
@@ -305,7 +306,7 @@ impl WaveOps {
             let mixing = Mixing::new(wave, &blocks, k, per_edge);
             let x = match columns.len() {
                 1 => columns.pop().expect("one"),
-                _ => Tensor::cat(columns, 1),
+                _ => cat(columns, 1),
             };
             mixing.coefficients(flat, rows).matmul(x)
         };

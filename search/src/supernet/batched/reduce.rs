@@ -8,6 +8,7 @@ use qdarts_ops::candidates::{Bias, QBatchNorm};
 use qdarts_ops::quant::{FakeQuantizer, Grid};
 
 use super::bank;
+use qdarts_kernels::cat::cat;
 
 /// FactorizedReduce over the stacked edges: two strided 1×1 convolutions in `E` groups, each
 /// edge's halves side by side, and one BN.
@@ -50,7 +51,7 @@ impl StackedReduce {
         let side = |a: Tensor<4>, b: Tensor<4>| {
             let a = a.reshape([n, e, c2 / e, oh * ow]);
             let b = b.reshape([n, e, c2 / e, oh * ow]);
-            Tensor::cat(vec![a, b], 2).reshape([n, 2 * c2, oh, ow])
+            cat(vec![a, b], 2).reshape([n, 2 * c2, oh, ow])
         };
         let y = side(y1, y2);
         // The bias's unit: each half's `s_w` times its edge's input step, as the edges'.
@@ -62,7 +63,7 @@ impl StackedReduce {
                 let unit = |g: Grid| {
                     g.step.detach().mul(step_in.clone().reshape([c2]).detach()).reshape([e, c2 / e])
                 };
-                let both = Tensor::cat(vec![unit(g1), unit(g2)], 1).reshape([2 * c2]);
+                let both = cat(vec![unit(g1), unit(g2)], 1).reshape([2 * c2]);
                 Some(Bias { factors: vec![both], round: q.spec().round() })
             }
             _ => None,

@@ -14,6 +14,7 @@ use super::super::BatchError;
 use super::super::grids::rows_as_channels;
 use super::super::reduce::grouped_pointwise;
 use super::{BankKind, DwGroup, Input, StageQuant, quantize_rows, stack_sites, stack_sources};
+use qdarts_kernels::cat::cat;
 
 /// One stage of every kind of a bank: depthwise, 1×1, BN over the stacked edges of a wave.
 #[derive(Module, Debug)]
@@ -201,7 +202,7 @@ impl BankStage {
             .collect();
         let y = match outs.len() {
             1 => outs.into_iter().next().expect("one"),
-            _ => Tensor::cat(outs, 1),
+            _ => cat(outs, 1),
         };
         self.finish(y)
     }
@@ -310,7 +311,7 @@ impl BankStage {
             })
             .collect();
         if self.quantized() {
-            return vec![self.finish(Tensor::cat(dws, 1))];
+            return vec![self.finish(cat(dws, 1))];
         }
         let mut outs = Vec::with_capacity(self.kinds.len());
         let (mut means, mut vars) = (Vec::new(), Vec::new());
