@@ -53,6 +53,7 @@ pub mod depthwise_conv;
 pub mod devices;
 pub mod direct_conv;
 pub mod fake_quant;
+pub mod grad_mask;
 pub mod hold;
 pub mod launches;
 pub mod memory;

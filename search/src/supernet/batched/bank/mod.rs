@@ -6,8 +6,8 @@
 //!
 //! - depthwise filters, one tensor per dilation: the kinds of one dilation zero-padded to the
 //!   largest kernel among them (sep 3×3 as a 5×5 whose outer ring is zero, dil 3×3 beside dil
-//!   5×5 at dilation 2), so that one launch convolves them all; a mask keeps the padding's
-//!   gradient at zero, so the padding stays zero through every optimizer step;
+//!   5×5 at dilation 2), so that one launch convolves them all; a mask on their gradient keeps
+//!   the padding's gradient at zero, so the padding stays zero through every optimizer step;
 //! - 1×1 weights of every kind, one convolution in `kinds·E` groups;
 //! - one BatchNorm of every kind's channels (each channel its own statistics, as before).
 //!

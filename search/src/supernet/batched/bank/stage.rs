@@ -15,6 +15,7 @@ use super::super::grids::rows_as_channels;
 use super::super::reduce::grouped_pointwise;
 use super::{BankKind, DwGroup, Input, StageQuant, quantize_rows, stack_sites, stack_sources};
 use qdarts_kernels::cat::cat;
+use qdarts_kernels::grad_mask::masked_gradient;
 
 /// One stage of every kind of a bank: depthwise, 1×1, BN over the stacked edges of a wave.
 #[derive(Module, Debug)]
@@ -219,14 +220,15 @@ impl BankStage {
         QTensor { value, grid }
     }
 
-    /// Each dilation group's filters as the convolution uses them: masked where padded (so
-    /// the padding has no gradient), fake-quantized where the cell is.
+    /// Each dilation group's filters as the convolution uses them: their gradient masked
+    /// where padded (so that the padding, zero from the start, has no gradient and stays
+    /// zero), fake-quantized where the cell is.
     fn filters_now(&self) -> Vec<Tensor<4>> {
         let groups = self.groups.iter().zip(&self.dw).enumerate();
         groups
             .map(|(i, (g, dw))| {
                 let filters = match self.mask(g) {
-                    Some(mask) => dw.val().mul(mask),
+                    Some(mask) => masked_gradient(dw.val(), mask),
                     None => dw.val(),
                 };
                 match self.quant.dw.get(i) {
