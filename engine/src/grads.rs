@@ -5,7 +5,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
-use qdarts_kernels::optim::squared_sum_onto;
+use qdarts_kernels::optim::SquaredSum;
 use qdarts_record::NanSite;
 
 use crate::config::InjectSite;
@@ -27,13 +27,13 @@ pub fn correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> usize {
 struct SquaredNorm<'a> {
     grads: &'a GradientsParams,
     /// Σ g² over the parameters seen so far, kept on the device.
-    sum: Option<Tensor<1>>,
+    sum: SquaredSum,
 }
 
 impl ModuleVisitor for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.grads.get::<D>(param.id) {
-            self.sum = Some(squared_sum_onto(self.sum.take(), g));
+            self.sum.add(g);
         }
     }
 }
@@ -42,9 +42,9 @@ impl ModuleVisitor for SquaredNorm<'_> {
 ///
 /// The sum stays on the device and is read back once: this runs every training step.
 pub fn grad_norm<M: Module>(grads: &GradientsParams, module: &M) -> f64 {
-    let mut v = SquaredNorm { grads, sum: None };
+    let mut v = SquaredNorm { grads, sum: SquaredSum::new() };
     module.visit(&mut v);
-    v.sum.map_or(0.0, |s| (s.into_scalar::<f32>() as f64).sqrt())
+    v.sum.total().map_or(0.0, |s| (s.into_scalar::<f32>() as f64).sqrt())
 }
 
 struct Scale<'a> {

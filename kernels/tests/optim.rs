@@ -7,9 +7,12 @@
 #![allow(clippy::unwrap_used)]
 
 use burn::tensor::{Device, Distribution, Tensor};
+use qdarts_kernels::cat::ARITY;
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
-use qdarts_kernels::optim::{axpy, sgd_update, squared_sum, squared_sum_onto, virtual_step};
+use qdarts_kernels::optim::{
+    SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto, virtual_step,
+};
 
 /// Held by every test here: the launch count sees every thread of the process.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -161,6 +164,34 @@ fn a_running_squared_sum_is_the_sum_plus_each_tensors_squared_sum_in_one_launch_
         assert_eq!(running[0].to_bits(), want[0].to_bits(), "{name}: {running:?} vs {want:?}");
         if let Some(n) = launches {
             assert_eq!(n, 3, "{name}: one launch per tensor");
+        }
+    }
+}
+
+#[test]
+fn a_squared_sum_of_many_tensors_is_the_running_sum_bit_for_bit_in_one_launch_per_eight() {
+    let _serial = serial();
+    for (name, d) in devices() {
+        let count = ARITY + 3;
+        let tensors: Vec<Tensor<4>> =
+            (0..count).map(|k| draw(&d, [2 + k, 3, 1 + k % 3, 3], 120 + k as u64).1).collect();
+        let bias = draw(&d, [5, 1, 1, 1], 119).0.reshape([5]);
+        let (many, launches) = counted(&d, || {
+            let mut sum = SquaredSum::new();
+            sum.add(bias.clone());
+            for g in &tensors {
+                sum.add(g.clone());
+            }
+            vals(sum.total().unwrap())
+        });
+        let mut want = squared_sum(bias.clone());
+        for g in &tensors {
+            want = squared_sum_onto(Some(want), g.clone());
+        }
+        let want = vals(want);
+        assert_eq!(many[0].to_bits(), want[0].to_bits(), "{name}: {many:?} vs {want:?}");
+        if let Some(n) = launches {
+            assert_eq!(n as usize, (count + 1).div_ceil(ARITY), "{name}: one launch per eight");
         }
     }
 }

@@ -19,6 +19,7 @@ mod extension;
 #[cfg(feature = "cube")]
 mod cube;
 
+pub(crate) use extension::taken;
 pub use extension::{ARITY, CatBackend};
 
 /// Whether [`cat`] runs this module's step for tensors on `device` (flex or a CubeCL runtime,

@@ -5,6 +5,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::StepBackend;
+use crate::cat::taken;
 use crate::support::cube::{
     cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
     f32_strided_alike, strided_at,
@@ -40,32 +41,47 @@ fn sgd_kernel(
     }
 }
 
-/// `out[0] = Σ g²` over the `n` elements of `g` (`before[0] + Σ g²` with `has_acc`): each unit
-/// a fixed stride of them, then a tree in shared memory.
+/// `out[0] = ((before[0] + Σ g₀²) + Σ g₁²) + …` over the gradients `gs` (without `has_acc`
+/// the first sum alone starts it): each gradient's sum by one cube, each unit a fixed stride of
+/// its elements, then a tree in shared memory; the sums added in order, as one launch per
+/// gradient would add them.
 #[cube(launch)]
 fn squared_sum_kernel(
-    g: &Tensor<f32>,
+    gs: &Sequence<OwnedTensor<f32>>,
     before: &[f32],
     out: &mut [f32],
-    n: u32,
     #[comptime] units: usize,
     #[comptime] has_acc: bool,
 ) {
     let mut shared = Shared::<[f32]>::new_slice(units);
-    let mut acc = 0.0f32;
-    let mut j = UNIT_POS_X as usize;
-    while j < n as usize {
-        let v = g[strided_at(g, j)];
-        acc += v * v;
-        j += CUBE_DIM_X as usize;
+    let count = comptime!(gs.len());
+    let mut running = 0.0f32;
+    if has_acc {
+        running = before[0];
     }
-    let total = cube_sum(&mut shared, acc);
-    if UNIT_POS_X == 0 {
-        if has_acc {
-            out[0] = before[0] + total;
-        } else {
-            out[0] = total;
+    #[unroll]
+    for t in 0..count {
+        let g = &gs[t];
+        let mut n = 1usize;
+        for d in 0..g.rank() {
+            n *= g.shape(d);
         }
+        let mut acc = 0.0f32;
+        let mut j = UNIT_POS_X as usize;
+        while j < n {
+            let v = g[strided_at(g, j)];
+            acc += v * v;
+            j += CUBE_DIM_X as usize;
+        }
+        let total = cube_sum(&mut shared, acc);
+        if comptime!(t == 0 && !has_acc) {
+            running = total;
+        } else {
+            running += total;
+        }
+    }
+    if UNIT_POS_X == 0 {
+        out[0] = running;
     }
 }
 
@@ -182,19 +198,34 @@ impl StepBackend for CubeBackend {
         out
     }
 
-    fn squared_sum(g: CubeTensor, acc: CubeTensor, has_acc: bool) -> CubeTensor {
-        let g = f32_strided(g, OP);
-        let acc = if has_acc { f32_contiguous(acc, OP) } else { g.clone() };
-        let n = g.meta.num_elements() as u32;
-        let out = empty_shaped(&g, vec![1]);
+    fn squared_sum(
+        g0: CubeTensor,
+        g1: CubeTensor,
+        g2: CubeTensor,
+        g3: CubeTensor,
+        g4: CubeTensor,
+        g5: CubeTensor,
+        g6: CubeTensor,
+        g7: CubeTensor,
+        count: usize,
+        acc: CubeTensor,
+        has_acc: bool,
+    ) -> CubeTensor {
+        let gs = taken([g0, g1, g2, g3, g4, g5, g6, g7], count);
+        let acc = if has_acc { f32_contiguous(acc, OP) } else { gs[0].clone() };
+        let out = empty_shaped(&gs[0], vec![1]);
+        let client = out.client.clone();
+        let mut args = SequenceArg::<OwnedTensor<f32>>::new();
+        for g in gs {
+            args.push(f32_strided(g, OP).into_tensor_arg());
+        }
         squared_sum_kernel::launch(
-            &g.client,
+            &client,
             CubeCount::new_1d(1),
             CubeDim::new_1d(UNITS),
-            g.clone().into_tensor_arg(),
+            args,
             acc.into_buffer_arg(),
             out.clone().into_buffer_arg(),
-            n,
             UNITS as usize,
             has_acc,
         );

@@ -7,8 +7,10 @@
 //! that zero-fills its output and adds the parts with atomics, so its last bits depend on
 //! thread timing on a GPU). A DARTS supernet has hundreds of parameters, so on the CubeCL
 //! backends each is one kernel here ([`step_available`]): the update one thread per element
-//! writing the parameter and its momentum buffer, the squared sum one cube summing in a fixed
-//! order and adding the sum onto the norm's running total ([`squared_sum_onto`]). Elsewhere (flex, LibTorch) they are the expressions, operation for operation as
+//! writing the parameter and its momentum buffer; the squared sum one cube per gradient summing
+//! in a fixed order and adding the sum onto the norm's running total, up to eight gradients a
+//! launch ([`SquaredSum`]). Elsewhere (flex, LibTorch) they are the expressions, operation for
+//! operation as
 //! Burn's `Sgd` and PyTorch's `torch.optim.SGD` order them. On CUDA the kernel's `a·b + c` may
 //! be contracted into one fused multiply-add: its last bit may differ from the expressions'.
 //! `tests/optim.rs` holds the two together on every backend of the build.
@@ -65,27 +67,85 @@ pub fn squared_sum<const D: usize>(g: Tensor<D>) -> Tensor<1> {
     squared_sum_onto(None, g)
 }
 
-/// `acc + Σ g²` (`Σ g²` without `acc`), `[1]`: a running sum over many tensors (the global
-/// gradient norm's) in one launch per tensor on the CubeCL backends, where a sum and an add
-/// would be two; the same f32 add of the same sum.
+/// `acc + Σ g²` (`Σ g²` without `acc`), `[1]`: the same f32 add of the same sum as the
+/// expressions; one launch on the CubeCL backends (see [`SquaredSum`] for many tensors).
 pub fn squared_sum_onto<const D: usize>(acc: Option<Tensor<1>>, g: Tensor<D>) -> Tensor<1> {
+    let mut sum = SquaredSum::onto(acc);
+    sum.add(g);
+    sum.total().expect("one tensor added")
+}
+
+/// A running `Σ g²` over many tensors (the global gradient norm's), added in order: on the
+/// CubeCL backends one launch per [`ARITY`](crate::cat::ARITY) tensors, each tensor's sum by
+/// one cube in a fixed order and added onto the running total as one launch per tensor would
+/// add it (bit for bit); elsewhere `acc + Σ g²` as tensor expressions, tensor by tensor.
+#[derive(Debug, Default)]
+pub struct SquaredSum {
+    /// The total of the tensors summed so far.
+    acc: Option<Tensor<1>>,
+    /// Tensors added but not yet summed (the CubeCL backends), at most `ARITY`.
     #[cfg(feature = "cube")]
-    if step_available(&g.device(), g.dtype())
-        && acc.as_ref().is_none_or(|a| step_available(&a.device(), a.dtype()))
-    {
-        let has_acc = acc.is_some();
-        // Without a sum, `g` stands in for it (not read).
-        let acc = acc.map_or_else(|| g.clone().into_dispatch(), |a| a.detach().into_dispatch());
-        return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::squared_sum(
-            g.into_dispatch(),
-            acc,
-            has_acc,
-        ));
+    pending: Vec<burn::backend::tensor::FloatTensor<burn::backend::Dispatch>>,
+}
+
+impl SquaredSum {
+    /// An empty sum.
+    pub fn new() -> Self {
+        Self::default()
     }
-    let sq = g.square().sum();
-    match acc {
-        Some(acc) => acc.add(sq),
-        None => sq,
+
+    /// A sum that starts at `acc`.
+    pub fn onto(acc: Option<Tensor<1>>) -> Self {
+        SquaredSum { acc: acc.map(Tensor::detach), ..Self::default() }
+    }
+
+    /// Adds `Σ g²`.
+    pub fn add<const D: usize>(&mut self, g: Tensor<D>) {
+        #[cfg(feature = "cube")]
+        if step_available(&g.device(), g.dtype())
+            && self.acc.as_ref().is_none_or(|a| step_available(&a.device(), a.dtype()))
+        {
+            self.pending.push(g.into_dispatch());
+            if self.pending.len() == crate::cat::ARITY {
+                self.flush();
+            }
+            return;
+        }
+        #[cfg(feature = "cube")]
+        self.flush();
+        let sq = g.square().sum();
+        self.acc = Some(match self.acc.take() {
+            Some(acc) => acc.add(sq),
+            None => sq,
+        });
+    }
+
+    /// The total, `None` when nothing was added.
+    pub fn total(mut self) -> Option<Tensor<1>> {
+        #[cfg(feature = "cube")]
+        self.flush();
+        self.acc
+    }
+
+    /// Sums the pending tensors onto the total in one launch.
+    #[cfg(feature = "cube")]
+    fn flush(&mut self) {
+        let count = self.pending.len();
+        if count == 0 {
+            return;
+        }
+        let first = self.pending[0].clone();
+        let mut slots =
+            std::mem::take(&mut self.pending).into_iter().chain(std::iter::repeat(first.clone()));
+        let mut next = || slots.next().expect("slots repeat the first tensor");
+        let [a, b, c, d, e, f, g, h] = [(); crate::cat::ARITY].map(|()| next());
+        let has_acc = self.acc.is_some();
+        // Without a sum, the first tensor stands in for it (not read).
+        let acc = self.acc.take().map_or(first, Tensor::into_dispatch);
+        let sum = <burn::backend::Dispatch as StepBackend>::squared_sum(
+            a, b, c, d, e, f, g, h, count, acc, has_acc,
+        );
+        self.acc = Some(Tensor::from_dispatch(sum));
     }
 }
 
@@ -172,9 +232,20 @@ pub trait StepBackend: Backend {
         constants: [f32; 3],
     ) -> FloatTensor<Self>;
 
-    /// `acc[0] + Σ g²`, or `Σ g²` without `has_acc` (`acc` is then not read): `[1]`.
+    /// `((acc[0] + Σ g₀²) + Σ g₁²) + …` over the first `count` (1 to
+    /// [`ARITY`](crate::cat::ARITY)) gradients, or from `Σ g₀²` without `has_acc` (`acc` is
+    /// then not read): `[1]`. The slots past `count` are not read.
+    #[allow(clippy::too_many_arguments, reason = "a backend extension's tensors are arguments")]
     fn squared_sum(
-        g: FloatTensor<Self>,
+        g0: FloatTensor<Self>,
+        g1: FloatTensor<Self>,
+        g2: FloatTensor<Self>,
+        g3: FloatTensor<Self>,
+        g4: FloatTensor<Self>,
+        g5: FloatTensor<Self>,
+        g6: FloatTensor<Self>,
+        g7: FloatTensor<Self>,
+        count: usize,
         acc: FloatTensor<Self>,
         has_acc: bool,
     ) -> FloatTensor<Self>;
