@@ -103,10 +103,27 @@ pub fn scale_grads<M: Module>(grads: &mut GradientsParams, module: &M, factor: f
 /// before clipping. Gradients whose norm is not finite are left as they are.
 pub fn clip_grad_norm<M: Module>(grads: &mut GradientsParams, module: &M, max: f64) -> f64 {
     let norm = grad_norm(grads, module);
-    if norm.is_finite() && norm > max {
-        scale_grads(grads, module, (max / (norm + 1e-6)) as f32);
+    if let Some(factor) = clip_factor(norm, max) {
+        scale_grads(grads, module, factor);
     }
     norm
+}
+
+/// The factor `clip_grad_norm_` scales gradients of global norm `norm` by under the clip `max`:
+/// `max / (norm + 1e-6)` where a finite norm exceeds `max`, else none.
+pub fn clip_factor(norm: f64, max: f64) -> Option<f32> {
+    (norm.is_finite() && norm > max).then(|| (max / (norm + 1e-6)) as f32)
+}
+
+/// A weight step's gradients and the factor the global-norm clip scales them by, which the
+/// optimizer applies in its update ([`crate::sgd::Sgd::step`]: the same `g·s` as
+/// `clip_grad_norm_`'s, without a launch per parameter of its own on a GPU).
+#[derive(Debug)]
+pub struct WeightGrads {
+    /// The gradients, unscaled.
+    pub grads: GradientsParams,
+    /// The clip's factor, where the clip acts.
+    pub scale: Option<f32>,
 }
 
 /// A non-finite value found during a step, before the guard decides what to do.
@@ -132,8 +149,8 @@ impl Event {
 pub struct Backward {
     /// The loss value.
     pub loss: f64,
-    /// The module's gradients, clipped to the global norm.
-    pub grads: GradientsParams,
+    /// The module's gradients, with the factor that clips them to the global norm.
+    pub grads: WeightGrads,
     /// A non-finite loss, or else a non-finite gradient norm (with the first layer at fault).
     pub events: Vec<Event>,
 }
@@ -154,7 +171,7 @@ pub fn guarded_backward<M: Module>(
     if inject == Some(InjectSite::Grad) {
         scale_grads(&mut gw, module, f32::NAN);
     }
-    let norm = clip_grad_norm(&mut gw, module, clip);
+    let norm = grad_norm(&gw, module);
     let mut events = Vec::new();
     if !value.is_finite() {
         events.push(Event::new(NanSite::Loss, "loss", value));
@@ -162,5 +179,6 @@ pub fn guarded_backward<M: Module>(
         let layer = first_non_finite_grad(&gw, module).unwrap_or_else(|| "net".into());
         events.push(Event::new(NanSite::Grad, layer, norm));
     }
-    Backward { loss: value, grads: gw, events }
+    let grads = WeightGrads { grads: gw, scale: clip_factor(norm, clip) };
+    Backward { loss: value, grads, events }
 }

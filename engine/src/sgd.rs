@@ -15,8 +15,9 @@ use std::path::Path;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
-use qdarts_kernels::optim::sgd_update;
+use qdarts_kernels::optim::{SgdStep, sgd_update};
 
+use crate::grads::WeightGrads;
 use crate::{RunError, checkpoint_error, load_module, save_module};
 
 /// The weight optimizer of the search and of training.
@@ -32,17 +33,24 @@ struct Step<'a> {
     sgd: &'a mut Sgd,
     grads: GradientsParams,
     lr: f64,
+    /// The clip's factor on every gradient.
+    scale: Option<f32>,
 }
 
 impl ModuleMapper for Step<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let Some(grad) = self.grads.remove::<D>(param.id) else { return param };
         let id = param.id;
-        let (momentum, decay, lr) = (self.sgd.momentum, self.sgd.weight_decay, self.lr);
+        let step = SgdStep {
+            decay: self.sgd.weight_decay,
+            momentum: self.sgd.momentum,
+            lr: self.lr,
+            grad_scale: self.scale,
+        };
         let velocity = &mut self.sgd.velocity;
         param.map(|w| {
             let tracked = w.is_require_grad();
-            let (out, v) = sgd_update(w.inner(), grad, velocity.remove(&id), decay, momentum, lr);
+            let (out, v) = sgd_update(w.inner(), grad, velocity.remove(&id), step);
             velocity.insert(id, v);
             let out = Tensor::from_inner(out);
             if tracked { out.require_grad() } else { out }
@@ -91,9 +99,11 @@ impl Sgd {
         self.weight_decay
     }
 
-    /// One step at learning rate `lr` on the parameters that have a gradient in `grads`.
-    pub fn step<M: Module>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
-        module.map(&mut Step { sgd: self, grads, lr })
+    /// One step at learning rate `lr` on the parameters that have a gradient in `grads`, each
+    /// gradient scaled by the clip's factor where it has one.
+    pub fn step<M: Module>(&mut self, lr: f64, module: M, grads: WeightGrads) -> M {
+        let WeightGrads { grads, scale } = grads;
+        module.map(&mut Step { sgd: self, grads, lr, scale })
     }
 
     /// The momentum buffer of parameter `id` with the shape `dims` (`None` before its first

@@ -11,7 +11,7 @@ use qdarts_kernels::cat::ARITY;
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::optim::{
-    SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto, virtual_step,
+    SgdStep, SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto, virtual_step,
 };
 
 /// Held by every test here: the launch count sees every thread of the process.
@@ -79,14 +79,13 @@ fn the_sgd_update_matches_the_expressions_and_the_host_on_every_backend() {
             let (hw, hg, hv) = (vals(w.clone()), vals(g.clone()), vals(v.clone()));
             for with_velocity in [false, true] {
                 let velocity = with_velocity.then(|| v.clone());
-                let (out, vel) = sgd_update(
-                    w.clone(),
-                    g.clone(),
-                    velocity.clone(),
-                    f64::from(hyper.0),
-                    f64::from(hyper.1),
-                    f64::from(hyper.2),
-                );
+                let step = SgdStep {
+                    decay: f64::from(hyper.0),
+                    momentum: f64::from(hyper.1),
+                    lr: f64::from(hyper.2),
+                    grad_scale: None,
+                };
+                let (out, vel) = sgd_update(w.clone(), g.clone(), velocity.clone(), step);
                 assert_eq!(out.dims(), dims, "{name}: the weight keeps its shape");
                 assert_eq!(vel.dims(), [hw.len()], "{name}: the momentum buffer is flat");
                 // The expressions on the same device, as Burn's Sgd orders them.
@@ -109,6 +108,30 @@ fn the_sgd_update_matches_the_expressions_and_the_host_on_every_backend() {
                     let e = rel_diff(a, b, 1.0);
                     assert!(e < 1e-6, "{at}: {what} differs by {e} (relative)");
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_scaled_gradient_is_the_scaled_gradients_step_in_one_launch() {
+    let _serial = serial();
+    for (name, d) in devices() {
+        let dims = [16, 8, 3, 3];
+        let (w, g, v) = draw(&d, dims, 70);
+        let step = |grad_scale| SgdStep { decay: 3e-4, momentum: 0.9, lr: 0.025, grad_scale };
+        for velocity in [None, Some(v.clone())] {
+            let s = 0.3718f32;
+            let (scaled, launches) =
+                counted(&d, || sgd_update(w.clone(), g.clone(), velocity.clone(), step(Some(s))));
+            // As `clip_grad_norm_` would leave it: the gradient scaled first, then the step.
+            let apart =
+                sgd_update(w.clone(), g.clone().mul_scalar(s), velocity.clone(), step(None));
+            let at = format!("{name} velocity {}", velocity.is_some());
+            assert_same(name, &vals(scaled.0), &vals(apart.0), &format!("{at}: weight"));
+            assert_same(name, &vals(scaled.1), &vals(apart.1), &format!("{at}: momentum"));
+            if let Some(n) = launches {
+                assert_eq!(n, 1, "{at}: one launch");
             }
         }
     }

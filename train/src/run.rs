@@ -9,12 +9,12 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::module::Module;
-use burn::optim::GradientsParams;
+
 use burn::tensor::Device;
 use qdarts_data::{self as data, DatasetKind, ImageSet, Rng};
 use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
-use qdarts_engine::grads::{correct, cross_entropy, guarded_backward};
+use qdarts_engine::grads::{WeightGrads, correct, cross_entropy, guarded_backward};
 use qdarts_engine::inject::NanInjection;
 use qdarts_engine::{
     ConfigError, LoopState, Progress, RunError, RunKind, Sgd, apply_limit, checkpoint_error,
@@ -153,7 +153,7 @@ struct TrainTask<'a> {
     order: Vec<usize>,
     net: EvalNetwork,
     optim: Sgd,
-    pending: Option<GradientsParams>,
+    pending: Option<WeightGrads>,
 }
 
 impl EpochTask for TrainTask<'_> {

@@ -19,6 +19,7 @@ mod extension;
 #[cfg(feature = "cube")]
 mod cube;
 
+#[cfg(feature = "cube")]
 pub(crate) use extension::taken;
 pub use extension::{ARITY, CatBackend};
 

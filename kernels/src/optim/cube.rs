@@ -14,7 +14,8 @@ use crate::support::cube::{
 /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
 const UNITS: u32 = 256;
 
-/// `v = d` or `d·1 + velocity·μ` with `d = w·λ + g`; `out = w − v·lr`.
+/// `v = d` or `d·1 + velocity·μ` with `d = w·λ + g·s` (`g` without `has_scale`);
+/// `out = w − v·lr`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn sgd_kernel(
@@ -26,12 +27,18 @@ fn sgd_kernel(
     decay: f32,
     momentum: f32,
     lr: f32,
+    scale: f32,
     #[comptime] has_velocity: bool,
+    #[comptime] has_scale: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let wi = w[strided_at(w, i)];
-        let d = wi * decay + g[strided_at(g, i)];
+        let mut gi = g[strided_at(g, i)];
+        if has_scale {
+            gi *= scale;
+        }
+        let d = wi * decay + gi;
         let mut vi = d;
         if has_velocity {
             vi = d + velocity[i] * momentum;
@@ -127,14 +134,14 @@ impl StepBackend for CubeBackend {
         g: CubeTensor,
         velocity: CubeTensor,
         has_velocity: bool,
-        decay: f32,
-        momentum: f32,
-        lr: f32,
+        [decay, momentum, lr, scale]: [f32; 4],
+        has_scale: bool,
     ) -> (CubeTensor, CubeTensor) {
         let (w, g) = (f32_strided(w, OP), f32_strided(g, OP));
         let n = w.meta.num_elements();
         assert_eq!(g.meta.shape(), w.meta.shape(), "optimizer step: gradient and weight differ");
-        let velocity = f32_contiguous(velocity, OP);
+        // Not read without `has_velocity`: laid out as it is.
+        let velocity = if has_velocity { f32_contiguous(velocity, OP) } else { velocity };
         assert_eq!(velocity.meta.num_elements(), n, "optimizer step: momentum buffer size");
         let (out, v) = (empty_like(&w), empty_shaped(&w, vec![n]));
         let (cubes, dim) = elementwise(&w.client, n);
@@ -150,7 +157,9 @@ impl StepBackend for CubeBackend {
             decay,
             momentum,
             lr,
+            scale,
             has_velocity,
+            has_scale,
         );
         (out, v)
     }

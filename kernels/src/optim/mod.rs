@@ -23,35 +23,51 @@ pub fn step_available(device: &Device, dtype: DType) -> bool {
     crate::support::on_cube(device) && dtype == DType::F32
 }
 
-/// One SGD step of `w` with gradient `g` (not differentiated): `d = g + λ·w`, `v = d` on the
-/// first step (`velocity` `None`) or `μ·v + d`, `w − lr·v`. Returns the new weight and the new
-/// momentum buffer, flattened.
+/// The constants of one SGD step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdStep {
+    /// L2 weight decay `λ`.
+    pub decay: f64,
+    /// Momentum `μ`.
+    pub momentum: f64,
+    /// Learning rate.
+    pub lr: f64,
+    /// A factor the gradient is multiplied by first (`g·s`, as `clip_grad_norm_` scales it),
+    /// where a gradient-norm clip acts.
+    pub grad_scale: Option<f32>,
+}
+
+/// One SGD step of `w` with gradient `g` (not differentiated): `d = g·s + λ·w` (`g` without a
+/// scale), `v = d` on the first step (`velocity` `None`) or `μ·v + d`, `w − lr·v`. Returns
+/// the new weight and the new momentum buffer, flattened.
 pub fn sgd_update<const D: usize>(
     w: Tensor<D>,
     g: Tensor<D>,
     velocity: Option<Tensor<1>>,
-    decay: f64,
-    momentum: f64,
-    lr: f64,
+    step: SgdStep,
 ) -> (Tensor<D>, Tensor<1>) {
+    let SgdStep { decay, momentum, lr, grad_scale } = step;
     #[cfg(feature = "cube")]
     if step_available(&w.device(), w.dtype()) {
         let dims = w.dims();
         let has_velocity = velocity.is_some();
         // Without a momentum buffer the kernel does not read its operand: the gradient fills it.
-        let velocity = velocity.unwrap_or_else(|| g.clone().reshape([-1]));
+        let velocity = velocity.map_or_else(|| g.clone().into_dispatch(), Tensor::into_dispatch);
         let (out, v) = <burn::backend::Dispatch as StepBackend>::sgd_update(
             w.into_dispatch(),
             g.into_dispatch(),
-            velocity.into_dispatch(),
+            velocity,
             has_velocity,
-            decay as f32,
-            momentum as f32,
-            lr as f32,
+            [decay as f32, momentum as f32, lr as f32, grad_scale.unwrap_or(1.0)],
+            grad_scale.is_some(),
         );
         return (Tensor::<D>::from_dispatch(out).reshape(dims), Tensor::from_dispatch(v));
     }
     let dims = w.dims();
+    let g = match grad_scale {
+        Some(s) => g.mul_scalar(s),
+        None => g,
+    };
     // Burn's WeightDecay, Momentum and Sgd steps, in their order.
     let d = w.clone().mul_scalar(decay).add(g);
     let v = match velocity {
@@ -96,7 +112,11 @@ impl SquaredSum {
 
     /// A sum that starts at `acc`.
     pub fn onto(acc: Option<Tensor<1>>) -> Self {
-        SquaredSum { acc: acc.map(Tensor::detach), ..Self::default() }
+        SquaredSum {
+            acc: acc.map(Tensor::detach),
+            #[cfg(feature = "cube")]
+            pending: Vec::new(),
+        }
     }
 
     /// Adds `Σ g²`.
@@ -121,10 +141,21 @@ impl SquaredSum {
     }
 
     /// The total, `None` when nothing was added.
-    pub fn total(mut self) -> Option<Tensor<1>> {
-        #[cfg(feature = "cube")]
+    pub fn total(self) -> Option<Tensor<1>> {
+        self.flushed().acc
+    }
+
+    /// With nothing pending.
+    #[cfg(feature = "cube")]
+    fn flushed(mut self) -> Self {
         self.flush();
-        self.acc
+        self
+    }
+
+    /// With nothing pending (nothing is, without the CubeCL backends).
+    #[cfg(not(feature = "cube"))]
+    fn flushed(self) -> Self {
+        self
     }
 
     /// Sums the pending tensors onto the total in one launch.
@@ -206,17 +237,16 @@ use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 #[cfg(feature = "cube")]
 #[backend_extension(Cube)]
 pub trait StepBackend: Backend {
-    /// `(w − lr·v, v)` with `v = μ·velocity + (g + λ·w)`, or `v = g + λ·w` without
-    /// `has_velocity` (`velocity` is then not read); the velocity and the returned one
-    /// flattened.
+    /// `(w − lr·v, v)` with `v = μ·velocity + (g·s + λ·w)`, or `v = g·s + λ·w` without
+    /// `has_velocity` (`velocity` is then not read), `g` unscaled without `has_scale`;
+    /// `[λ, μ, lr, s]`; the velocity and the returned one flattened.
     fn sgd_update(
         w: FloatTensor<Self>,
         g: FloatTensor<Self>,
         velocity: FloatTensor<Self>,
         has_velocity: bool,
-        decay: f32,
-        momentum: f32,
-        lr: f32,
+        constants: [f32; 4],
+        has_scale: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// `w·keep + g·step`.

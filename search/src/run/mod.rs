@@ -7,12 +7,12 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
-use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use qdarts_data::{self as data, ImageSet, Rng};
 use qdarts_engine::config::Experiment;
 use qdarts_engine::epoch::{EpochRows, EpochTask, Evaluation, LoopPlan, StepInput, StepOutcome};
-use qdarts_engine::grads::{Event, correct, cross_entropy};
+use qdarts_engine::grads::{Event, WeightGrads, correct, cross_entropy};
 use qdarts_engine::inject::NanInjection;
 use qdarts_engine::memory::check_fits;
 use qdarts_engine::{
@@ -80,7 +80,7 @@ pub fn total_epochs(cfg: &ExperimentConfig) -> usize {
 
 /// What the weight step left pending.
 struct Pending {
-    grads: GradientsParams,
+    grads: WeightGrads,
     /// α before this step's architecture step, when that step made α non-finite.
     alphas_before: Option<Alphas>,
 }
