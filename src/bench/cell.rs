@@ -71,10 +71,12 @@ pub fn cell_rows(
             Ok((cell, x(), x(), weights))
         })?;
         let batched = BatchedCell::from_cell(&cell, &prims)?;
+        // The network gives the waves its `[edges, K]` weights whole, as here: stacked once.
+        let stacked = Tensor::stack::<2>(weights.clone(), 0);
         let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
         let waves = |a: QTensor, b: QTensor| {
             let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
-            batched.forward(a, b, Tensor::stack(weights.clone(), 0), &cell).value
+            batched.forward(a, b, stacked.clone(), &cell).value
         };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {
