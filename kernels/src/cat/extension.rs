@@ -43,6 +43,15 @@ pub trait CatBackend: Backend {
     ) -> Vec<FloatTensor<Self>>;
 }
 
+/// `parts` (1 to [`ARITY`]) in the slots of a call, the slots past them filled with the first
+/// part again (not read): the inverse of [`taken`].
+pub(crate) fn slots<T: Clone>(parts: Vec<T>) -> [T; ARITY] {
+    assert!((1..=ARITY).contains(&parts.len()), "{} parts for {ARITY} slots", parts.len());
+    let first = parts[0].clone();
+    let mut all = parts.into_iter().chain(std::iter::repeat(first));
+    [(); ARITY].map(|()| all.next().expect("slots repeat the first part"))
+}
+
 /// The first `count` slots.
 pub(crate) fn taken<T>(slots: [T; ARITY], count: usize) -> Vec<T> {
     slots.into_iter().take(count).collect()

@@ -19,6 +19,7 @@ mod extension;
 #[cfg(feature = "cube")]
 mod cube;
 
+pub(crate) use extension::slots;
 #[cfg(feature = "cube")]
 pub(crate) use extension::taken;
 pub use extension::{ARITY, CatBackend};
@@ -92,9 +93,6 @@ fn cat_chunk<B: CatBackend>(parts: Vec<FloatTensor<B>>, dim: usize) -> FloatTens
     if count == 1 {
         return parts.into_iter().next().expect("one part");
     }
-    let first = parts[0].clone();
-    let mut slots = parts.into_iter().chain(std::iter::repeat(first));
-    let mut next = || slots.next().expect("slots repeat the first part");
-    let [a, b, c, d, e, f, g, h] = [(); ARITY].map(|()| next());
+    let [a, b, c, d, e, f, g, h] = slots(parts);
     B::cat_parts(a, b, c, d, e, f, g, h, count, dim)
 }

@@ -166,10 +166,7 @@ impl SquaredSum {
             return;
         }
         let first = self.pending[0].clone();
-        let mut slots =
-            std::mem::take(&mut self.pending).into_iter().chain(std::iter::repeat(first.clone()));
-        let mut next = || slots.next().expect("slots repeat the first tensor");
-        let [a, b, c, d, e, f, g, h] = [(); crate::cat::ARITY].map(|()| next());
+        let [a, b, c, d, e, f, g, h] = crate::cat::slots(std::mem::take(&mut self.pending));
         let has_acc = self.acc.is_some();
         // Without a sum, the first tensor stands in for it (not read).
         let acc = self.acc.take().map_or(first, Tensor::into_dispatch);
