@@ -10,7 +10,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor, TensorData, module};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::devices::compiled;
-use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading, direct_available};
 use qdarts_kernels::launches::{counted, counted_by_kernel};
 
 /// The launch counter sees every thread's launches: the tests of this file run one at a time.
@@ -276,5 +276,63 @@ fn both_gradients_at_once_are_each_alone_bitwise_and_copy_a_strided_gradient_onc
         assert_eq!(bits(&dx), bits(&dx_alone), "{name}: ∂x");
         assert_eq!(bits(&dw), bits(&dw_alone), "{name}: ∂w");
         assert_eq!((copies, copies_x, copies_w), (1, 1, 1), "{name}: copies of the strided ∂y");
+    }
+}
+
+/// Output, ∂x and ∂w of `conv` on `device` for host-drawn `x` `[n, ci, 6, 5]`, weights
+/// `[co, C_g, 3, 3]` and upstream gradient, with `groups` groups (padding 1, dilation `dil`).
+fn run_groups(
+    device: &Device,
+    [n, ci, co, cig]: [usize; 4],
+    groups: usize,
+    dil: usize,
+    conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
+) -> [Vec<f32>; 3] {
+    let d = device.clone().autodiff();
+    let (xs, ws) = ([n, ci, 6, 5], [co, cig, 3, 3]);
+    let x = Tensor::<4>::from_data(TensorData::new(values(xs.iter().product(), 41), xs), &d);
+    let w = Tensor::<4>::from_data(TensorData::new(values(ws.iter().product(), 42), ws), &d);
+    let (x, w) = (x.require_grad(), w.require_grad());
+    let options = ConvOptions::new([1, 1], [dil, dil], [dil, dil], groups);
+    let y = conv(x.clone(), w.clone(), options);
+    let up = Tensor::<4>::from_data(
+        TensorData::new(values(y.dims().iter().product(), 43), y.dims()),
+        &d,
+    );
+    let grads = y.clone().mul(up).sum().backward();
+    [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())]
+}
+
+#[test]
+fn groups_that_read_shared_inputs_match_burns_convolution_of_the_copies() {
+    let (_serial, devices) = cube_devices();
+    // (sources, per, inner, copies, C_g): a wave's depthwise convolutions (two states, two
+    // edges each, three kinds; one source, four edges) and a grouped one with two channels
+    // a group.
+    for (sources, per, inner, copies, cig) in [(2, 2, 3, 3, 1), (1, 4, 2, 2, 1), (2, 1, 2, 2, 2)] {
+        let inputs = GroupInputs { sources, per, inner };
+        let groups = copies * sources * per * inner;
+        let shape = [2, sources * inner * cig, groups, cig];
+        let burn = |x: Tensor<4>, w, o: ConvOptions<2>| {
+            module::conv2d(inputs.laid_out(x, o.groups), w, None, o)
+        };
+        let reading = |x, w, o| conv2d_reading(x, w, o, inputs);
+        for dil in [1, 2] {
+            let want = run_groups(&Device::flex(), shape, groups, dil, burn);
+            let flex = run_groups(&Device::flex(), shape, groups, dil, reading);
+            assert_eq!(flex, want, "{inputs:?}: flex is Burn's convolution of the copies");
+            for (name, d) in &devices {
+                let ours = run_groups(d, shape, groups, dil, reading);
+                for ((what, a), b) in ["output", "∂x", "∂w"].iter().zip(&ours).zip(&want) {
+                    let e = rel_diff(a, b);
+                    assert!(e < 2e-5, "{name} {inputs:?} dilation {dil}: {what} differs by {e}");
+                }
+                let x = Tensor::<4>::zeros([2, sources * inner * cig, 6, 5], d);
+                let w = Tensor::<4>::zeros([groups, cig, 3, 3], d);
+                let options = ConvOptions::new([1, 1], [1, 1], [1, 1], groups);
+                let (_, launches) = counted(d, || conv2d_reading(x, w, options, inputs));
+                assert_eq!(launches, Some(1), "{name}: the forward reads the inputs in place");
+            }
+        }
     }
 }

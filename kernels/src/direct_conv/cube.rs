@@ -27,6 +27,10 @@ struct Sizes {
     pw: u32,
     dh: u32,
     dw: u32,
+    /// The groups' input groups ([`super::GroupInputs`]).
+    sources: u32,
+    per: u32,
+    inner: u32,
 }
 
 impl Sizes {
@@ -41,8 +45,8 @@ impl Sizes {
             p.input,
             g.output
         );
-        let divides = g.groups > 0 && ci.is_multiple_of(g.groups) && co.is_multiple_of(g.groups);
-        assert!(divides, "{OP}: groups");
+        let divides = g.groups > 0 && co.is_multiple_of(g.groups);
+        assert!(divides && g.inputs.fits(g.groups, ci), "{OP}: groups {:?}", g.inputs);
         Sizes {
             n: u(n),
             ci: u(ci),
@@ -51,7 +55,7 @@ impl Sizes {
             co: u(co),
             oh: u(g.output[0]),
             ow: u(g.output[1]),
-            cig: u(ci / g.groups),
+            cig: u(ci / g.inputs.count()),
             cog: u(co / g.groups),
             sh: u(p.stride[0]),
             sw: u(p.stride[1]),
@@ -59,6 +63,9 @@ impl Sizes {
             pw: u(p.padding[1]),
             dh: u(p.dilation[0]),
             dw: u(p.dilation[1]),
+            sources: u(g.inputs.sources),
+            per: u(g.inputs.per),
+            inner: u(g.inputs.inner),
         }
     }
 }
@@ -68,6 +75,12 @@ impl Sizes {
 #[cube]
 fn tap(wt: &Tensor<f32>, base: u32, i: u32, j: u32) -> usize {
     (base + i * wt.stride(2) as u32 + j * wt.stride(3) as u32) as usize
+}
+
+/// The input group that group `g` reads ([`super::GroupInputs::of`]).
+#[cube]
+fn input_group(g: u32, sources: u32, per: u32, inner: u32) -> u32 {
+    ((g / (per * inner)) % sources) * inner + g % inner
 }
 
 /// `out[n, o, y, x] = Σ_c Σ_(i, j) w[o, c, i, j] · x[n, g·C_g + c, y·sh + i·dh − ph, x·sw + j·dw − pw]`
@@ -93,6 +106,9 @@ fn forward_kernel(
     pw: u32,
     dh: u32,
     dw: u32,
+    sources: u32,
+    per: u32,
+    inner: u32,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
 ) {
@@ -104,7 +120,7 @@ fn forward_kernel(
         let rest = rest / oh;
         let o = rest % co;
         let b = rest / co;
-        let first = (o / cog) * cig;
+        let first = input_group(o / cog, sources, per, inner) * cig;
         let mut acc = 0.0f32;
         let mut c = 0u32;
         while c < cig {
@@ -131,8 +147,9 @@ fn forward_kernel(
     }
 }
 
-/// `∂x[n, c, y, x] = Σ_o Σ_(i, j) w[o, c mod C_g, i, j] · ∂y[n, o, q_y, q_x]` over the group's
-/// output channels and the taps whose output `q` reads `(y, x)`: `q·s + t·d − pad = (y, x)`.
+/// `∂x[n, c, y, x] = Σ_o Σ_(i, j) w[o, c mod C_g, i, j] · ∂y[n, o, q_y, q_x]` over the output
+/// channels of the groups that read `c`'s input group and the taps whose output `q` reads
+/// `(y, x)`: `q·s + t·d − pad = (y, x)`; each reading group's sum apart, added in group order.
 /// One thread per input.
 #[cube(launch)]
 // `is_multiple_of` is not a CubeCL operation: the kernel tests divisibility with `%`.
@@ -156,6 +173,9 @@ fn x_backward_kernel(
     pw: u32,
     dh: u32,
     dw: u32,
+    sources: u32,
+    per: u32,
+    inner: u32,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
 ) {
@@ -168,37 +188,47 @@ fn x_backward_kernel(
         let c = rest % ci;
         let b = rest / ci;
         let (group, cc) = (c / cig, c % cig);
+        let (run, k) = (group / inner, group % inner);
         let (yp, xp) = (y + ph, x + pw);
-        let mut acc = 0.0f32;
-        let mut o = group * cog;
-        let end = o + cog;
-        while o < end {
-            let plane = (b * co + o) * oh;
-            let taps = o * wt.stride(0) as u32 + cc * wt.stride(1) as u32;
-            #[unroll]
-            for ki in 0..kh {
-                let reach = ki * dh;
-                if yp >= reach {
-                    let ty = yp - reach;
-                    if ty % sh == 0 && ty / sh < oh {
-                        let row = (plane + ty / sh) * ow;
-                        #[unroll]
-                        for kj in 0..kw {
-                            let across = kj * dw;
-                            if xp >= across {
-                                let tx = xp - across;
-                                if tx % sw == 0 && tx / sw < ow {
-                                    let g = grad[(row + tx / sw) as usize];
-                                    acc += wt[tap(wt, taps, ki, kj)] * g;
+        // The groups that read this input group, each's sum apart and then added in order.
+        let readers = (co / cog) / (sources * inner);
+        let mut total = 0.0f32;
+        let mut r = 0u32;
+        while r < readers {
+            let reader = ((r / per * sources + run) * per + r % per) * inner + k;
+            let mut acc = 0.0f32;
+            let mut o = reader * cog;
+            let end = o + cog;
+            while o < end {
+                let plane = (b * co + o) * oh;
+                let taps = o * wt.stride(0) as u32 + cc * wt.stride(1) as u32;
+                #[unroll]
+                for ki in 0..kh {
+                    let reach = ki * dh;
+                    if yp >= reach {
+                        let ty = yp - reach;
+                        if ty % sh == 0 && ty / sh < oh {
+                            let row = (plane + ty / sh) * ow;
+                            #[unroll]
+                            for kj in 0..kw {
+                                let across = kj * dw;
+                                if xp >= across {
+                                    let tx = xp - across;
+                                    if tx % sw == 0 && tx / sw < ow {
+                                        let g = grad[(row + tx / sw) as usize];
+                                        acc += wt[tap(wt, taps, ki, kj)] * g;
+                                    }
                                 }
                             }
                         }
                     }
                 }
+                o += 1;
             }
-            o += 1;
+            total = select(r == 0, acc, total + acc);
+            r += 1;
         }
-        out[i as usize] = acc;
+        out[i as usize] = total;
     }
 }
 
@@ -227,6 +257,9 @@ fn weight_kernel(
     pw: u32,
     dh: u32,
     dw: u32,
+    sources: u32,
+    per: u32,
+    inner: u32,
     kh: u32,
     kw: u32,
     #[comptime] units: usize,
@@ -241,7 +274,7 @@ fn weight_kernel(
         let rest = rest / kh;
         let cc = rest % cig;
         let o = rest / cig;
-        let c = (o / cog) * cig + cc;
+        let c = input_group(o / cog, sources, per, inner) * cig + cc;
         let (reach, across) = (ki * dh, kj * dw);
         let count = n * oh * ow;
         let mut sum = 0.0f32;
@@ -313,6 +346,9 @@ impl DirectConvBackend for CubeBackend {
             s.pw,
             s.dh,
             s.dw,
+            s.sources,
+            s.per,
+            s.inner,
             kh,
             kw,
         );
@@ -338,7 +374,7 @@ impl DirectConvBackend for CubeBackend {
         let (grad, wt) = (f32_contiguous(grad, OP), f32_strided(weight, OP));
         let [n, co, _, _] = dims4(&grad, "∂y");
         let [_, cig, _, _] = dims4(&wt, "the weight");
-        let ci = cig * geom.groups;
+        let ci = cig * geom.inputs.count();
         let s = Sizes::new(n, ci, co, &geom);
         let [h, w] = geom.plane.input;
         let out = empty_shaped(&grad, vec![n, ci, h, w]);
@@ -367,6 +403,9 @@ impl DirectConvBackend for CubeBackend {
             s.pw,
             s.dh,
             s.dw,
+            s.sources,
+            s.per,
+            s.inner,
             kh,
             kw,
         );
@@ -383,7 +422,7 @@ impl DirectConvBackend for CubeBackend {
         let [_, co, _, _] = dims4(&grad, "∂y");
         let s = Sizes::new(n, ci, co, &geom);
         let [kh, kw] = geom.plane.kernel;
-        let shape = vec![co, ci / geom.groups, kh, kw];
+        let shape = vec![co, ci / geom.inputs.count(), kh, kw];
         let weights: usize = shape.iter().product();
         let out = empty_shaped(&x, shape);
         // One cube per weight, on a 2-D grid: a 1-D grid stops at 65 535 cubes on some APIs.
@@ -412,6 +451,9 @@ impl DirectConvBackend for CubeBackend {
             s.pw,
             s.dh,
             s.dw,
+            s.sources,
+            s.per,
+            s.inner,
             kh as u32,
             kw as u32,
             UNITS as usize,

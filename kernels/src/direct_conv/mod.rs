@@ -39,9 +39,71 @@ pub struct ConvGeom {
     pub plane: PlaneGeom,
     /// The output plane `[H', W']` (the trailing padding decides it with the rest).
     pub output: [usize; 2],
-    /// Groups: input and output channels are split into this many, each output channel
-    /// seeing its group's inputs only.
+    /// Groups: the output channels are split into this many, each output channel seeing the
+    /// input channels of its group's input group only.
     pub groups: usize,
+    /// The input group each group reads.
+    pub inputs: GroupInputs,
+}
+
+/// Which input group each group of a convolution reads: group `g` reads input group
+/// `((g / (per·inner)) % sources)·inner + g % inner` of the `sources·inner` input groups.
+///
+/// [`GroupInputs::own`]: group `g` reads group `g`, a grouped convolution as Burn's. The
+/// batched cell's depthwise convolutions read the `sources` states of a wave (`inner` channels
+/// each) as every one of their edges and kinds reads its copy: `x` `[N, S·C, H, W]` read in
+/// place as the `[N, copies·S·per·C, H, W]` of copies after copies, source after source, `per`
+/// edges of each; the input's gradient sums over the groups that read each input channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupInputs {
+    /// Runs of input groups (the wave's source states).
+    pub sources: usize,
+    /// Consecutive runs of groups that read one run (a source's edges).
+    pub per: usize,
+    /// Groups in a run (a state's channels, for a depthwise convolution).
+    pub inner: usize,
+}
+
+impl GroupInputs {
+    /// Each of `groups` groups reads its own input group.
+    pub fn own(groups: usize) -> Self {
+        GroupInputs { sources: 1, per: 1, inner: groups }
+    }
+
+    /// The input groups, `sources·inner`.
+    pub fn count(&self) -> usize {
+        self.sources * self.inner
+    }
+
+    /// The input group that group `g` reads.
+    pub fn of(&self, g: usize) -> usize {
+        ((g / (self.per * self.inner)) % self.sources) * self.inner + g % self.inner
+    }
+
+    /// `x` `[N, sources·inner·C_g, H, W]` as the input each of `groups` groups reads, laid out
+    /// `[N, groups·C_g, H, W]` (a copy, where any group reads another's input group).
+    pub fn laid_out(&self, x: Tensor<4>, groups: usize) -> Tensor<4> {
+        let [n, ci, h, w] = x.dims();
+        let run = ci / self.sources;
+        let copies = groups / (self.sources * self.per * self.inner);
+        if copies * self.per == 1 {
+            return x;
+        }
+        let r = x.reshape([n, 1, self.sources, 1, run, h * w]);
+        r.expand([n, copies, self.sources, self.per, run, h * w]).reshape([
+            n,
+            copies * self.sources * self.per * run,
+            h,
+            w,
+        ])
+    }
+
+    /// Whether `groups` groups read `input_channels` channels so: `groups` a multiple of
+    /// `sources·per·inner`, the channels of `sources·inner`.
+    pub fn fits(&self, groups: usize, input_channels: usize) -> bool {
+        let run = self.sources * self.per * self.inner;
+        run > 0 && groups.is_multiple_of(run) && input_channels.is_multiple_of(self.count())
+    }
 }
 
 /// Whether [`conv2d`] runs this module's kernels for tensors on `device` with this dtype.
@@ -51,8 +113,30 @@ pub fn direct_available(device: &Device, dtype: DType) -> bool {
 
 /// Burn's `conv2d` without bias, as this module's kernels where [`direct_available`].
 pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tensor<4> {
+    let inputs = GroupInputs::own(options.groups);
+    conv2d_reading(x, weight, options, inputs)
+}
+
+/// [`conv2d`] whose groups read the input groups `inputs` gives (`x` has
+/// `inputs.count()·C_g` channels): as Burn's `conv2d` of [`GroupInputs::laid_out`], without
+/// that copy where [`direct_available`].
+///
+/// # Panics
+/// Where `inputs` does not [fit](GroupInputs::fits) the groups and `x`'s channels.
+pub fn conv2d_reading(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    options: ConvOptions<2>,
+    inputs: GroupInputs,
+) -> Tensor<4> {
+    assert!(
+        inputs.fits(options.groups, x.dims()[1]),
+        "conv: {inputs:?} does not fit {} groups over {} input channels",
+        options.groups,
+        x.dims()[1]
+    );
     if !direct_available(&x.device(), x.dtype()) {
-        return module::conv2d(x, weight, None, options);
+        return module::conv2d(inputs.laid_out(x, options.groups), weight, None, options);
     }
     #[cfg(feature = "cube")]
     {
@@ -73,6 +157,7 @@ pub fn conv2d(x: Tensor<4>, weight: Tensor<4>, options: ConvOptions<2>) -> Tenso
             },
             output: [out(0, h, kh), out(1, w, kw)],
             groups: options.groups,
+            inputs,
         };
         let out = <burn::backend::Dispatch as DirectConvBackend>::direct_conv2d(
             x.into_dispatch(),

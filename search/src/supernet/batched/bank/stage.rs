@@ -5,6 +5,7 @@ use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
+use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading};
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
@@ -13,7 +14,7 @@ use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
 use super::super::BatchError;
 use super::super::grids::rows_as_channels;
 use super::super::reduce::grouped_pointwise;
-use super::{BankKind, DwGroup, Input, StageQuant, quantize_rows, stack_sites, stack_sources};
+use super::{BankKind, DwGroup, Input, StageQuant, quantize_rows, stack_sites};
 use qdarts_kernels::cat::cat;
 use qdarts_kernels::grad_mask::masked_gradient;
 
@@ -192,13 +193,19 @@ impl BankStage {
             .zip(self.filters_now())
             .map(|(g, filters)| {
                 let kinds = g.kinds.len();
-                let input = match &x {
+                let options = self.options(g.padding, g.dilation, kinds * width);
+                match &x {
+                    // Every kind and edge reads its source in place.
                     Input::Sources { x, per } => {
-                        stack_sources(x, x.dims()[1] / self.channels, *per, kinds)
+                        let sources = x.dims()[1] / self.channels;
+                        let inner = self.channels;
+                        let inputs = GroupInputs { sources, per: *per, inner };
+                        conv2d_reading(x.clone(), filters, options, inputs)
                     }
-                    Input::Kinds(_) => by_group.next().expect("one input per group"),
-                };
-                conv2d(input, filters, self.options(g.padding, g.dilation, kinds * width))
+                    Input::Kinds(_) => {
+                        conv2d(by_group.next().expect("one input per group"), filters, options)
+                    }
+                }
             })
             .collect();
         let y = match outs.len() {
