@@ -441,7 +441,9 @@ fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
         let d = device.clone().autodiff();
         for (k, dims) in [[8, 16, 7, 7], [1, 3, 5, 7], [3, 2, 11, 4]].into_iter().enumerate() {
             let c = dims[1];
-            let (x, mean, var, step, per_channel) =
+            // Rows of channels, each with a factor of its own (a stacked quantizer's rows).
+            let rows = if c % 4 == 0 { 4 } else { 1 };
+            let (x, mean, var, step, per_channel, per_row) =
                 qdarts_kernels::devices::seeded(&host, k as u64 + 60, || {
                     (
                         Tensor::<4>::random(dims, Distribution::Normal(-0.7, 3.0), &host),
@@ -449,22 +451,33 @@ fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
                         Tensor::<1>::random([c], Distribution::Uniform(0.5, 2.0), &host),
                         Tensor::<1>::random([1], Distribution::Uniform(0.02, 0.05), &host),
                         Tensor::<1>::random([c], Distribution::Uniform(0.5, 4.0), &host),
+                        Tensor::<1>::random([rows], Distribution::Uniform(0.02, 0.05), &host),
                     )
                 });
             let on = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), &d);
             let x = Tensor::<4>::from_data(x.into_data(), &d).require_grad();
             // A per-tensor input step and per-channel weight steps (a convolution's unit);
-            // one factor alone; and a vanishing unit, which leaves the shift as it is.
+            // one factor alone; a vanishing unit, which leaves the shift as it is; and the
+            // per-channel weight steps with one input step per row of channels.
             let cases = [
                 vec![on(step.clone()), on(per_channel.clone())],
                 vec![on(per_channel.clone().mul_scalar(0.01))],
                 vec![on(step.clone().mul_scalar(0.0)), on(per_channel.clone())],
+                vec![on(per_channel.clone()), on(per_row.clone())],
             ];
             for (j, factors) in cases.into_iter().enumerate() {
                 if !fold_rounded_available(&x, &factors) {
                     continue;
                 }
                 ran += 1;
+                // Each factor per channel (`int32_rounded` takes `[1]` or `[C]`).
+                let per_channel_factors: Vec<Tensor<1>> = factors
+                    .iter()
+                    .map(|t| match t.dims()[0] {
+                        l if l == 1 || l == c => t.clone(),
+                        l => t.clone().reshape([l, 1]).expand([l, c / l]).reshape([c]),
+                    })
+                    .collect();
                 for ties_away in [false, true] {
                     let what = format!("{name} {dims:?} case {j} ties away {ties_away}");
                     let ((f, at_once), l1) = counted(&d, || {
@@ -488,7 +501,7 @@ fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
                     });
                     let ((plain, apart), l0) = counted(&d, || {
                         let f = fold(x.clone(), on(mean.clone()), on(var.clone()), 1e-5, 0.1);
-                        let mut unit = factors.clone();
+                        let mut unit = per_channel_factors.clone();
                         unit.push(f.weight.clone());
                         let b = int32_rounded(f.shift.clone(), &unit, ties_away);
                         let apart = [
@@ -519,7 +532,7 @@ fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
                         for t in factors.iter().cloned().chain([f.weight.clone()]) {
                             let v = vals(t);
                             for (i, ui) in u.iter_mut().enumerate() {
-                                *ui *= f64::from(v[i % v.len()]);
+                                *ui *= f64::from(v[i / (c / v.len())]);
                             }
                         }
                         u
@@ -537,7 +550,7 @@ fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
                         assert!((r - s).abs() <= u * 0.5 * (1.0 + 1e-5), "{what}: channel {i}");
                         moved += usize::from(r != s);
                     }
-                    if j < 2 {
+                    if j != 2 {
                         assert!(moved > 0, "{what}: no shift was rounded");
                     }
                 }

@@ -207,14 +207,16 @@ pub fn fold(x: Tensor<4>, mean: Tensor<1>, var: Tensor<1>, epsilon: f64, momentu
 }
 
 /// Whether [`fold_rounded`] runs for `x` and the bias unit's `factors`: where
-/// [`fold_available`], with one or two f32 factors, each `[1]` or `[C]`, on `x`'s device.
+/// [`fold_available`], with one or two f32 factors, each `[L]` for `L` dividing `C` (value `i`
+/// for channels `i·C/L ..(i + 1)·C/L`: `[1]` for every channel, `[C]` one each), on `x`'s device.
 pub fn fold_rounded_available(x: &Tensor<4>, factors: &[Tensor<1>]) -> bool {
     let c = x.dims()[1];
     fold_available(&x.device(), x.dtype())
         && (1..=2).contains(&factors.len())
         && factors.iter().all(|f| {
             f.dtype() == DType::F32
-                && (f.dims()[0] == c || f.dims()[0] == 1)
+                && f.dims()[0] > 0
+                && c.is_multiple_of(f.dims()[0])
                 && f.device() == x.device()
         })
 }

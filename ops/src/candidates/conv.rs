@@ -48,22 +48,31 @@ impl ConvShape {
 /// channel (`s_w,c·s_in`, detached) as the factors of its product, and the rounding.
 #[derive(Debug, Clone)]
 pub struct Bias {
-    /// The factors of one accumulator unit, multiplied in order, each `[C]` or `[1]` (the
-    /// same for every channel): kept apart so that a kernel can take the product where it is
-    /// used, rather than a launch per product.
+    /// The factors of one accumulator unit, multiplied in order, each `[L]` for an `L` that
+    /// divides `C`: value `i` for channels `i·C/L .. (i + 1)·C/L` (`[C]` one per channel, `[1]`
+    /// the same for every channel, `[R]` one per row of `R` rows of channels). Kept apart so
+    /// that a kernel can take the product where it is used, rather than a launch per product.
     pub factors: Vec<Tensor<1>>,
     /// Rounding of `bias/unit`.
     pub round: RoundMode,
 }
 
 impl Bias {
-    /// One accumulator unit per channel, `[channels]`: the factors' product (a `[1]` product
-    /// broadcast as a view).
+    /// One accumulator unit per channel, `[channels]`: the factors' product (where every
+    /// factor is `[channels]` or `[1]`, the `[1]` product broadcast as a view).
     ///
     /// # Panics
     /// Without factors.
     pub fn unit(&self, channels: usize) -> Tensor<1> {
-        let mut factors = self.factors.iter().cloned();
+        let per_channel = |f: &Tensor<1>| {
+            let l = f.dims()[0];
+            match l {
+                1 => f.clone(),
+                _ if l == channels => f.clone(),
+                _ => f.clone().reshape([l, 1]).expand([l, channels / l]).reshape([channels]),
+            }
+        };
+        let mut factors = self.factors.iter().map(per_channel);
         let first = factors.next().expect("a bias unit has one factor at least");
         let unit = factors.fold(first, |u, f| u.mul(f));
         if unit.dims()[0] == channels { unit } else { unit.expand([channels]) }

@@ -139,7 +139,9 @@ impl FoldBackend for CubeBackend {
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
         let (n, c, plane, width) = strided(&x);
         let (mean, var, f0, f1) = (small(mean), small(var), small(f0), small(f1));
-        let (n0, n1) = (f0.meta.num_elements() as u32, f1.meta.num_elements() as u32);
+        // Each factor's value `i` stands for its run of `C/L` channels.
+        let run = |f: &CubeTensor| c / (f.meta.num_elements() as u32).max(1);
+        let (run0, run1) = (run(&f0), run(&f1));
         let m = empty_shaped(&x, vec![2, c as usize]);
         let [w, b, running_mean, running_var] =
             [(); 4].map(|()| empty_shaped(&x, vec![c as usize]));
@@ -164,8 +166,8 @@ impl FoldBackend for CubeBackend {
             epsilon,
             momentum,
             unbias,
-            n0.max(1),
-            n1.max(1),
+            run0.max(1),
+            run1.max(1),
             TINY_STEP,
             UNITS as usize,
             factors,

@@ -107,8 +107,8 @@ fn moments_kernel(
 /// `w = 1/sqrt(σ² + ε)`, `b = −μ·w` and the running statistics `mean'` and `var'` (each its
 /// own buffer: rows of one `[2, C]` would take a slicing launch each to separate). With
 /// `factors` > 0 the shift is rounded as an int32 bias whose unit is `f₀·f₁·w` (the first
-/// `factors` of `f₀`, `f₁`, each read at the channel modulo its length, then `w`), as
-/// `bias::int32_rounded` rounds it.
+/// `factors` of `f₀`, `f₁`, each `[L]` read at `ch / run` for its run of `C/L` channels, then
+/// `w`), as `bias::int32_rounded` rounds it.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn moments_fold_kernel(
@@ -128,8 +128,8 @@ fn moments_fold_kernel(
     epsilon: f32,
     momentum: f32,
     unbias: f32,
-    n0: u32,
-    n1: u32,
+    run0: u32,
+    run1: u32,
     tiny: f32,
     #[comptime] units: usize,
     #[comptime] factors: u32,
@@ -146,9 +146,9 @@ fn moments_fold_kernel(
         w[c] = wc;
         let bc = shift_of(mu, wc);
         if factors > 0 {
-            let mut unit = f0[(ch % n0) as usize];
+            let mut unit = f0[(ch / run0) as usize];
             if factors > 1 {
-                unit *= f1[(ch % n1) as usize];
+                unit *= f1[(ch / run1) as usize];
             }
             unit *= wc;
             b[c] = bc + (int32_of(bc, unit, tiny, ties_away) - bc);

@@ -1,7 +1,6 @@
 //! The quantization grids of a wave's tensors laid side by side: its source states (each on
-//! the grid of the quantizer that made it) as one per-channel grid, and the rows of a stacked
-//! quantizer ([`FakeQuantizer::stacked`](qdarts_ops::quant::FakeQuantizer::stacked)) as
-//! channels.
+//! the grid of the quantizer that made it) as one per-channel grid, and that grid as each edge
+//! reads its source.
 //!
 //! A held grid ([`Grid::held`], the second order's passes at `w±`) carries the values its
 //! tensor had at `w`; side by side, they are laid out as the tensors are.
@@ -48,14 +47,6 @@ pub fn side_by_side(parts: &[(Option<&Grid>, [usize; 4])]) -> Option<Grid> {
     );
     grid.held = held;
     Some(grid)
-}
-
-/// A parameter of a stacked quantizer's grid over `[N, R, C·H·W]` (one value per row, per
-/// site) as the same parameter of the tensor viewed as `[N, R·C, H, W]`: each row's value
-/// repeated for its `c` channels.
-pub fn rows_as_channels(p: &Tensor<1>, c: usize) -> Tensor<1> {
-    let r = p.dims()[0];
-    p.clone().reshape([r, 1]).expand([r, c]).reshape([r * c])
 }
 
 /// The grid of [`super::stack_sources`]`(x, sources, per, copies)` for `x` `[N, S·C, H, W]`

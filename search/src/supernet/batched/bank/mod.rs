@@ -96,7 +96,8 @@ pub(super) fn stack_sites(
 }
 
 /// A stacked quantizer of `rows` per-tensor sites applied to `x` `[N, rows·C, H, W]`, the
-/// output and its grid (over the rows, one per site: see [`super::grids::rows_as_channels`]).
+/// output and its grid (over the rows, one per site: each row's value stands for its `C`
+/// channels).
 pub(super) fn quantize_rows(q: &Option<FakeQuantizer>, x: Tensor<4>) -> (Tensor<4>, Option<Grid>) {
     let Some(q) = q else { return (x, None) };
     let [n, c, h, w] = x.dims();

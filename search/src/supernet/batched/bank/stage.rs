@@ -12,7 +12,6 @@ use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::{FakeQuantizer, Grid, SpecError};
 
 use super::super::BatchError;
-use super::super::grids::rows_as_channels;
 use super::super::reduce::grouped_pointwise;
 use super::{BankKind, DwGroup, Input, StageQuant, quantize_rows, stack_sites};
 use qdarts_kernels::cat::cat;
@@ -265,9 +264,9 @@ impl BankStage {
         if w.is_held() || input.is_held() {
             return None;
         }
-        let step = rows_as_channels(&input.step, self.channels);
+        // One input step per row (kind and edge), for its `C` channels.
         Some(Bias {
-            factors: vec![w.step.clone().detach(), step.detach()],
+            factors: vec![w.step.clone().detach(), input.step.clone().detach()],
             round: q.spec().round(),
         })
     }
