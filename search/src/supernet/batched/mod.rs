@@ -26,7 +26,7 @@
 //! channels; the per-edge cell stays the reference and runs everything else.
 
 use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, TensorData};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::split::split;
@@ -131,11 +131,13 @@ impl BatchedCell {
         let mut states = vec![s0, s1];
         let plan = waves(self.nodes);
         let [edges, k] = weights.dims();
-        // Every edge's mixing weights in one row: a wave picks its coefficients from it.
+        // Every edge's mixing weights in one row, and a zero after them: a wave picks its
+        // coefficients from it.
         let flat = match &self.mix {
             Some(q) => q.forward(weights.reshape([1, edges, k])).reshape([edges * k]),
             None => weights.reshape([edges * k]),
         };
+        let flat = sums::with_zero(flat);
         if self.waves.iter().any(|w| w.edge_act.is_some()) {
             return self.forward_quantized(states, &flat, k, cell);
         }
@@ -291,8 +293,12 @@ impl WaveOps {
             blocks.push((p, block));
         }
         if let Some(q) = &self.zero_act {
-            let [n, c, h, w] = shape;
-            q.forward(Tensor::<3>::zeros([n, edges, c * h * w], &flat.device()));
+            // The `none` candidates' output quantizers see only zeros, whatever their number:
+            // one zero per edge gives every row the same extrema (0, 0), so the same observer
+            // update, and the same error rows (zero signal, noise and clipping), as the whole
+            // output would. Written from the host, it is no launch.
+            let zeros = TensorData::new(vec![0.0f32; edges], [1, edges, 1]);
+            q.forward(Tensor::<3>::from_data(zeros, &flat.device()));
         }
         let per_edge = self.edge_act.is_some();
         let device = flat.device();

@@ -76,10 +76,8 @@ pub(super) enum Block {
 /// feeds, the index of the mixing weight in the cell's `[edges · K]` row, or none where that
 /// column does not feed that node.
 pub(super) struct Mixing {
-    /// `[fed, columns]`, row by row: `edge · K + primitive`.
-    index: Vec<i64>,
-    /// 1 where the column feeds the node, 0 elsewhere.
-    mask: Vec<f32>,
+    /// `[fed, columns]`, row by row: `edge · K + primitive`, or none.
+    index: Vec<Option<usize>>,
     columns: usize,
 }
 
@@ -115,24 +113,33 @@ impl Mixing {
             }
         }
         let (fed, n) = (rows, columns.len());
-        let (mut index, mut mask) = (vec![0i64; fed * n], vec![0.0f32; fed * n]);
+        let mut index = vec![None; fed * n];
         for (c, (p, to)) in columns.iter().enumerate() {
             for (r, edge) in to.iter().enumerate() {
                 if let Some(edge) = edge {
-                    index[r * n + c] = (edge * k + p) as i64;
-                    mask[r * n + c] = 1.0;
+                    index[r * n + c] = Some(edge * k + p);
                 }
             }
         }
-        Mixing { index, mask, columns: n }
+        Mixing { index, columns: n }
     }
 
-    /// The coefficients `[1, rows, columns]` from the cell's mixing weights `flat`.
-    pub(super) fn coefficients(&self, flat: &Tensor<1>, fed: usize) -> Tensor<3> {
-        let device = flat.device();
-        let n = self.index.len();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(self.index.clone(), [n]), &device);
-        let mask = Tensor::<1>::from_data(TensorData::new(self.mask.clone(), [n]), &device);
-        flat.clone().select(0, index).mul(mask).reshape([1, fed, self.columns])
+    /// The coefficients `[1, rows, columns]` from `weights`, the cell's mixing weights
+    /// `[edges · K]` followed by one zero ([`with_zero`]), the coefficient of a column where it
+    /// does not feed a row: one gather.
+    pub(super) fn coefficients(&self, weights: &Tensor<1>, fed: usize) -> Tensor<3> {
+        let device = weights.device();
+        let zero = weights.dims()[0] - 1;
+        let index: Vec<i64> = self.index.iter().map(|i| i.unwrap_or(zero) as i64).collect();
+        let n = index.len();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n]), &device);
+        weights.clone().select(0, index).reshape([1, fed, self.columns])
     }
+}
+
+/// `flat` followed by one zero (written from the host, no launch): what
+/// [`Mixing::coefficients`] gathers a zero coefficient from.
+pub(super) fn with_zero(flat: Tensor<1>) -> Tensor<1> {
+    let zero = Tensor::<1>::from_data(TensorData::new(vec![0.0f32], [1]), &flat.device());
+    qdarts_kernels::cat::cat(vec![flat, zero], 0)
 }
