@@ -1,0 +1,170 @@
+//! The launches of the convolution kernels: the backend impls for `CubeBackend`.
+
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::super::{ConvGeom, DirectConvBackend, UNITS};
+use super::{OP, Sizes, forward_kernel, weight_kernel, x_backward_kernel};
+use crate::support::cube::{elementwise, empty_shaped, f32_contiguous, f32_strided};
+
+fn dims4(t: &CubeTensor, what: &str) -> [usize; 4] {
+    let d = t.meta.shape();
+    assert_eq!(d.len(), 4, "{OP}: {what} must be [N, C, H, W], got {d:?}");
+    [d[0], d[1], d[2], d[3]]
+}
+
+/// The kernel window `(kh, kw)` as the comptime arguments of the unrolled tap loops.
+fn window(g: &ConvGeom) -> (u32, u32) {
+    let [kh, kw] = g.plane.kernel;
+    let u = |v: usize| u32::try_from(v).expect("conv: kernel size");
+    (u(kh), u(kw))
+}
+
+impl DirectConvBackend for CubeBackend {
+    fn direct_conv2d(x: CubeTensor, weight: CubeTensor, geom: ConvGeom) -> CubeTensor {
+        let (x, wt) = (f32_contiguous(x, OP), f32_strided(weight, OP));
+        let [n, ci, _, _] = dims4(&x, "x");
+        let co = dims4(&wt, "the weight")[0];
+        let s = Sizes::new(n, ci, co, &geom);
+        let out = empty_shaped(&x, vec![n, co, geom.output[0], geom.output[1]]);
+        let total = out.meta.num_elements();
+        let (cubes, dim) = elementwise(&x.client, total);
+        let (kh, kw) = window(&geom);
+        forward_kernel::launch(
+            &x.client,
+            cubes,
+            dim,
+            x.clone().into_buffer_arg(),
+            wt.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            total as u32,
+            s.ci,
+            s.h,
+            s.w,
+            s.co,
+            s.oh,
+            s.ow,
+            s.cig,
+            s.cog,
+            s.sh,
+            s.sw,
+            s.ph,
+            s.pw,
+            s.dh,
+            s.dw,
+            s.sources,
+            s.per,
+            s.inner,
+            kh,
+            kw,
+        );
+        out
+    }
+
+    fn direct_conv2d_backward(
+        x: CubeTensor,
+        grad: CubeTensor,
+        weight: CubeTensor,
+        geom: ConvGeom,
+    ) -> (CubeTensor, CubeTensor) {
+        let grad = f32_contiguous(grad, OP);
+        let dx = Self::direct_conv2d_x_backward(grad.clone(), weight, geom);
+        (dx, Self::direct_conv2d_weight_backward(x, grad, geom))
+    }
+
+    fn direct_conv2d_x_backward(
+        grad: CubeTensor,
+        weight: CubeTensor,
+        geom: ConvGeom,
+    ) -> CubeTensor {
+        let (grad, wt) = (f32_contiguous(grad, OP), f32_strided(weight, OP));
+        let [n, co, _, _] = dims4(&grad, "∂y");
+        let [_, cig, _, _] = dims4(&wt, "the weight");
+        let ci = cig * geom.inputs.count();
+        let s = Sizes::new(n, ci, co, &geom);
+        let [h, w] = geom.plane.input;
+        let out = empty_shaped(&grad, vec![n, ci, h, w]);
+        let total = out.meta.num_elements();
+        let (cubes, dim) = elementwise(&grad.client, total);
+        let (kh, kw) = window(&geom);
+        x_backward_kernel::launch(
+            &grad.client,
+            cubes,
+            dim,
+            grad.clone().into_buffer_arg(),
+            wt.into_tensor_arg(),
+            out.clone().into_buffer_arg(),
+            total as u32,
+            s.ci,
+            s.h,
+            s.w,
+            s.co,
+            s.oh,
+            s.ow,
+            s.cig,
+            s.cog,
+            s.sh,
+            s.sw,
+            s.ph,
+            s.pw,
+            s.dh,
+            s.dw,
+            s.sources,
+            s.per,
+            s.inner,
+            kh,
+            kw,
+        );
+        out
+    }
+
+    fn direct_conv2d_weight_backward(
+        x: CubeTensor,
+        grad: CubeTensor,
+        geom: ConvGeom,
+    ) -> CubeTensor {
+        let (x, grad) = (f32_contiguous(x, OP), f32_contiguous(grad, OP));
+        let [n, ci, _, _] = dims4(&x, "x");
+        let [_, co, _, _] = dims4(&grad, "∂y");
+        let s = Sizes::new(n, ci, co, &geom);
+        let [kh, kw] = geom.plane.kernel;
+        let shape = vec![co, ci / geom.inputs.count(), kh, kw];
+        let weights: usize = shape.iter().product();
+        let out = empty_shaped(&x, shape);
+        // One cube per weight, on a 2-D grid: a 1-D grid stops at 65 535 cubes on some APIs.
+        let across = weights.clamp(1, 65_535);
+        let cubes = CubeCount::new_2d(across as u32, weights.div_ceil(across).max(1) as u32);
+        weight_kernel::launch(
+            &x.client,
+            cubes,
+            CubeDim::new_1d(UNITS),
+            x.clone().into_buffer_arg(),
+            grad.into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            weights as u32,
+            s.n,
+            s.ci,
+            s.h,
+            s.w,
+            s.co,
+            s.oh,
+            s.ow,
+            s.cig,
+            s.cog,
+            s.sh,
+            s.sw,
+            s.ph,
+            s.pw,
+            s.dh,
+            s.dw,
+            s.sources,
+            s.per,
+            s.inner,
+            kh as u32,
+            kw as u32,
+            UNITS as usize,
+        );
+        out
+    }
+}
