@@ -25,7 +25,7 @@ use std::ops::Range;
 
 use burn::module::Module;
 use burn::tensor::Tensor;
-use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::direct_conv::{GroupInputs, direct_available};
 use qdarts_kernels::relu::relu;
 use qdarts_kernels::split::split;
 use qdarts_ops::quant::hold::{narrow_channels, relu_held};
@@ -127,13 +127,8 @@ enum Input {
 /// `x` `[N, S·C, H, W]` (after the ReLU) as every edge's input, `copies` times over:
 /// `[N, copies·S·per·C, H, W]`, copy after copy, edge after edge (edges source by source).
 pub fn stack_sources(x: &Tensor<4>, sources: usize, per: usize, copies: usize) -> Tensor<4> {
-    let [n, sc, h, w] = x.dims();
-    let c = sc / sources;
-    if copies * per == 1 {
-        return x.clone();
-    }
-    let r = x.clone().reshape([n, 1, sources, 1, c, h * w]);
-    r.expand([n, copies, sources, per, c, h * w]).reshape([n, copies * sources * per * c, h, w])
+    let inner = x.dims()[1] / sources;
+    GroupInputs { sources, per, inner }.laid_out(x.clone(), copies * sources * per * inner)
 }
 
 impl ConvBank {
