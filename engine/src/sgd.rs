@@ -4,8 +4,8 @@
 //! `d = g + λ·w;  v ← d (first step) or μ·v + d;  w ← w − lr·v`.
 //!
 //! It does what Burn's `SgdConfig` with momentum and weight decay does, operation for
-//! operation (on the CubeCL backends in one kernel per parameter:
-//! [`qdarts_kernels::optim::sgd_update`]), but keeps its momentum buffers where the architect
+//! operation (on the CubeCL backends one launch per eight parameters:
+//! [`qdarts_kernels::optim::SgdUpdates`]), but keeps its momentum buffers where the architect
 //! can read them: DARTS' unrolled step is `w' = w − ξ(μ·v + ∇w L_trn + λw)`
 //! (`cnn/architect.py`, pt.darts `virtual_step`).
 
@@ -15,7 +15,7 @@ use std::path::Path;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
-use qdarts_kernels::optim::{SgdStep, sgd_update};
+use qdarts_kernels::optim::{SgdStep, SgdUpdates};
 
 use crate::grads::WeightGrads;
 use crate::{RunError, checkpoint_error, load_module, save_module};
@@ -29,31 +29,40 @@ pub struct Sgd {
     velocity: HashMap<ParamId, Tensor<1>>,
 }
 
-struct Step<'a> {
-    sgd: &'a mut Sgd,
+/// The updates of the parameters that have a gradient, in visit order: what [`Apply`] puts
+/// in their place.
+struct Collect<'a> {
+    velocity: &'a mut HashMap<ParamId, Tensor<1>>,
     grads: GradientsParams,
-    lr: f64,
-    /// The clip's factor on every gradient.
-    scale: Option<f32>,
+    updates: SgdUpdates,
+    /// Each updated parameter's index among `updates`.
+    index: HashMap<ParamId, usize>,
 }
 
-impl ModuleMapper for Step<'_> {
+impl ModuleVisitor for Collect<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let Some(grad) = self.grads.remove::<D>(param.id) else { return };
+        let w = param.val().inner();
+        let i = self.updates.add(w, grad, self.velocity.remove(&param.id));
+        self.index.insert(param.id, i);
+    }
+}
+
+/// Each updated parameter's new value and momentum buffer in its place.
+struct Apply<'a> {
+    velocity: &'a mut HashMap<ParamId, Tensor<1>>,
+    updates: SgdUpdates,
+    index: HashMap<ParamId, usize>,
+}
+
+impl ModuleMapper for Apply<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(grad) = self.grads.remove::<D>(param.id) else { return param };
-        let id = param.id;
-        let step = SgdStep {
-            decay: self.sgd.weight_decay,
-            momentum: self.sgd.momentum,
-            lr: self.lr,
-            grad_scale: self.scale,
-        };
-        let velocity = &mut self.sgd.velocity;
+        let Some(&i) = self.index.get(&param.id) else { return param };
+        let (out, v) = self.updates.take::<D>(i);
+        self.velocity.insert(param.id, v);
         param.map(|w| {
-            let tracked = w.is_require_grad();
-            let (out, v) = sgd_update(w.inner(), grad, velocity.remove(&id), step);
-            velocity.insert(id, v);
             let out = Tensor::from_inner(out);
-            if tracked { out.require_grad() } else { out }
+            if w.is_require_grad() { out.require_grad() } else { out }
         })
     }
 }
@@ -103,7 +112,15 @@ impl Sgd {
     /// gradient scaled by the clip's factor where it has one.
     pub fn step<M: Module>(&mut self, lr: f64, module: M, grads: WeightGrads) -> M {
         let WeightGrads { grads, scale } = grads;
-        module.map(&mut Step { sgd: self, grads, lr, scale })
+        let step =
+            SgdStep { decay: self.weight_decay, momentum: self.momentum, lr, grad_scale: scale };
+        let updates = SgdUpdates::new(step);
+        let velocity = &mut self.velocity;
+        let mut collect = Collect { velocity, grads, updates, index: HashMap::new() };
+        module.visit(&mut collect);
+        let Collect { mut updates, index, .. } = collect;
+        updates.finish();
+        module.map(&mut Apply { velocity: &mut self.velocity, updates, index })
     }
 
     /// The momentum buffer of parameter `id` with the shape `dims` (`None` before its first

@@ -11,7 +11,8 @@ use qdarts_kernels::cat::ARITY;
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::optim::{
-    SgdStep, SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto, virtual_step,
+    SgdStep, SgdUpdates, SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto,
+    step_available, virtual_step,
 };
 
 /// Held by every test here: the launch count sees every thread of the process.
@@ -270,6 +271,57 @@ fn the_second_order_weights_are_the_host_arithmetic_in_one_launch_on_every_backe
                 let what = format!("{at}: virtual step, velocity {with_velocity}");
                 assert_same(name, &out, &host, &what);
                 assert!(launches.is_none_or(|l| l == 1), "{what}: {launches:?} launches");
+            }
+        }
+    }
+}
+
+#[test]
+fn several_parameters_updated_at_once_are_each_ones_update_bit_for_bit_in_one_launch_per_eight() {
+    let _serial = serial();
+    for (name, d) in devices() {
+        // Eleven parameters of two ranks: conv weights with strided gradients, and vectors;
+        // every third without a momentum buffer yet (its first step).
+        let params: Vec<(Tensor<4>, Tensor<4>, Option<Tensor<1>>)> = (0..11u64)
+            .map(|k| {
+                let dims =
+                    [2 + (k as usize % 3), 3, 1 + 2 * (k as usize % 2), 1 + 2 * (k as usize % 2)];
+                let (w, g, v) = draw(&d, dims, 90 + k);
+                (w, g, (k % 3 != 0).then_some(v))
+            })
+            .collect();
+        let vector = draw(&d, [7, 1, 1, 1], 120);
+        for grad_scale in [None, Some(0.25f32)] {
+            let step = SgdStep { decay: 3e-4, momentum: 0.9, lr: 0.025, grad_scale };
+            let (results, launches) = counted(&d, || {
+                let mut updates = SgdUpdates::new(step);
+                let mut at: Vec<usize> = params
+                    .iter()
+                    .map(|(w, g, v)| updates.add(w.clone(), g.clone(), v.clone()))
+                    .collect();
+                let (w1, g1, v1) =
+                    (vector.0.clone().reshape([7]), vector.1.clone().reshape([7]), None);
+                at.push(updates.add(w1, g1, v1));
+                updates.finish();
+                let last = at.pop().unwrap();
+                let four: Vec<(Tensor<4>, Tensor<1>)> =
+                    at.into_iter().map(|i| updates.take(i)).collect();
+                (four, updates.take::<1>(last))
+            });
+            let (four, one) = results;
+            for (k, ((w, g, v), (out, vel))) in params.iter().zip(four).enumerate() {
+                let (want_w, want_v) = sgd_update(w.clone(), g.clone(), v.clone(), step);
+                assert_eq!(out.dims(), w.dims(), "{name}: parameter {k}'s shape");
+                assert_eq!(vals(out), vals(want_w), "{name} {grad_scale:?}: parameter {k}");
+                assert_eq!(vals(vel), vals(want_v), "{name} {grad_scale:?}: buffer {k}");
+            }
+            let w1 = vector.0.clone().reshape([7]);
+            let (want_w, want_v) = sgd_update(w1, vector.1.clone().reshape([7]), None, step);
+            assert_eq!(vals(one.0), vals(want_w), "{name} {grad_scale:?}: the vector");
+            assert_eq!(vals(one.1), vals(want_v), "{name} {grad_scale:?}: its buffer");
+            if step_available(&d, burn::tensor::DType::F32) {
+                let want = 12u64.div_ceil(ARITY as u64);
+                assert_eq!(launches, Some(want), "{name}: launches of twelve parameters");
             }
         }
     }

@@ -8,7 +8,7 @@ use super::StepBackend;
 use crate::cat::taken;
 use crate::support::cube::{
     cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
-    f32_strided_alike, strided_at,
+    f32_strided_alike, packed, strided_at,
 };
 
 /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
@@ -45,6 +45,53 @@ fn sgd_kernel(
         }
         v[i] = vi;
         out[i] = wi - vi * lr;
+    }
+}
+
+/// [`sgd_kernel`] over the parameters `ws` at once: element `i` of the flat `out` and `v` is
+/// element `i − starts[t]` of parameter `t` for `starts[t] ≤ i < ends[t]` (the gaps between
+/// parts are not written); parameter `t` reads its momentum buffer `vs[t]` where bit `t` of
+/// `with_velocity` is set.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn sgd_many_kernel(
+    ws: &Sequence<OwnedTensor<f32>>,
+    gs: &Sequence<OwnedTensor<f32>>,
+    vs: &Sequence<OwnedTensor<f32>>,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
+    out: &mut [f32],
+    v: &mut [f32],
+    decay: f32,
+    momentum: f32,
+    lr: f32,
+    scale: f32,
+    #[comptime] with_velocity: u32,
+    #[comptime] has_scale: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let count = comptime!(ws.len());
+        #[unroll]
+        for t in 0..count {
+            if i >= starts[t] && i < ends[t] {
+                let j = i - starts[t];
+                let (w, g) = (&ws[t], &gs[t]);
+                let wi = w[strided_at(w, j)];
+                let mut gi = g[strided_at(g, j)];
+                if has_scale {
+                    gi *= scale;
+                }
+                let d = wi * decay + gi;
+                let mut vi = d;
+                if comptime!((with_velocity >> t) & 1 == 1) {
+                    let velocity = &vs[t];
+                    vi = d + velocity[strided_at(velocity, j)] * momentum;
+                }
+                v[i] = vi;
+                out[i] = wi - vi * lr;
+            }
+        }
     }
 }
 
@@ -162,6 +209,84 @@ impl StepBackend for CubeBackend {
             has_scale,
         );
         (out, v)
+    }
+
+    fn sgd_updates(
+        w0: CubeTensor,
+        w1: CubeTensor,
+        w2: CubeTensor,
+        w3: CubeTensor,
+        w4: CubeTensor,
+        w5: CubeTensor,
+        w6: CubeTensor,
+        w7: CubeTensor,
+        g0: CubeTensor,
+        g1: CubeTensor,
+        g2: CubeTensor,
+        g3: CubeTensor,
+        g4: CubeTensor,
+        g5: CubeTensor,
+        g6: CubeTensor,
+        g7: CubeTensor,
+        v0: CubeTensor,
+        v1: CubeTensor,
+        v2: CubeTensor,
+        v3: CubeTensor,
+        v4: CubeTensor,
+        v5: CubeTensor,
+        v6: CubeTensor,
+        v7: CubeTensor,
+        count: usize,
+        with_velocity: u32,
+        [decay, momentum, lr, scale]: [f32; 4],
+        has_scale: bool,
+    ) -> Vec<CubeTensor> {
+        let ws = taken([w0, w1, w2, w3, w4, w5, w6, w7], count);
+        let gs = taken([g0, g1, g2, g3, g4, g5, g6, g7], count);
+        let vs = taken([v0, v1, v2, v3, v4, v5, v6, v7], count);
+        let (mut w_args, mut g_args, mut v_args) =
+            (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+        let read = |t: usize| with_velocity >> t & 1 == 1;
+        for (t, ((w, g), v)) in ws.iter().zip(gs).zip(vs).enumerate() {
+            let (w, g) = (f32_strided(w.clone(), OP), f32_strided(g, OP));
+            assert_eq!(g.meta.shape(), w.meta.shape(), "{OP}: gradient and weight {t} differ");
+            // Not read without its bit: passed as it is.
+            let v = if read(t) { f32_strided(v, OP) } else { v };
+            let n = w.meta.num_elements();
+            assert!(!read(t) || v.meta.num_elements() == n, "{OP}: momentum buffer {t} size");
+            w_args.push(w.into_tensor_arg());
+            g_args.push(g.into_tensor_arg());
+            v_args.push(v.into_tensor_arg());
+        }
+        let shapes: Vec<Vec<usize>> = ws.iter().map(|w| w.meta.shape().to_vec()).collect();
+        let flat: Vec<Vec<usize>> = shapes.iter().map(|s| vec![s.iter().product()]).collect();
+        let (out, v) = (packed(&ws[0], shapes), packed(&ws[0], flat));
+        let (mut starts, mut ends) = (SequenceArg::new(), SequenceArg::new());
+        for (&start, end) in out.starts.iter().zip(out.ends()) {
+            starts.push(start);
+            ends.push(end);
+        }
+        let client = ws[0].client.clone();
+        let (cubes, dim) = elementwise(&client, out.flat.meta.num_elements());
+        sgd_many_kernel::launch(
+            &client,
+            cubes,
+            dim,
+            w_args,
+            g_args,
+            v_args,
+            starts,
+            ends,
+            out.flat.clone().into_buffer_arg(),
+            v.flat.clone().into_buffer_arg(),
+            decay,
+            momentum,
+            lr,
+            scale,
+            with_velocity,
+            has_scale,
+        );
+        out.parts().into_iter().chain(v.parts()).collect()
     }
 
     fn axpy(w: CubeTensor, g: CubeTensor, keep: f32, step: f32) -> CubeTensor {

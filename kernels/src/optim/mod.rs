@@ -7,7 +7,9 @@
 //! that zero-fills its output and adds the parts with atomics, so its last bits depend on
 //! thread timing on a GPU). A DARTS supernet has hundreds of parameters, so on the CubeCL
 //! backends each is one kernel here ([`step_available`]): the update one thread per element
-//! writing the parameter and its momentum buffer; the squared sum one cube per gradient summing
+//! writing the parameter and its momentum buffer, up to eight parameters a launch
+//! ([`SgdUpdates`]: each result a view of the launch's output, its start on the memory
+//! alignment so that no copy cuts it out); the squared sum one cube per gradient summing
 //! in a fixed order and adding the sum onto the norm's running total, up to eight gradients a
 //! launch ([`SquaredSum`]). Elsewhere (flex, LibTorch) they are the expressions, operation for
 //! operation as
@@ -246,6 +248,43 @@ pub trait StepBackend: Backend {
         has_scale: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`sgd_update`](Self::sgd_update) of the first `count` (1 to
+    /// [`ARITY`](crate::cat::ARITY)) parameters `w_t` with gradients `g_t` and momentum
+    /// buffers `v_t` (read where bit `t` of `with_velocity` is set) in one launch: the new
+    /// weights (each of its parameter's shape), then the new momentum buffers (flattened).
+    /// The slots past `count` are not read.
+    #[allow(clippy::too_many_arguments, reason = "a backend extension's tensors are arguments")]
+    fn sgd_updates(
+        w0: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        w4: FloatTensor<Self>,
+        w5: FloatTensor<Self>,
+        w6: FloatTensor<Self>,
+        w7: FloatTensor<Self>,
+        g0: FloatTensor<Self>,
+        g1: FloatTensor<Self>,
+        g2: FloatTensor<Self>,
+        g3: FloatTensor<Self>,
+        g4: FloatTensor<Self>,
+        g5: FloatTensor<Self>,
+        g6: FloatTensor<Self>,
+        g7: FloatTensor<Self>,
+        v0: FloatTensor<Self>,
+        v1: FloatTensor<Self>,
+        v2: FloatTensor<Self>,
+        v3: FloatTensor<Self>,
+        v4: FloatTensor<Self>,
+        v5: FloatTensor<Self>,
+        v6: FloatTensor<Self>,
+        v7: FloatTensor<Self>,
+        count: usize,
+        with_velocity: u32,
+        constants: [f32; 4],
+        has_scale: bool,
+    ) -> Vec<FloatTensor<Self>>;
+
     /// `w·keep + g·step`.
     fn axpy(w: FloatTensor<Self>, g: FloatTensor<Self>, keep: f32, step: f32) -> FloatTensor<Self>;
 
@@ -280,3 +319,6 @@ pub trait StepBackend: Backend {
 
 #[cfg(feature = "cube")]
 mod cube;
+mod updates;
+
+pub use updates::SgdUpdates;

@@ -133,3 +133,55 @@ pub(crate) fn elementwise(client: &cubecl::client::Client, n: usize) -> (CubeCou
     let cube_dim = CubeDim::new(client, n);
     (calculate_cube_count_elemwise(client, n, cube_dim), cube_dim)
 }
+
+/// Where the parts of a [`packed`] buffer lie: part `t` is elements
+/// `starts[t]..starts[t] + sizes[t]` of the flat buffer.
+pub(crate) struct Packing {
+    /// The flat buffer that one launch writes every part into.
+    pub flat: CubeTensor,
+    /// Each part's first element in `flat`, a multiple of the memory alignment.
+    pub starts: Vec<usize>,
+    /// Each part's shape.
+    shapes: Vec<Vec<usize>>,
+}
+
+/// One uninitialised buffer with `t`'s dtype on its device holding parts of `shapes`, each
+/// from an offset on the runtime's memory alignment, so that [`Packing::parts`] are views
+/// of it (Burn's `slice` copies where a part's start or end is off that alignment).
+pub(crate) fn packed(t: &CubeTensor, shapes: Vec<Vec<usize>>) -> Packing {
+    let size = t.dtype.size();
+    let align = (t.client.properties().memory.alignment as usize / size).max(1);
+    let mut starts = Vec::with_capacity(shapes.len());
+    let mut total = 0;
+    for shape in &shapes {
+        starts.push(total);
+        total += shape.iter().product::<usize>().next_multiple_of(align);
+    }
+    Packing { flat: empty_shaped(t, vec![total.max(1)]), starts, shapes }
+}
+
+impl Packing {
+    /// One past each part's last element in the flat buffer.
+    pub fn ends(&self) -> impl Iterator<Item = usize> + '_ {
+        let sizes = self.shapes.iter().map(|s| s.iter().product::<usize>());
+        self.starts.iter().zip(sizes).map(|(start, n)| start + n)
+    }
+
+    /// Each part as a contiguous tensor of its shape, a view of the flat buffer (no copy).
+    pub fn parts(self) -> Vec<CubeTensor> {
+        let Packing { flat, starts, shapes } = self;
+        let size = flat.dtype.size() as u64;
+        let total = flat.meta.num_elements() as u64 * size;
+        starts
+            .into_iter()
+            .zip(shapes)
+            .map(|(start, shape)| {
+                let (from, len) = (start as u64 * size, shape.iter().product::<usize>() as u64);
+                let handle =
+                    flat.handle.clone().offset_start(from).offset_end(total - from - len * size);
+                let (client, device) = (flat.client.clone(), flat.device.clone());
+                CubeTensor::new_contiguous(client, device, shape.into(), handle, flat.dtype)
+            })
+            .collect()
+    }
+}
