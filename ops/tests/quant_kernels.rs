@@ -9,6 +9,9 @@
 //!   a stored state).
 //! - An observer and the fake quantization on its grid in one launch: the two launches' output,
 //!   gradient, grid and state, bit for bit, one launch fewer.
+//! - Many weight quantizers at once (`FakeQuantizer::forward_many`): each one's output,
+//!   gradient, grid and state as its own forward's, bit for bit, the abs-max sites eight a
+//!   launch and the others alone.
 //! - The int32 bias (`qdarts_kernels::bias`): ties, vanishing and negative units, values past
 //!   the int32 range, both roundings, and the straight-through gradient; the bias rounded and
 //!   added back in one launch with its unit as a product of one to three factors.
@@ -932,6 +935,113 @@ fn a_held_relu_gate_is_the_expressions_mask_bit_for_bit_in_one_launch_each_way()
             assert_eq!(forward, Some(1), "{what}: forward launches");
             assert_eq!(bits_of(out), bits_of(expected), "{what}: output");
             assert_eq!(bits_of(leaf.grad(&grads).unwrap()), expected_grad, "{what}: gradient");
+        }
+    }
+}
+
+/// The weight sites of [`many_sites_are_each_sites_forward_bit_for_bit`]: `(dims, spec)`, of
+/// which the first eleven are per-channel abs-max (one launch per eight) and the last two are
+/// not taken together (a min/max observer; a grid that clips).
+fn many_sites() -> Vec<([usize; 4], QuantSpec)> {
+    let per_channel = Granularity::PerChannel { axis: 0 };
+    let abs_max =
+        QuantSpec::with(8, true, true, per_channel, ObserverKind::ChannelWiseAbsMax).unwrap();
+    let mut sites: Vec<([usize; 4], QuantSpec)> = (0..11)
+        .map(|k| {
+            let dims = match k % 3 {
+                0 => [6 + k, 1, 3, 3],
+                1 => [4 + k, 1, 5, 5],
+                _ => [8 + k, 5, 1, 1],
+            };
+            let round = [RoundMode::TiesToEven, RoundMode::TiesAwayFromZero][k % 2];
+            (dims, abs_max.with_round(round))
+        })
+        .collect();
+    let ema = ObserverKind::MovingAverageMinMax { averaging_constant: 0.01 };
+    sites.push(([5, 2, 3, 3], QuantSpec::with(8, true, true, per_channel, ema).unwrap()));
+    let unsigned = QuantSpec::with(8, false, true, per_channel, ObserverKind::AbsMax).unwrap();
+    sites.push(([3, 2, 3, 3], unsigned));
+    sites
+}
+
+#[test]
+fn many_sites_are_each_sites_forward_bit_for_bit() {
+    use qdarts_ops::quant::{FakeQuantizer, TensorRole};
+
+    let _serial = serial();
+    for (backend, d) in devices() {
+        let ad = d.clone().autodiff();
+        let sites = many_sites();
+        let make = |tag: &str| -> Vec<FakeQuantizer> {
+            let each = sites.iter().enumerate();
+            let quantizer = |(k, (dims, spec)): (usize, &([usize; 4], QuantSpec))| {
+                let path = format!("{tag}.{k}");
+                FakeQuantizer::new(*spec, path, TensorRole::Weight, dims[0], &ad).unwrap()
+            };
+            each.map(quantizer).collect()
+        };
+        let (one, many) = (make("one"), make("many"));
+        // Two steps (the second from the first's state); every fourth weight strided.
+        for step in 0..2u64 {
+            let leaves: Vec<Tensor<4>> = sites
+                .iter()
+                .enumerate()
+                .map(|(k, (dims, _))| {
+                    let n = dims.iter().product();
+                    let data = normal(n, 300 + 17 * step + k as u64);
+                    Tensor::<1>::from_floats(data.as_slice(), &ad).reshape(*dims).require_grad()
+                })
+                .collect();
+            // Square filters: the same shape, read through swapped strides.
+            let input = |k: usize, w: &Tensor<4>| match k % 4 {
+                3 => w.clone().swap_dims(2, 3),
+                _ => w.clone(),
+            };
+            let run = |qs: &[FakeQuantizer], together: bool| {
+                let xs: Vec<(&FakeQuantizer, Tensor<4>)> = qs
+                    .iter()
+                    .zip(&leaves)
+                    .enumerate()
+                    .map(|(k, (q, w))| (q, input(k, w)))
+                    .collect();
+                let (outs, launches) = counted(&ad, || match together {
+                    true => FakeQuantizer::forward_many(xs),
+                    false => xs.into_iter().map(|(q, x)| q.forward_with_grid(x)).collect(),
+                });
+                let r = Tensor::<1>::from_floats(normal(4096, 77).as_slice(), &ad);
+                let loss = outs.iter().fold(None::<Tensor<1>>, |acc, (out, _)| {
+                    let n = out.dims().iter().product();
+                    let term = out.clone().reshape([n]).mul(r.clone().narrow(0, 0, n)).sum();
+                    Some(acc.map_or(term.clone(), |a| a.add(term)))
+                });
+                let grads = loss.unwrap().backward();
+                let bits = |t: Tensor<4>| vals(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                let seen: Vec<_> = outs
+                    .into_iter()
+                    .zip(qs)
+                    .zip(&leaves)
+                    .map(|(((out, grid), q), leaf)| {
+                        let g = [grid.mult, grid.step, grid.zero_point].map(vals);
+                        let st = state(q.observer.as_ref().unwrap());
+                        (bits(out), bits(leaf.grad(&grads).unwrap()), g, st)
+                    })
+                    .collect();
+                (seen, launches)
+            };
+            let (apart, apart_launches) = run(&one, false);
+            let (together, launches) = run(&many, true);
+            for (k, (a, t)) in apart.iter().zip(&together).enumerate() {
+                let what = format!("site {k}, step {step} on {backend}");
+                assert_eq!(t.0, a.0, "{what}: output");
+                assert_eq!(t.1, a.1, "{what}: gradient");
+                assert_eq!(t.2, a.2, "{what}: grid");
+                assert_eq!(t.3, a.3, "{what}: observer state");
+            }
+            if observe_available(&d, DType::F32) {
+                // Eleven sites in two launches; the last two one launch or more each.
+                let (apart, together) = (apart_launches.unwrap(), launches.unwrap());
+                assert_eq!(apart - together, 11 - 2, "{backend}: launches {apart} and {together}");
+            }
         }
     }
 }

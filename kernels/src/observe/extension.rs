@@ -125,7 +125,7 @@ pub(crate) type Quantized<B> = (
 /// The autodiff step of a fake quantization that clips nothing
 /// ([`passes_every_gradient`](super::passes_every_gradient)): the gradient passes as it is.
 #[derive(Debug)]
-struct StraightThrough;
+pub(super) struct StraightThrough;
 
 impl<B: Backend> Backward<B, 1> for StraightThrough {
     type State = ();

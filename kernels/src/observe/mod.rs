@@ -270,5 +270,11 @@ pub const CHUNK: usize = 4096;
 #[cfg(feature = "cube")]
 mod cube;
 
+mod many;
+
+#[cfg(feature = "cube")]
+pub use many::ManyBackend;
+pub use many::{many_available, observe_fake_quant_many};
+
 #[cfg(feature = "cube")]
 mod extension;

@@ -15,6 +15,8 @@ use super::observer::ObserverState;
 use super::spec::{Granularity, ObserverKind, QuantSpec};
 use super::stats::{Monitor, QuantError, Row, RowLayout, TensorRole};
 
+mod many;
+
 /// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
 #[derive(Module, Debug)]
 pub struct FakeQuantizer {

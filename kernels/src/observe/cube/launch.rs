@@ -14,27 +14,27 @@ const MAX_SHARED_CHUNKS: usize = 1024;
 
 /// What both forms of an observer launch need: the checked tensors, the first stage's chunk
 /// extrema (launched here for rows longer than [`CHUNK`]) and the second stage's arguments.
-struct Plan {
-    x: CubeTensor,
-    a: CubeTensor,
-    b: CubeTensor,
+pub(super) struct Plan {
+    pub(super) x: CubeTensor,
+    pub(super) a: CubeTensor,
+    pub(super) b: CubeTensor,
     /// The chunk extrema, or (not read) `a` when the rows are one chunk.
-    parts: CubeTensor,
-    rows: usize,
-    row_len: usize,
-    chunks: usize,
-    axis: u32,
-    linear: bool,
-    rule: u32,
-    rate: f32,
-    threshold_grid: bool,
-    symmetric: bool,
+    pub(super) parts: CubeTensor,
+    pub(super) rows: usize,
+    pub(super) row_len: usize,
+    pub(super) chunks: usize,
+    pub(super) axis: u32,
+    pub(super) linear: bool,
+    pub(super) rule: u32,
+    pub(super) rate: f32,
+    pub(super) threshold_grid: bool,
+    pub(super) symmetric: bool,
     /// `bins_or_qmin`, `qmax`, `span`, `sym_zero_point` (see `observe_kernel`).
-    k: (f32, f32, f32, f32),
+    pub(super) k: (f32, f32, f32, f32),
 }
 
 impl Plan {
-    fn new(
+    pub(super) fn new(
         x: CubeTensor,
         a: CubeTensor,
         b: CubeTensor,

@@ -379,3 +379,4 @@ fn observe_kernel(
 }
 
 mod launch;
+mod many;

@@ -29,6 +29,17 @@ use qdarts_kernels::observe::{
 
 mod stack;
 
+/// The inputs of one observer launch for a state (see [`ObserverState::plan`]).
+pub(crate) struct KernelPlan {
+    /// The state's first and second values (see [`Rule`]).
+    pub a: Tensor<1>,
+    pub b: Tensor<1>,
+    /// How the kernels update the state.
+    pub rule: Rule,
+    /// How they derive the grid.
+    pub grid: GridRule,
+}
+
 /// The stored state of an observer; see the module docs.
 #[derive(Module, Debug)]
 pub enum ObserverState {
@@ -200,8 +211,20 @@ impl ObserverState {
         current: bool,
         run: impl FnOnce(Tensor<1>, Tensor<1>, Rule, GridRule) -> (Observed, R),
     ) -> Option<(Grid, R)> {
-        let device = x.device();
-        let axis = spec.granularity().axis();
+        let plan = self.plan(spec, &x.device(), update, current)?;
+        let (observed, extra) = run(plan.a, plan.b, plan.rule, plan.grid);
+        Some((self.settle(spec, observed, update), extra))
+    }
+
+    /// What the observer kernels take for this state (see [`observed_by`](Self::observed_by)):
+    /// `None` where they do not run it.
+    pub(crate) fn plan(
+        &self,
+        spec: &QuantSpec,
+        device: &Device,
+        update: bool,
+        current: bool,
+    ) -> Option<KernelPlan> {
         let (qmin, qmax) = spec.quant_range();
         let minmax = GridRule::MinMax {
             qmin,
@@ -209,55 +232,70 @@ impl ObserverState {
             symmetric: spec.is_symmetric(),
             zero_point: symmetric_zero_point(spec),
         };
-        let threshold_grid = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
-        let (observed, range, extra) = match self {
+        let threshold = GridRule::Threshold { bin_cnt: spec.bin_cnt() };
+        let plan = |a: Tensor<1>, b: Tensor<1>, rule, grid| Some(KernelPlan { a, b, rule, grid });
+        match self {
+            // The rule has no memory: the stored threshold only stands in for the state.
             ObserverState::AbsMax(s) if update || current => {
-                // The rule has no memory: the stored threshold only stands in for the state.
-                let t = s.threshold.value().to_device(&device);
-                let (o, extra) = run(t.clone(), t, Rule::AbsMax, threshold_grid);
-                if update {
-                    s.threshold.set(o.state[2].clone());
-                }
-                (o, spec.grid_range(), extra)
+                let t = s.threshold.value().to_device(device);
+                plan(t.clone(), t, Rule::AbsMax, threshold)
             }
             ObserverState::MovingAverageAbsMax(s) if update => {
                 let rule = Rule::MovingAverageAbsMax { rate: s.rate };
-                let (o, extra) =
-                    run(read(&s.state, &device), read(&s.accum, &device), rule, threshold_grid);
-                s.state.set(o.state[0].clone());
-                s.accum.set(o.state[1].clone());
-                s.threshold.set(o.state[2].clone());
-                (o, spec.grid_range(), extra)
+                plan(read(&s.state, device), read(&s.accum, device), rule, threshold)
             }
             ObserverState::MinMax(s) if update => {
                 let rule = match s.averaging_constant {
                     Some(averaging_constant) => Rule::MovingAverageMinMax { averaging_constant },
                     None => Rule::MinMax,
                 };
-                let (o, extra) = run(read(&s.min, &device), read(&s.max, &device), rule, minmax);
-                s.min.set(o.state[0].clone());
-                s.max.set(o.state[1].clone());
-                (o, (qmin, qmax), extra)
+                plan(read(&s.min, device), read(&s.max, device), rule, minmax)
             }
             // The stored state, not updated (eval mode, a frozen observer).
             ObserverState::MinMax(s) => {
-                let (o, extra) =
-                    run(read(&s.min, &device), read(&s.max, &device), Rule::Stored, minmax);
-                (o, (qmin, qmax), extra)
+                plan(read(&s.min, device), read(&s.max, device), Rule::Stored, minmax)
             }
-            ObserverState::AbsMax(AbsMaxState { threshold })
-            | ObserverState::RangeAbsMax(RangeAbsMaxState { threshold, .. })
-            | ObserverState::MovingAverageAbsMax(MovingAverageAbsMaxState { threshold, .. })
-                if !update =>
-            {
-                let t = read(threshold, &device);
-                let (o, extra) = run(t.clone(), t, Rule::Stored, threshold_grid);
-                (o, spec.grid_range(), extra)
+            ObserverState::AbsMax(AbsMaxState { threshold: t })
+            | ObserverState::RangeAbsMax(RangeAbsMaxState { threshold: t, .. })
+            | ObserverState::MovingAverageAbsMax(MovingAverageAbsMaxState {
+                threshold: t, ..
+            }) if !update => {
+                let t = read(t, device);
+                plan(t.clone(), t, Rule::Stored, threshold)
             }
-            _ => return None,
+            _ => None,
+        }
+    }
+
+    /// The state after the kernels' run of this state's [`plan`](Self::plan) (stored where
+    /// `update`), and the grid they derived.
+    pub(crate) fn settle(&self, spec: &QuantSpec, o: Observed, update: bool) -> Grid {
+        let range = match self {
+            ObserverState::AbsMax(s) => {
+                if update {
+                    s.threshold.set(o.state[2].clone());
+                }
+                spec.grid_range()
+            }
+            ObserverState::MovingAverageAbsMax(s) => {
+                if update {
+                    s.state.set(o.state[0].clone());
+                    s.accum.set(o.state[1].clone());
+                    s.threshold.set(o.state[2].clone());
+                }
+                spec.grid_range()
+            }
+            ObserverState::MinMax(s) => {
+                if update {
+                    s.min.set(o.state[0].clone());
+                    s.max.set(o.state[1].clone());
+                }
+                spec.quant_range()
+            }
+            ObserverState::RangeAbsMax(_) | ObserverState::Fixed(_) => spec.grid_range(),
         };
-        let Observed { mult, step, zero_point, .. } = observed;
-        Some((Grid::new([mult, step, zero_point], range, spec.round(), axis), extra))
+        let Observed { mult, step, zero_point, .. } = o;
+        Grid::new([mult, step, zero_point], range, spec.round(), spec.granularity().axis())
     }
 
     /// [`grid`](Self::grid) and the fused fake quantization of `x` on it
