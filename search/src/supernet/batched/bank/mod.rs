@@ -35,6 +35,7 @@ mod stage;
 
 use super::BatchError;
 pub use stage::BankStage;
+use stage::weights_now;
 
 /// One convolutional kind of a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,14 +142,18 @@ impl ConvBank {
         let sources = x.dims()[1] / self.first.channels;
         let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
         let (width, c) = (self.first.width(), self.first.channels);
+        let stages: Vec<&BankStage> = std::iter::once(&self.first).chain(&self.second).collect();
+        let mut weights = weights_now(&stages).into_iter();
+        let mut weights = move || weights.next().expect("weights per stage");
         if merged || self.first.quantized() {
             // Every kind's channels side by side after the depthwise convolutions: one chain
             // per stage on the CubeCL runtimes; on flex (a quantized cell) the depthwise
             // convolutions kind by kind.
             let y = match merged {
-                true => self.first.forward_merged(Input::Sources { x, per }),
+                true => self.first.forward_merged(Input::Sources { x, per }, weights()),
                 false => {
-                    self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]).remove(0)
+                    let x = [stack_sources(&x, sources, per, 1)];
+                    self.first.forward_per_kind(&x, weights()).remove(0)
                 }
             };
             let dims = y.dims();
@@ -171,18 +176,22 @@ impl ConvBank {
             let sep_out = parts.next().expect("a bank with a second stage has separable kinds");
             let sep_in = relu_held(sep_out.reshape([n, seps * width, h, w]), sep_grid.as_ref());
             let z = match merged {
-                true => second.forward_merged(Input::Kinds(sep_in)),
-                false => second.forward_per_kind(&split(sep_in, 1, &vec![width; seps])).remove(0),
+                true => second.forward_merged(Input::Kinds(sep_in), weights()),
+                false => {
+                    let xs = split(sep_in, 1, &vec![width; seps]);
+                    second.forward_per_kind(&xs, weights()).remove(0)
+                }
             };
             let mut out = vec![columns(z.value)];
             out.extend(parts.map(|t| t.reshape([n, (kinds - seps) * width / c, c * plane])));
             return (out, [n, c, h, w]);
         }
         // Kind by kind.
-        let mut ys = self.first.forward_per_kind(&[stack_sources(&x, sources, per, 1)]);
+        let x = [stack_sources(&x, sources, per, 1)];
+        let mut ys = self.first.forward_per_kind(&x, weights());
         if let Some(second) = &self.second {
             let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(|y| relu(y.value)).collect();
-            ys.splice(0..0, second.forward_per_kind(&sep_in));
+            ys.splice(0..0, second.forward_per_kind(&sep_in, weights()));
         }
         let [n, _, h, w] = ys[0].dims();
         let out = ys.into_iter().map(|t| t.value.reshape([n, width / c, c * h * w])).collect();

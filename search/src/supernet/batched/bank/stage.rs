@@ -175,7 +175,7 @@ impl BankStage {
 
     /// Every kind at once, `[N, K·E·C, H', W']` out, from `x`: every kind's input side by
     /// side, or ([`Input::Sources`]) the wave's sources that every kind reads.
-    pub(super) fn forward_merged(&self, x: Input) -> QTensor {
+    pub(super) fn forward_merged(&self, x: Input, weights: StageWeights) -> QTensor {
         let width = self.width();
         // The groups are runs of consecutive kinds: each one's inputs, cut in one split.
         let mut by_group = match &x {
@@ -189,7 +189,7 @@ impl BankStage {
         let outs: Vec<Tensor<4>> = self
             .groups
             .iter()
-            .zip(self.filters_now())
+            .zip(weights.filters)
             .map(|(g, filters)| {
                 let kinds = g.kinds.len();
                 let options = self.options(g.padding, g.dilation, kinds * width);
@@ -211,49 +211,18 @@ impl BankStage {
             1 => outs.into_iter().next().expect("one"),
             _ => cat(outs, 1),
         };
-        self.finish(y)
+        self.finish(y, weights.pw)
     }
 
     /// The stage after its depthwise convolutions `y` (every kind side by side): their
     /// quantizer, the 1×1 convolutions in `K·E` groups, the BatchNorm (its bias rounded to the
     /// accumulators' unit where quantized) and the output quantizer.
-    fn finish(&self, y: Tensor<4>) -> QTensor {
+    fn finish(&self, y: Tensor<4>, (pw, w_grid): (Tensor<4>, Option<Grid>)) -> QTensor {
         let (y, in_grid) = quantize_rows(&self.quant.dw_act, y);
-        let (pw, w_grid) = self.pointwise_now();
         let y = grouped_pointwise(y, pw, self.kinds.len() * self.edges);
         let bias = self.bias(w_grid.as_ref(), in_grid.as_ref());
         let (value, grid) = quantize_rows(&self.quant.act, self.bn.forward_biased(y, bias));
         QTensor { value, grid }
-    }
-
-    /// Each dilation group's filters as the convolution uses them: their gradient masked
-    /// where padded (so that the padding, zero from the start, has no gradient and stays
-    /// zero), fake-quantized where the cell is.
-    fn filters_now(&self) -> Vec<Tensor<4>> {
-        let groups = self.groups.iter().zip(&self.dw).enumerate();
-        groups
-            .map(|(i, (g, dw))| {
-                let filters = match self.mask(g) {
-                    Some(mask) => masked_gradient(dw.val(), mask),
-                    None => dw.val(),
-                };
-                match self.quant.dw.get(i) {
-                    Some(q) => q.forward(filters),
-                    None => filters,
-                }
-            })
-            .collect()
-    }
-
-    /// The 1×1 weights as the convolution uses them, and their grid where quantized.
-    fn pointwise_now(&self) -> (Tensor<4>, Option<Grid>) {
-        match &self.quant.pw {
-            Some(q) => {
-                let (w, g) = q.forward_with_grid(self.pw.val());
-                (w, Some(g))
-            }
-            None => (self.pw.val(), None),
-        }
     }
 
     /// The unit of the 1×1 convolutions' integer accumulators (`s_w` per output channel
@@ -273,7 +242,7 @@ impl BankStage {
 
     /// 1 on the taps of each kind's own filter, 0 on its padding; none where no kind of the
     /// group is padded.
-    fn mask(&self, g: &DwGroup) -> Option<Tensor<4>> {
+    pub(super) fn mask(&self, g: &DwGroup) -> Option<Tensor<4>> {
         let kinds = &self.kinds[g.kinds.clone()];
         if kinds.iter().all(|k| k.kernel == g.kernel) {
             return None;
@@ -305,9 +274,9 @@ impl BankStage {
     /// in a quantized cell the depthwise convolutions kind by kind and the rest of the stage
     /// on every kind side by side ([`finish`](Self::finish), one output), since a quantizer
     /// of the stage sees every kind's tensor at once.
-    pub(super) fn forward_per_kind(&self, xs: &[Tensor<4>]) -> Vec<QTensor> {
+    pub(super) fn forward_per_kind(&self, xs: &[Tensor<4>], weights: StageWeights) -> Vec<QTensor> {
         let (width, e) = (self.width(), self.edges);
-        let filters = self.filters_now();
+        let StageWeights { filters, pw } = weights;
         let dws: Vec<Tensor<4>> = self
             .kinds
             .iter()
@@ -319,12 +288,12 @@ impl BankStage {
             })
             .collect();
         if self.quantized() {
-            return vec![self.finish(cat(dws, 1))];
+            return vec![self.finish(cat(dws, 1), pw)];
         }
         let mut outs = Vec::with_capacity(self.kinds.len());
         let (mut means, mut vars) = (Vec::new(), Vec::new());
         for (i, y) in dws.into_iter().enumerate() {
-            let y = grouped_pointwise(y, self.pw.val().narrow(0, i * width, width), e);
+            let y = grouped_pointwise(y, pw.0.clone().narrow(0, i * width, width), e);
             let part = self.bn_part(i * width, width).expect("a float BatchNorm builds");
             outs.push(QTensor::float(part.forward(y)));
             means.push(part.running_mean.value());
@@ -358,4 +327,74 @@ fn padded(w: Tensor<4>, big: usize) -> Tensor<4> {
     let off = centre(big, k);
     Tensor::zeros([c, 1, big, big], &w.device())
         .slice_assign(s![.., .., off..off + k, off..off + k], w)
+}
+
+/// A stage's weights as its convolutions use them (see [`weights_now`]).
+pub(super) struct StageWeights {
+    /// Each dilation group's depthwise filters.
+    pub filters: Vec<Tensor<4>>,
+    /// The 1×1 weights, and their grid where quantized.
+    pub pw: (Tensor<4>, Option<Grid>),
+}
+
+/// A weight as it is, or the index of its quantizer's site in [`weights_now`].
+enum Site {
+    Raw(Box<Tensor<4>>),
+    Quantized(usize),
+}
+
+impl Site {
+    /// `w` as it is without a quantizer, else a site of `sites`.
+    fn of<'a>(
+        sites: &mut Vec<(&'a FakeQuantizer, Tensor<4>)>,
+        q: Option<&'a FakeQuantizer>,
+        w: Tensor<4>,
+    ) -> Site {
+        match q {
+            Some(q) => {
+                sites.push((q, w));
+                Site::Quantized(sites.len() - 1)
+            }
+            None => Site::Raw(Box::new(w)),
+        }
+    }
+}
+
+/// The weights of `stages` as their convolutions use them: the depthwise filters' gradient
+/// masked where padded (so that the padding, zero from the start, has no gradient and stays
+/// zero), every weight fake-quantized where its stage is quantized, all the stages' weight
+/// quantizers in one [`FakeQuantizer::forward_many`] (on the CubeCL runtimes one launch for
+/// up to eight of them instead of one each).
+pub(super) fn weights_now(stages: &[&BankStage]) -> Vec<StageWeights> {
+    let mut sites: Vec<(&FakeQuantizer, Tensor<4>)> = Vec::new();
+    let mut plan = Vec::with_capacity(stages.len());
+    for stage in stages {
+        let groups = stage.groups.iter().zip(&stage.dw).enumerate();
+        let filters: Vec<Site> = groups
+            .map(|(i, (g, dw))| {
+                let filters = match stage.mask(g) {
+                    Some(mask) => masked_gradient(dw.val(), mask),
+                    None => dw.val(),
+                };
+                Site::of(&mut sites, stage.quant.dw.get(i), filters)
+            })
+            .collect();
+        let pw = Site::of(&mut sites, stage.quant.pw.as_ref(), stage.pw.val());
+        plan.push((filters, pw));
+    }
+    let mut done: Vec<Option<(Tensor<4>, Grid)>> =
+        FakeQuantizer::forward_many(sites).into_iter().map(Some).collect();
+    let mut take = |s: Site| match s {
+        Site::Raw(w) => (*w, None),
+        Site::Quantized(i) => {
+            let (w, grid) = done[i].take().expect("each site is taken once");
+            (w, Some(grid))
+        }
+    };
+    plan.into_iter()
+        .map(|(filters, pw)| StageWeights {
+            filters: filters.into_iter().map(|f| take(f).0).collect(),
+            pw: take(pw),
+        })
+        .collect()
 }
