@@ -12,8 +12,8 @@
 //!   activation (flex and CubeCL).
 //! - [`batch_norm`]: a training BatchNorm's per-channel moments and affine map (flex and the
 //!   CubeCL runtimes), and the folding of its statistics (the CubeCL runtimes).
-//! - [`quant_sum`]: a quantized add of several operands, one launch per operand forward and
-//!   one backward (the CubeCL runtimes).
+//! - [`quant_sum`]: a quantized add of several operands, one launch forward (up to eight
+//!   operands) and one backward (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
 //! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
 //! - [`split`]: a tensor cut into consecutive parts whose backward is one concatenation,

@@ -7,6 +7,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::QuantSumBackend;
+use crate::cat::taken;
 use crate::fake_quant::FusedLayout;
 use crate::fake_quant::cube::{channel, dequantized, index_args};
 use crate::support::cube::{
@@ -67,6 +68,41 @@ fn finish_kernel(
     if i < out.len() {
         let c = channel(i, inner, channels, per_tensor);
         let sum = acc[i] + round_ties(read(x, i, strided) * mult[c], ties_away);
+        let v = sum + zp[c];
+        r[i] = v;
+        out[i] = dequantized(v, step[c], zp[c], qmin, qmax);
+    }
+}
+
+/// `r = ((round(x₀ · mult) + round(x₁ · mult)) + …) + zp` over the operands `xs` (added in
+/// their order, as the chain of [`add_kernel`] and [`finish_kernel`] adds them) and
+/// `out = (clamp(r, qmin, qmax) − zp) · step`, in one launch.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn sum_all_kernel(
+    xs: &Sequence<OwnedTensor<f32>>,
+    mult: &[f32],
+    step: &[f32],
+    zp: &[f32],
+    r: &mut [f32],
+    out: &mut [f32],
+    qmin: f32,
+    qmax: f32,
+    inner: u32,
+    channels: u32,
+    #[comptime] per_tensor: bool,
+    #[comptime] ties_away: bool,
+    #[comptime] strided: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let c = channel(i, inner, channels, per_tensor);
+        let m = mult[c];
+        let mut sum = round_ties(read(&xs[0], i, strided) * m, ties_away);
+        #[unroll]
+        for t in 1..comptime!(xs.len()) {
+            sum += round_ties(read(&xs[t], i, strided) * m, ties_away);
+        }
         let v = sum + zp[c];
         r[i] = v;
         out[i] = dequantized(v, step[c], zp[c], qmin, qmax);
@@ -177,6 +213,61 @@ impl QuantSumBackend for CubeBackend {
             cube_dim,
             x.into_tensor_arg(),
             acc.into_buffer_arg(),
+            mult.into_buffer_arg(),
+            step.into_buffer_arg(),
+            zp.into_buffer_arg(),
+            r.clone().into_buffer_arg(),
+            out.clone().into_buffer_arg(),
+            layout.qmin as f32,
+            layout.qmax as f32,
+            inner,
+            channels,
+            channels == 1,
+            layout.ties_away,
+            strided,
+        );
+        (out, r)
+    }
+
+    fn quant_sum_all(
+        _sum: CubeTensor,
+        x0: CubeTensor,
+        x1: CubeTensor,
+        x2: CubeTensor,
+        x3: CubeTensor,
+        x4: CubeTensor,
+        x5: CubeTensor,
+        x6: CubeTensor,
+        x7: CubeTensor,
+        count: usize,
+        mult: CubeTensor,
+        step: CubeTensor,
+        zero_point: CubeTensor,
+        layout: FusedLayout,
+    ) -> (CubeTensor, CubeTensor) {
+        let xs: Vec<CubeTensor> = taken([x0, x1, x2, x3, x4, x5, x6, x7], count)
+            .into_iter()
+            .map(|x| f32_strided(x, OP))
+            .collect();
+        for x in &xs[1..] {
+            assert_eq!(x.meta.shape(), xs[0].meta.shape(), "{OP}: operands of two shapes");
+        }
+        let (mult, step, zp) =
+            (f32_contiguous(mult, OP), f32_contiguous(step, OP), f32_contiguous(zero_point, OP));
+        let (inner, channels) = index_args(&layout, &[&mult, &step, &zp]);
+        let client = xs[0].client.clone();
+        let (cube_count, cube_dim) = elementwise(&client, xs[0].meta.num_elements());
+        let strided = xs.iter().any(|x| !x.is_contiguous());
+        let (r, out) = (empty_like(&xs[0]), empty_like(&xs[0]));
+        let mut args = SequenceArg::<OwnedTensor<f32>>::new();
+        for x in xs {
+            args.push(x.into_tensor_arg());
+        }
+        sum_all_kernel::launch(
+            &client,
+            cube_count,
+            cube_dim,
+            args,
             mult.into_buffer_arg(),
             step.into_buffer_arg(),
             zp.into_buffer_arg(),

@@ -42,6 +42,27 @@ pub trait QuantSumBackend: Backend {
         layout: FusedLayout,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`quant_sum_finish`](Self::quant_sum_finish) of the first `count` (2 to
+    /// [`ARITY`](crate::cat::ARITY)) operands `x_t` added in order, without the running sum:
+    /// one launch. The slots past `count` are not read.
+    #[allow(clippy::too_many_arguments, reason = "a backend extension's tensors are arguments")]
+    fn quant_sum_all(
+        sum: FloatTensor<Self>,
+        x0: FloatTensor<Self>,
+        x1: FloatTensor<Self>,
+        x2: FloatTensor<Self>,
+        x3: FloatTensor<Self>,
+        x4: FloatTensor<Self>,
+        x5: FloatTensor<Self>,
+        x6: FloatTensor<Self>,
+        x7: FloatTensor<Self>,
+        count: usize,
+        mult: FloatTensor<Self>,
+        step: FloatTensor<Self>,
+        zero_point: FloatTensor<Self>,
+        layout: FusedLayout,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// `grad · [qmin ≤ r ≤ qmax]` (in place where `grad` is free to reuse).
     fn quant_sum_backward(
         r: FloatTensor<Self>,
@@ -66,6 +87,20 @@ impl<B: Backend + QuantSumBackend> Backward<B, 1> for SumStep {
     ) {
         let (r, layout) = ops.state;
         unary::<B, _>(ops.parents, ops.node, grads, |grad| B::quant_sum_backward(r, grad, layout));
+    }
+}
+
+/// `out`, the quantized sum of the operands of `sum`, as a step whose gradient reaches `sum`
+/// where the unclamped sum `r` lies in range ([`SumStep`]).
+fn sum_step<B: Backend + QuantSumBackend, C: CheckpointStrategy>(
+    sum: FloatTensor<Autodiff<B, C>>,
+    out: FloatTensor<B>,
+    r: &FloatTensor<B>,
+    layout: FusedLayout,
+) -> FloatTensor<Autodiff<B, C>> {
+    match SumStep.prepare::<C>([sum.node()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((r.clone(), layout), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
     }
 }
 
@@ -105,11 +140,46 @@ impl<B: Backend + QuantSumBackend, C: CheckpointStrategy> QuantSumBackend for Au
         let (mult, step, zp) =
             (mult.into_primitive(), step.into_primitive(), zero_point.into_primitive());
         let (out, r) = B::quant_sum_finish(sum.primitive().clone(), acc, x, mult, step, zp, layout);
-        let out = match SumStep.prepare::<C>([sum.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((r.clone(), layout), out),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
-        (out, Self::from_inner(r))
+        (sum_step::<B, C>(sum, out, &r, layout), Self::from_inner(r))
+    }
+
+    fn quant_sum_all(
+        sum: FloatTensor<Self>,
+        x0: FloatTensor<Self>,
+        x1: FloatTensor<Self>,
+        x2: FloatTensor<Self>,
+        x3: FloatTensor<Self>,
+        x4: FloatTensor<Self>,
+        x5: FloatTensor<Self>,
+        x6: FloatTensor<Self>,
+        x7: FloatTensor<Self>,
+        count: usize,
+        mult: FloatTensor<Self>,
+        step: FloatTensor<Self>,
+        zero_point: FloatTensor<Self>,
+        layout: FusedLayout,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [x0, x1, x2, x3, x4, x5, x6, x7] =
+            [x0, x1, x2, x3, x4, x5, x6, x7].map(|x| x.into_primitive());
+        let (mult, step, zp) =
+            (mult.into_primitive(), step.into_primitive(), zero_point.into_primitive());
+        let (out, r) = B::quant_sum_all(
+            sum.primitive().clone(),
+            x0,
+            x1,
+            x2,
+            x3,
+            x4,
+            x5,
+            x6,
+            x7,
+            count,
+            mult,
+            step,
+            zp,
+            layout,
+        );
+        (sum_step::<B, C>(sum, out, &r, layout), Self::from_inner(r))
     }
 
     fn quant_sum_backward(

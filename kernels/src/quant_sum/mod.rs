@@ -1,4 +1,5 @@
-//! A quantized add of several operands in `n + 1` launches on the CubeCL backends.
+//! A quantized add of several operands in one launch on the CubeCL backends (`n` for more
+//! than [`ARITY`](crate::cat::ARITY) operands).
 //!
 //! An integer add rounds every operand onto the output grid on its own (rescaled with its own
 //! multiplier), adds the integers, then the zero point, and clamps (`qdarts_ops`'
@@ -7,9 +8,11 @@
 //! dequantization, a zero-valued gradient term per operand) and `n` backward (each operand's
 //! gradient masked on its own, to the same values). Here:
 //!
-//! - forward: one launch per operand but the last, `acc = Σ round(x_i · mult)` in place, then
-//!   one that adds the last operand and the zero point, keeps that unclamped sum `r` and
-//!   writes `(clamp(r) − zp) · step`;
+//! - forward: one launch that reads every operand, adds `Σ round(x_i · mult)` in the operands'
+//!   order, then the zero point, keeps that unclamped sum `r` and writes
+//!   `(clamp(r) − zp) · step`; past [`ARITY`](crate::cat::ARITY) operands, one launch per
+//!   operand but the last, `acc = Σ round(x_i · mult)` in place, then one that adds the last
+//!   operand and the zero point and writes the same;
 //! - backward: one launch, `grad · [qmin ≤ r ≤ qmax]`, handed to the float sum of the operands
 //!   (which the caller computed for its observer), whose adds pass it to every operand as it
 //!   is: the gradient the expressions give each of them.
@@ -59,6 +62,28 @@ pub fn fake_quant_sum<const D: usize>(
 
         let param = |p: &Tensor<1>| layout.param(p);
         let mult = param(mult);
+        if xs.len() <= crate::cat::ARITY {
+            let count = xs.len();
+            let operands = xs.iter().map(|x| x.clone().into_dispatch()).collect();
+            let [x0, x1, x2, x3, x4, x5, x6, x7] = crate::cat::slots(operands);
+            let (out, r) = <Dispatch as QuantSumBackend>::quant_sum_all(
+                sum.into_dispatch(),
+                x0,
+                x1,
+                x2,
+                x3,
+                x4,
+                x5,
+                x6,
+                x7,
+                count,
+                mult,
+                param(step),
+                param(zero_point),
+                layout,
+            );
+            return (Tensor::from_dispatch(out), Tensor::from_dispatch(r));
+        }
         let mut acc = <Dispatch as QuantSumBackend>::quant_sum_start(
             rest[0].clone().into_dispatch(),
             mult.clone(),

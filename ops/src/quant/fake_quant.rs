@@ -224,8 +224,7 @@ pub fn fake_quant_sum<const D: usize>(
 
 /// [`fake_quant_sum`], by the kernels of [`qdarts_kernels::quant_sum`] where they run (the
 /// CubeCL backends, two operands or more) and `imp` is the fused implementation: the same
-/// values and gradients in one launch per operand forward
-/// and one backward. `sum` is the float sum of `xs` (the kernels' gradient goes through it).
+/// values and gradients in one launch forward (up to eight operands) and one backward. `sum` is the float sum of `xs` (the kernels' gradient goes through it).
 /// The integers come back from the kernels only when `integers` asks for them (they cost
 /// launches of their own there).
 pub fn fake_quant_sum_ste<const D: usize>(
