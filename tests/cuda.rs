@@ -129,20 +129,24 @@ fn every_kernel_of_short_searches_on_wgpu_compiles_for_cuda_with_nvrtc() {
     let config =
         common::write_config(&dir, "tiny.toml", &common::tiny_search("cuda-sources", 7, 1));
     // Every preset first order, and the second order (its finite-difference passes hold the
-    // rounding and ReLU masks, and step virtually) with a per-tensor and a learned quantizer.
-    let runs: [(&str, &str, &str); 7] = [
-        ("float", "float", "first"),
-        ("tensorrt", "tensorrt", "first"),
-        ("onnx", "onnx_qdq", "first"),
-        ("paddle", "paddle", "first"),
-        ("lsq", "lsq", "first"),
-        ("second-tensorrt", "tensorrt", "second"),
-        ("second-lsq", "lsq", "second"),
+    // rounding and ReLU masks, and step virtually) with a per-tensor and a learned quantizer;
+    // the cells in waves (`model.batched_cells`), float and quantized, both orders.
+    let runs: [(&str, &str, &str, bool); 10] = [
+        ("float", "float", "first", false),
+        ("tensorrt", "tensorrt", "first", false),
+        ("onnx", "onnx_qdq", "first", false),
+        ("paddle", "paddle", "first", false),
+        ("lsq", "lsq", "first", false),
+        ("second-tensorrt", "tensorrt", "second", false),
+        ("second-lsq", "lsq", "second", false),
+        ("waves-float", "float", "first", true),
+        ("waves-tensorrt", "tensorrt", "first", true),
+        ("waves-second-tensorrt", "tensorrt", "second", true),
     ];
     // Each distinct source once, with the name of a kernel that compiled to it.
     let mut sources: BTreeMap<String, String> = BTreeMap::new();
     let mut refusals = Vec::new();
-    for (tag, preset, order) in runs {
+    for (tag, preset, order, waves) in runs {
         let folder = dir.join(tag);
         let out = common::qdarts()
             .env("QDARTS_CUDA_SOURCES", &folder)
@@ -150,6 +154,7 @@ fn every_kernel_of_short_searches_on_wgpu_compiles_for_cuda_with_nvrtc() {
             .arg(&config)
             .args(["--set", &format!("quant.preset=\"{preset}\"")])
             .args(["--set", &format!("search.order=\"{order}\"")])
+            .args(["--set", &format!("model.batched_cells={waves}")])
             .output()
             .unwrap();
         assert!(out.status.success(), "{tag}: {}", String::from_utf8_lossy(&out.stderr));
