@@ -4,7 +4,7 @@
 //! the host: on flex over many odd shapes, and on every backend of the build (the CubeCL ones
 //! run kernels of their own) over the search shapes and a few odd ones; `fold` against the four
 //! functions it does at once; on the CubeCL backends, `normalize` against the primitives it
-//! folds into one backward step.
+//! folds into one backward step, and `fold_normalize` against `fold` then `normalize`.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -13,8 +13,8 @@ use burn::tensor::{Device, Distribution, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use qdarts_kernels::batch_norm::{
-    affine, fold, fold_available, fold_rounded, fold_rounded_available, moments, normalize, rstd,
-    running, shift, statistics,
+    affine, fold, fold_available, fold_normalize, fold_rounded, fold_rounded_available, moments,
+    normalize, rstd, running, shift, statistics,
 };
 use qdarts_kernels::bias::int32_rounded;
 use qdarts_kernels::devices::compiled as devices;
@@ -560,5 +560,91 @@ fn fold_rounded_is_the_fold_then_the_bias_rounding_in_one_launch() {
     // The kernel runs on the CubeCL backends; a build with one of them must have run it.
     if cfg!(feature = "wgpu") {
         assert!(ran > 0, "fold_rounded ran on no device");
+    }
+}
+
+/// A training BatchNorm on `dims` laid out as `layout`: `fold_normalize` (`at_once`) or
+/// `fold` (`fold_rounded` with `rounded`) then `normalize`; the output, `∂x` under a fixed
+/// upstream gradient, the fold's five results and the forward launches.
+fn fold_then_normalize(
+    device: &Device,
+    dims: [usize; 4],
+    seed: u64,
+    layout: Layout,
+    rounded: bool,
+    at_once: bool,
+) -> (Vec<Vec<f32>>, Option<u64>) {
+    let d = device.clone().autodiff();
+    let c = dims[1];
+    let host = Device::flex();
+    let (x, mean, var, unit) = qdarts_kernels::devices::seeded(&host, seed, || {
+        (
+            Tensor::<4>::random(layout.stored(dims), Distribution::Normal(0.4, 2.0), &host),
+            Tensor::<1>::random([c], Distribution::Normal(0.0, 1.0), &host),
+            Tensor::<1>::random([c], Distribution::Uniform(0.5, 2.0), &host),
+            Tensor::<1>::random([c], Distribution::Uniform(0.01, 0.2), &host),
+        )
+    });
+    let on = |t: Tensor<1>| Tensor::<1>::from_data(t.into_data(), &d);
+    let x = layout.view(Tensor::<4>::from_data(x.into_data(), &d), dims).require_grad();
+    let (mean, var, unit) = (on(mean), on(var), on(unit));
+    let factors = [unit];
+    let rounding = rounded.then_some((&factors[..], true));
+    let ((folded, y), launches) = counted(&d, || match (at_once, rounding) {
+        (true, _) => fold_normalize(x.clone(), [mean, var], 1e-5, 0.1, rounding),
+        (false, Some((f, ties))) => {
+            let folded = fold_rounded(x.clone(), mean, var, 1e-5, 0.1, f, ties);
+            let (m, w, b) =
+                (folded.statistics.clone(), folded.weight.clone(), folded.shift.clone());
+            (folded, normalize(x.clone(), m, w, b))
+        }
+        (false, None) => {
+            let folded = fold(x.clone(), mean, var, 1e-5, 0.1);
+            let (m, w, b) =
+                (folded.statistics.clone(), folded.weight.clone(), folded.shift.clone());
+            (folded, normalize(x.clone(), m, w, b))
+        }
+    });
+    let up = y.clone().detach().mul_scalar(0.7).add_scalar(0.3).sin();
+    let grads = y.clone().mul(up).sum().backward();
+    let dx = vals(x.grad(&grads).unwrap());
+    let five =
+        [folded.statistics.reshape([2 * c]), folded.weight, folded.shift, folded.mean, folded.var];
+    let mut seen = vec![vals(y), dx];
+    seen.extend(five.map(vals));
+    (seen, launches)
+}
+
+#[test]
+fn fold_normalize_is_the_fold_then_normalize_in_one_launch_forward() {
+    let _serial = serial();
+    for (name, device) in devices() {
+        if !fold_available(&device, burn::tensor::DType::F32) {
+            continue;
+        }
+        for (k, dims) in
+            [[8, 16, 7, 7], [1, 3, 5, 7], [3, 2, 11, 4], [2, 64, 4, 4]].into_iter().enumerate()
+        {
+            for layout in [Layout::Contiguous, Layout::ChannelsLast, Layout::ChannelSlice] {
+                for rounded in [false, true] {
+                    let what = format!("{name} {dims:?} {layout:?} rounded {rounded}");
+                    let seed = 70 + k as u64;
+                    let (one, l1) = fold_then_normalize(&device, dims, seed, layout, rounded, true);
+                    let (two, l0) =
+                        fold_then_normalize(&device, dims, seed, layout, rounded, false);
+                    let parts = ["y", "∂x", "statistics", "weight", "shift", "mean", "var"];
+                    for ((a, b), part) in one.iter().zip(&two).zip(parts) {
+                        // On CUDA a product and a sum may be contracted into one fused
+                        // multiply-add in one kernel and not in another.
+                        let e = rel_diff(a, b, 1e-30);
+                        assert!(e <= 1e-6, "{what}: {part} differs by {e}");
+                        if !name.starts_with("cuda") {
+                            assert_eq!(a, b, "{what}: {part}");
+                        }
+                    }
+                    assert_eq!((l1, l0), (Some(1), Some(2)), "{what}: forward launches");
+                }
+            }
+        }
     }
 }

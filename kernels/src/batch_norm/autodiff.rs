@@ -41,6 +41,54 @@ impl<B: Backend + FoldBackend, C: CheckpointStrategy> FoldBackend for Autodiff<B
         (m, w, b, mean, var)
     }
 
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn channel_fold_normalize(
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        f0: FloatTensor<Self>,
+        f1: FloatTensor<Self>,
+        factors: u32,
+        epsilon: f32,
+        momentum: f32,
+        unbias: f32,
+        ties_away: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let (mean, var) = (mean.into_primitive(), var.into_primitive());
+        let (f0, f1) = (f0.into_primitive(), f1.into_primitive());
+        let mut folded = None;
+        // `y` differentiated as `channel_normalize`'s: the state `x`, `m` and `w`.
+        let y = unary_step::<B, C, _>(
+            x,
+            |x| {
+                let (m, w, b, mean, var, y) = B::channel_fold_normalize(
+                    x.clone(),
+                    mean,
+                    var,
+                    f0,
+                    f1,
+                    factors,
+                    epsilon,
+                    momentum,
+                    unbias,
+                    ties_away,
+                );
+                folded = Some([m.clone(), w.clone(), b, mean, var]);
+                (y, (x, m, w))
+            },
+            |(x, m, w), grad| B::channel_normalize_backward(x, m, w, grad),
+        );
+        let [m, w, b, mean, var] = folded.expect("the forward ran").map(Self::from_inner);
+        (m, w, b, mean, var, y)
+    }
+
     fn channel_rstd(m: FloatTensor<Self>, epsilon: f32) -> FloatTensor<Self> {
         let forward = |m: FloatTensor<B>| (B::channel_rstd(m.clone(), epsilon), (m, epsilon));
         unary_step::<B, C, _>(m, forward, |(m, epsilon), grad| {

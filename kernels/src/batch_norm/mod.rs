@@ -261,6 +261,62 @@ pub fn fold_rounded(
     )
 }
 
+/// [`fold`] of `x` (with `rounded`, [`fold_rounded`] with those factors and rounding) and
+/// [`normalize`] of `x` on what it returns, in one launch forward on the CubeCL backends
+/// instead of two: the same values, running statistics and gradient.
+///
+/// # Panics
+/// Where [`fold_available`] is false for `x`, or with `rounded` where
+/// [`fold_rounded_available`] is.
+pub fn fold_normalize(
+    x: Tensor<4>,
+    [mean, var]: [Tensor<1>; 2],
+    epsilon: f64,
+    momentum: f64,
+    rounded: Option<(&[Tensor<1>], bool)>,
+) -> (Folded, Tensor<4>) {
+    assert!(fold_available(&x.device(), x.dtype()), "fold_normalize: not on {:?}", x.device());
+    if let Some((factors, _)) = rounded {
+        assert!(fold_rounded_available(&x, factors), "fold_normalize: {} factors", factors.len());
+    }
+    #[cfg(feature = "cube")]
+    {
+        let [n, _, h, wd] = x.dims();
+        let autodiff = x.is_autodiff();
+        let (factors, ties_away) = rounded.unwrap_or((&[], false));
+        // The factors as the same kind of tensor as `x` (the extension dispatches on it); the
+        // running statistics stand in for them (not read) without a rounding.
+        let f = |k: usize| match factors.get(k).or(factors.first()) {
+            Some(f) => {
+                let f = f.clone().detach().inner();
+                if autodiff { f.autodiff() } else { f }
+            }
+            None => [&mean, &var][k].clone().detach(),
+        };
+        let (f0, f1) = (f(0), f(1));
+        let (m, w, b, mean, var, y) =
+            <burn::backend::Dispatch as FoldBackend>::channel_fold_normalize(
+                x.into_dispatch(),
+                mean.detach().into_dispatch(),
+                var.detach().into_dispatch(),
+                f0.into_dispatch(),
+                f1.into_dispatch(),
+                factors.len() as u32,
+                epsilon as f32,
+                momentum as f32,
+                unbias(n * h * wd) as f32,
+                ties_away,
+            );
+        let [weight, shift, mean, var] = [w, b, mean, var].map(Tensor::from_dispatch);
+        let statistics = Tensor::from_dispatch(m);
+        (Folded { statistics, weight, shift, mean, var }, Tensor::from_dispatch(y))
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!(
+        "fold_available is false without the CubeCL backends: {mean:?} {var:?} {epsilon} {momentum}"
+    )
+}
+
 /// The one launch of [`fold`] and [`fold_rounded`] (`factors` 0: the shift unrounded).
 #[cfg(feature = "cube")]
 fn cube_fold(
@@ -311,6 +367,30 @@ pub trait FoldBackend: Backend {
         unbias: f32,
         ties_away: bool,
     ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
+    /// [`channel_fold`](FoldBackend::channel_fold)'s five outputs and `y = x·w + b`, in the
+    /// same launch: [`channel_normalize`](FoldBackend::channel_normalize) of `x` on what the
+    /// fold returns, differentiated as it is (see [`fold_normalize`]).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn channel_fold_normalize(
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        var: FloatTensor<Self>,
+        f0: FloatTensor<Self>,
+        f1: FloatTensor<Self>,
+        factors: u32,
+        epsilon: f32,
+        momentum: f32,
+        unbias: f32,
+        ties_away: bool,
+    ) -> (
+        FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -372,8 +452,9 @@ pub trait FoldBackend: Backend {
 /// itself, `w = rstd(m, ε)` and `b = shift(m, w)` plus a constant (an int32 bias's rounding),
 /// each computed by this module's functions from `m` not differentiated. The gradient reaches
 /// `x` through `m` as well: the same value, operation for operation, as `affine(x, rstd(m),
-/// shift(m, rstd(m)))` with `m = statistics(x)` differentiated, in two launches backward
-/// (the sums `[Σ ∂y·x, Σ ∂y]`, then `∂x`) where that composition takes eight to ten (its five
+/// shift(m, rstd(m)))` with `m = statistics(x)` differentiated, in one launch backward
+/// (a cube per channel sums `[Σ ∂y·x, Σ ∂y]`, then writes the channel's `∂x`) where that
+/// composition takes eight to ten (its five
 /// primitives' gradients, three sums of the gradients meeting at `x`, `m` and `w`, and at some
 /// channel counts copies of two rows of the sums).
 ///

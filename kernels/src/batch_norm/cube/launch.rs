@@ -48,6 +48,56 @@ fn scale_shift(x: CubeTensor, w: CubeTensor, b: Option<CubeTensor>) -> CubeTenso
     out
 }
 
+/// The launch of `moments_fold_kernel`: `[m, w, b, running mean, running var]` and, with
+/// `normalize`, `y = x·w + b`. `constants`: `(factors, ε, momentum, unbias, ties_away)`.
+fn fold(
+    x: CubeTensor,
+    [mean, var, f0, f1]: [CubeTensor; 4],
+    (factors, epsilon, momentum, unbias, ties_away): (u32, f32, f32, f32, bool),
+    normalize: bool,
+) -> ([CubeTensor; 5], Option<CubeTensor>) {
+    let (n, c, plane, width) = strided(&x);
+    let (mean, var, f0, f1) = (small(mean), small(var), small(f0), small(f1));
+    // Each factor's value `i` stands for its run of `C/L` channels.
+    let run = |f: &CubeTensor| c / (f.meta.num_elements() as u32).max(1);
+    let (run0, run1) = (run(&f0), run(&f1));
+    let m = empty_shaped(&x, vec![2, c as usize]);
+    let [w, b, running_mean, running_var] = [(); 4].map(|()| empty_shaped(&x, vec![c as usize]));
+    // Not written without `normalize`; a buffer of its own.
+    let y = if normalize { empty_like(&x) } else { empty_shaped(&x, vec![1]) };
+    let (cubes, dim) = per_channel(c);
+    moments_fold_kernel::launch(
+        &x.client,
+        cubes,
+        dim,
+        x.clone().into_tensor_arg(),
+        mean.into_buffer_arg(),
+        var.into_buffer_arg(),
+        f0.into_buffer_arg(),
+        f1.into_buffer_arg(),
+        m.clone().into_buffer_arg(),
+        w.clone().into_buffer_arg(),
+        b.clone().into_buffer_arg(),
+        running_mean.clone().into_buffer_arg(),
+        running_var.clone().into_buffer_arg(),
+        y.clone().into_buffer_arg(),
+        n,
+        plane,
+        width,
+        epsilon,
+        momentum,
+        unbias,
+        run0.max(1),
+        run1.max(1),
+        TINY_STEP,
+        UNITS as usize,
+        factors,
+        ties_away,
+        normalize,
+    );
+    ([m, w, b, running_mean, running_var], normalize.then_some(y))
+}
+
 impl ChannelBackend for CubeBackend {
     fn channel_moments(x: CubeTensor) -> CubeTensor {
         let (n, c, plane, width) = strided(&x);
@@ -137,43 +187,27 @@ impl FoldBackend for CubeBackend {
         unbias: f32,
         ties_away: bool,
     ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
-        let (n, c, plane, width) = strided(&x);
-        let (mean, var, f0, f1) = (small(mean), small(var), small(f0), small(f1));
-        // Each factor's value `i` stands for its run of `C/L` channels.
-        let run = |f: &CubeTensor| c / (f.meta.num_elements() as u32).max(1);
-        let (run0, run1) = (run(&f0), run(&f1));
-        let m = empty_shaped(&x, vec![2, c as usize]);
-        let [w, b, running_mean, running_var] =
-            [(); 4].map(|()| empty_shaped(&x, vec![c as usize]));
-        let (cubes, dim) = per_channel(c);
-        moments_fold_kernel::launch(
-            &x.client,
-            cubes,
-            dim,
-            x.clone().into_tensor_arg(),
-            mean.into_buffer_arg(),
-            var.into_buffer_arg(),
-            f0.into_buffer_arg(),
-            f1.into_buffer_arg(),
-            m.clone().into_buffer_arg(),
-            w.clone().into_buffer_arg(),
-            b.clone().into_buffer_arg(),
-            running_mean.clone().into_buffer_arg(),
-            running_var.clone().into_buffer_arg(),
-            n,
-            plane,
-            width,
-            epsilon,
-            momentum,
-            unbias,
-            run0.max(1),
-            run1.max(1),
-            TINY_STEP,
-            UNITS as usize,
-            factors,
-            ties_away,
-        );
-        (m, w, b, running_mean, running_var)
+        let constants = (factors, epsilon, momentum, unbias, ties_away);
+        let ([m, w, b, mean, var], _) = fold(x, [mean, var, f0, f1], constants, false);
+        (m, w, b, mean, var)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn channel_fold_normalize(
+        x: CubeTensor,
+        mean: CubeTensor,
+        var: CubeTensor,
+        f0: CubeTensor,
+        f1: CubeTensor,
+        factors: u32,
+        epsilon: f32,
+        momentum: f32,
+        unbias: f32,
+        ties_away: bool,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        let constants = (factors, epsilon, momentum, unbias, ties_away);
+        let ([m, w, b, mean, var], y) = fold(x, [mean, var, f0, f1], constants, true);
+        (m, w, b, mean, var, y.expect("normalized"))
     }
 
     fn channel_rstd(m: CubeTensor, epsilon: f32) -> CubeTensor {
@@ -266,13 +300,14 @@ impl FoldBackend for CubeBackend {
         w: CubeTensor,
         grad: CubeTensor,
     ) -> CubeTensor {
-        let (_, c, plane, width) = strided(&x);
-        let wb =
-            <CubeBackend as ChannelBackend>::channel_affine_wb_backward(x.clone(), grad.clone());
+        let (n, c, plane, width) = strided(&x);
+        assert_eq!(grad.meta.shape(), x.meta.shape(), "channel op: ∂y and x differ in shape");
+        strided(&grad);
         let (m, w) = (small(m), small(w));
         let count = (x.meta.num_elements() / c.max(1) as usize) as f32;
         let out = empty_like(&x);
-        let (cubes, dim) = elementwise(&x.client, x.meta.num_elements());
+        let (cubes, dim) = per_channel(c);
+        // One cube per channel: the sums `[Σ ∂y·x, Σ ∂y]`, then the channel's `∂x`.
         normalize_backward_kernel::launch(
             &x.client,
             cubes,
@@ -281,12 +316,12 @@ impl FoldBackend for CubeBackend {
             grad.into_tensor_arg(),
             m.into_buffer_arg(),
             w.into_buffer_arg(),
-            wb.into_buffer_arg(),
             out.clone().into_buffer_arg(),
+            n,
             plane,
             width,
-            c,
             count,
+            UNITS as usize,
         );
         out
     }

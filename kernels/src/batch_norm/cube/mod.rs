@@ -108,7 +108,8 @@ fn moments_kernel(
 /// own buffer: rows of one `[2, C]` would take a slicing launch each to separate). With
 /// `factors` > 0 the shift is rounded as an int32 bias whose unit is `f₀·f₁·w` (the first
 /// `factors` of `f₀`, `f₁`, each `[L]` read at `ch / run` for its run of `C/L` channels, then
-/// `w`), as `bias::int32_rounded` rounds it.
+/// `w`), as `bias::int32_rounded` rounds it. With `normalize`, the cube then writes its
+/// channel of `y = x·w + b` (contiguous), as [`scale_shift_kernel`] would.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn moments_fold_kernel(
@@ -122,6 +123,7 @@ fn moments_fold_kernel(
     b: &mut [f32],
     running_mean: &mut [f32],
     running_var: &mut [f32],
+    y: &mut [f32],
     images: u32,
     plane: u32,
     width: u32,
@@ -134,29 +136,40 @@ fn moments_fold_kernel(
     #[comptime] units: usize,
     #[comptime] factors: u32,
     #[comptime] ties_away: bool,
+    #[comptime] normalize: bool,
 ) {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let ch = CUBE_POS_X;
     let (mu, sigma2) = channel_moments(x, &mut shared, ch, images, plane, width);
+    // Every unit folds (the same operations on the same values), so none waits for another.
+    let (c, channels) = (ch as usize, CUBE_COUNT_X as usize);
+    let wc = rstd_of(sigma2, epsilon);
+    let mut bc = shift_of(mu, wc);
+    if factors > 0 {
+        let mut unit = f0[(ch / run0) as usize];
+        if factors > 1 {
+            unit *= f1[(ch / run1) as usize];
+        }
+        unit *= wc;
+        bc = bc + (int32_of(bc, unit, tiny, ties_away) - bc);
+    }
     if UNIT_POS_X == 0 {
-        let (c, channels) = (ch as usize, CUBE_COUNT_X as usize);
         m[c] = mu;
         m[channels + c] = sigma2;
-        let wc = rstd_of(sigma2, epsilon);
         w[c] = wc;
-        let bc = shift_of(mu, wc);
-        if factors > 0 {
-            let mut unit = f0[(ch / run0) as usize];
-            if factors > 1 {
-                unit *= f1[(ch / run1) as usize];
-            }
-            unit *= wc;
-            b[c] = bc + (int32_of(bc, unit, tiny, ties_away) - bc);
-        } else {
-            b[c] = bc;
-        }
+        b[c] = bc;
         running_mean[c] = running_mean_of(mean[c], mu, momentum);
         running_var[c] = running_var_of(var[c], sigma2, momentum, unbias);
+    }
+    if normalize {
+        // `x·w_c + b_c` over the channel, as `scale_shift_kernel` computes it.
+        let mut j = UNIT_POS_X;
+        while j < images * plane {
+            let (n, q) = (j / plane, j % plane);
+            let v = x[offset(x, n, ch, q, width)] * wc;
+            y[((n * CUBE_COUNT_X + ch) * plane + q) as usize] = v + bc;
+            j += CUBE_DIM_X;
+        }
     }
 }
 
@@ -238,10 +251,12 @@ fn moments_backward_kernel(
     }
 }
 
-/// A training BatchNorm's `∂x` in one pass, the composition of the affine map's, the shift's,
-/// the reciprocal deviation's and the moments' gradients operation for operation:
+/// A training BatchNorm's `∂x`, the composition of the affine map's, the shift's, the
+/// reciprocal deviation's and the moments' gradients operation for operation:
 /// `∂x = ∂y·w + (a + b·(x − μ))` with `a = −(w·S₁)/M`, `b = 2·(−½·(S₂ − μ·S₁)·w³)/M`, where
-/// `wb = [S₂, S₁] = [Σ ∂y·x, Σ ∂y]` and `w` is the reciprocal deviation the forward used.
+/// `[S₂, S₁] = [Σ ∂y·x, Σ ∂y]` and `w` is the reciprocal deviation the forward used. One cube
+/// per channel: the sums as [`affine_wb_kernel`] sums them (the same strides, the same tree),
+/// then the channel's `∂x` (contiguous), in one launch.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn normalize_backward_kernel(
@@ -249,28 +264,43 @@ fn normalize_backward_kernel(
     grad: &Tensor<f32>,
     m: &[f32],
     w: &[f32],
-    wb: &[f32],
     out: &mut [f32],
+    images: u32,
     plane: u32,
     width: u32,
-    channels: u32,
     count: f32,
+    #[comptime] units: usize,
 ) {
-    let i = ABSOLUTE_POS;
-    if i < out.len() {
-        let c = channel_of(i, plane, channels);
-        let (wc, mean) = (w[c], m[c]);
-        let (s2, s1) = (wb[c], wb[channels as usize + c]);
-        // shift's gradient (∂μ, and its part of ∂w), the affine map's ∂w beside it.
-        let d_mean = -(wc * s1);
-        let dw = s2 + -(mean * s1);
-        // rstd's gradient.
-        let d_var = -0.5f32 * dw * wc * wc * wc;
-        // moments' gradient, then the affine map's ∂x.
-        let a = d_mean / count;
-        let b = 2.0f32 * d_var / count;
-        let through_moments = a + b * (element(x, i, plane, width, channels) - mean);
-        out[i] = element(grad, i, plane, width, channels) * wc + through_moments;
+    let mut shared = Shared::<[f32]>::new_slice(units);
+    let ch = CUBE_POS_X;
+    let elements = images * plane;
+    let mut dw = 0.0f32;
+    let mut db = 0.0f32;
+    let mut j = UNIT_POS_X;
+    while j < elements {
+        let (n, q) = (j / plane, j % plane);
+        let g = grad[offset(grad, n, ch, q, width)];
+        dw += g * x[offset(x, n, ch, q, width)];
+        db += g;
+        j += CUBE_DIM_X;
+    }
+    let s2 = cube_sum(&mut shared, dw);
+    let s1 = cube_sum(&mut shared, db);
+    let c = ch as usize;
+    let (wc, mean) = (w[c], m[c]);
+    let d_mean = -(wc * s1);
+    let dw = s2 + -(mean * s1);
+    let d_var = -0.5f32 * dw * wc * wc * wc;
+    let a = d_mean / count;
+    let b = 2.0f32 * d_var / count;
+    let channels = CUBE_COUNT_X;
+    let mut j = UNIT_POS_X;
+    while j < elements {
+        let (n, q) = (j / plane, j % plane);
+        let through_moments = a + b * (x[offset(x, n, ch, q, width)] - mean);
+        let at = ((n * channels + ch) * plane + q) as usize;
+        out[at] = grad[offset(grad, n, ch, q, width)] * wc + through_moments;
+        j += CUBE_DIM_X;
     }
 }
 
