@@ -1,7 +1,9 @@
 //! The CubeCL backends' convolution kernels against Burn's own `conv2d` on flex (forward, input
 //! gradient and weight gradient), on every CubeCL backend of the build, over the geometries of
 //! the DARTS candidates (depthwise, dilated, pointwise, strided), the stem's full convolution,
-//! grouped ones and odd sizes; inputs drawn on the host, so both sides see the same values.
+//! grouped ones and odd sizes; inputs drawn on the host, so both sides see the same values;
+//! groups that read shared inputs against Burn's convolution of the copies, and a ReLU taken
+//! on read against the ReLU and then the convolution.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -10,8 +12,11 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor, TensorData, module};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::devices::compiled;
-use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading, direct_available};
+use qdarts_kernels::direct_conv::{
+    GroupInputs, conv2d_reading, conv2d_reading_relu, direct_available,
+};
 use qdarts_kernels::launches::{counted, counted_by_kernel};
+use qdarts_kernels::relu::relu;
 
 /// The launch counter sees every thread's launches: the tests of this file run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -333,6 +338,56 @@ fn groups_that_read_shared_inputs_match_burns_convolution_of_the_copies() {
                 let (_, launches) = counted(d, || conv2d_reading(x, w, options, inputs));
                 assert_eq!(launches, Some(1), "{name}: the forward reads the inputs in place");
             }
+        }
+    }
+}
+
+/// Output, ∂x, ∂w and the launches forward and backward of `conv` as [`run_groups`] runs it.
+fn run_counted(
+    device: &Device,
+    shape: [usize; 4],
+    groups: usize,
+    conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
+) -> ([Vec<f32>; 3], [Option<u64>; 2]) {
+    let d = device.clone().autodiff();
+    let [n, ci, co, cig] = shape;
+    let (xs, ws) = ([n, ci, 6, 5], [co, cig, 3, 3]);
+    let x = Tensor::<4>::from_data(TensorData::new(values(xs.iter().product(), 51), xs), &d);
+    let w = Tensor::<4>::from_data(TensorData::new(values(ws.iter().product(), 52), ws), &d);
+    let (x, w) = (x.require_grad(), w.require_grad());
+    let options = ConvOptions::new([1, 1], [1, 1], [1, 1], groups);
+    let (y, forward) = counted(&d, || conv(x.clone(), w.clone(), options));
+    let up = Tensor::<4>::from_data(
+        TensorData::new(values(y.dims().iter().product(), 53), y.dims()),
+        &d,
+    );
+    let loss = y.clone().mul(up).sum();
+    let (grads, backward) = counted(&d, || loss.backward());
+    let seen = [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())];
+    (seen, [forward, backward])
+}
+
+#[test]
+fn a_relu_taken_on_read_is_the_relu_then_the_convolution_bit_for_bit() {
+    let (_serial, devices) = cube_devices();
+    for (sources, per, inner, copies, cig) in [(2, 2, 3, 3, 1), (1, 1, 4, 1, 1), (2, 1, 2, 2, 2)] {
+        let inputs = GroupInputs { sources, per, inner };
+        let groups = copies * sources * per * inner;
+        let shape = [2, sources * inner * cig, groups, cig];
+        let apart = |x: Tensor<4>, w, o| conv2d_reading(relu(x), w, o, inputs);
+        let on_read = |x, w, o| conv2d_reading_relu(x, w, o, inputs);
+        let want = run_counted(&Device::flex(), shape, groups, apart).0;
+        let flex = run_counted(&Device::flex(), shape, groups, on_read).0;
+        assert_eq!(flex, want, "{inputs:?}: flex is the ReLU, then the convolution");
+        for (name, d) in &devices {
+            let (want, [f0, b0]) = run_counted(d, shape, groups, apart);
+            let (ours, [f1, b1]) = run_counted(d, shape, groups, on_read);
+            for ((what, a), b) in ["output", "∂x", "∂w"].iter().zip(&ours).zip(&want) {
+                assert_eq!(a, b, "{name} {inputs:?}: {what}");
+            }
+            // The ReLU's launch forward and its gradient's backward are gone.
+            let (f0, b0, f1, b1) = (f0.unwrap(), b0.unwrap(), f1.unwrap(), b1.unwrap());
+            assert_eq!((f1 + 1, b1 + 1), (f0, b0), "{name} {inputs:?}: launches");
         }
     }
 }

@@ -16,7 +16,7 @@ impl<B: Backend + DepthwiseBackend, C: CheckpointStrategy> DepthwiseBackend for 
                 let (dx, dw) = B::depthwise_conv2d_backward(x, grad, w, geom);
                 [dx, dw]
             },
-            x: B::depthwise_conv2d_x_backward,
+            x: |_, grad, w, geom| B::depthwise_conv2d_x_backward(grad, w, geom),
             w: B::depthwise_conv2d_weight_backward,
         };
         conv_step::<B, C, _>(x, weight, geom, kernels)

@@ -18,8 +18,10 @@ pub trait DirectConvBackend: Backend {
         geom: ConvGeom,
     ) -> FloatTensor<Self>;
 
-    /// The gradient of the input from the output's, `[N, C, H, W]`.
+    /// The gradient of the input from the output's, `[N, C, H, W]` (`x` read for ReLU's mask
+    /// where `geom.relu`).
     fn direct_conv2d_x_backward(
+        x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         geom: ConvGeom,
@@ -61,11 +63,13 @@ impl<B: Backend + DirectConvBackend, C: CheckpointStrategy> DirectConvBackend fo
     }
 
     fn direct_conv2d_x_backward(
+        x: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         geom: ConvGeom,
     ) -> FloatTensor<Self> {
         Self::from_inner(B::direct_conv2d_x_backward(
+            x.into_primitive(),
             grad.into_primitive(),
             weight.into_primitive(),
             geom,

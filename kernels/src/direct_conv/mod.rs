@@ -16,9 +16,11 @@
 //!   stride of the `N·H'·W'` products, then a tree in shared memory, so the result does not
 //!   depend on thread timing.
 //!
-//! The kernels read contiguous `[N, C, H, W]` activations and gradients (one that is not is
-//! copied first), the weight through its strides (a parameter uploaded to cuda has padded
-//! rows), and write contiguous tensors. Only the summation order differs from Burn's convolution
+//! The kernels read the input `[N, C, H, W]` and the weight through their strides (a view is
+//! not copied first; a parameter uploaded to cuda has padded rows), the output's gradient
+//! contiguous (one that is not is copied once for both gradients), and write contiguous
+//! tensors. A ReLU before the convolution may be taken as the kernels read the input
+//! ([`conv2d_reading_relu`]): its mask then applies to the input's gradient in the same launch. Only the summation order differs from Burn's convolution
 //! (`tests/direct_conv.rs` holds the two together on every CubeCL backend of the build).
 //! Other backends and dtypes use Burn's `conv2d` ([`conv2d`] decides).
 
@@ -44,6 +46,9 @@ pub struct ConvGeom {
     pub groups: usize,
     /// The input group each group reads.
     pub inputs: GroupInputs,
+    /// The convolution reads `relu(x)`: the ReLU applied as the kernels read `x`, and its
+    /// mask to the input's gradient.
+    pub relu: bool,
 }
 
 /// Which input group each group of a convolution reads: group `g` reads input group
@@ -129,6 +134,33 @@ pub fn conv2d_reading(
     options: ConvOptions<2>,
     inputs: GroupInputs,
 ) -> Tensor<4> {
+    reading(x, weight, options, inputs, false)
+}
+
+/// [`conv2d_reading`] of `relu(x)` (the ReLU of [`crate::relu`]): where [`direct_available`]
+/// the kernels take the ReLU as they read `x` and apply its mask to the input's gradient, the
+/// same values as the ReLU then the convolution without the ReLU's launch forward and
+/// backward; elsewhere the ReLU, then the convolution.
+///
+/// # Panics
+/// As [`conv2d_reading`].
+pub fn conv2d_reading_relu(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    options: ConvOptions<2>,
+    inputs: GroupInputs,
+) -> Tensor<4> {
+    reading(x, weight, options, inputs, true)
+}
+
+/// [`conv2d_reading`], of `relu(x)` with `relu`.
+fn reading(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    options: ConvOptions<2>,
+    inputs: GroupInputs,
+    relu: bool,
+) -> Tensor<4> {
     assert!(
         inputs.fits(options.groups, x.dims()[1]),
         "conv: {inputs:?} does not fit {} groups over {} input channels",
@@ -136,6 +168,7 @@ pub fn conv2d_reading(
         x.dims()[1]
     );
     if !direct_available(&x.device(), x.dtype()) {
+        let x = if relu { crate::relu::relu(x) } else { x };
         return module::conv2d(inputs.laid_out(x, options.groups), weight, None, options);
     }
     #[cfg(feature = "cube")]
@@ -158,6 +191,7 @@ pub fn conv2d_reading(
             output: [out(0, h, kh), out(1, w, kw)],
             groups: options.groups,
             inputs,
+            relu,
         };
         let out = <burn::backend::Dispatch as DirectConvBackend>::direct_conv2d(
             x.into_dispatch(),

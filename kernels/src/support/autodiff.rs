@@ -116,13 +116,17 @@ where
 }
 
 /// A convolution's kernels on `B` with geometry `G`, as [`conv_step`] calls them: the forward
-/// `(x, w)`, both gradients `(x, ∂y, w)`, the input's `(∂y, w)` and the weight's `(x, ∂y)`.
+/// `(x, w)`, both gradients `(x, ∂y, w)`, the input's `(x, ∂y, w)` and the weight's `(x, ∂y)`.
 pub(crate) struct ConvKernels<B: Backend, G> {
     pub(crate) forward: PairKernel<B, G>,
     pub(crate) both: BothGrads<B, G>,
-    pub(crate) x: PairKernel<B, G>,
+    pub(crate) x: InputGrad<B, G>,
     pub(crate) w: PairKernel<B, G>,
 }
+
+/// A convolution's input gradient from `(x, ∂y, w)` (`x` for a mask applied on read).
+pub(crate) type InputGrad<B, G> =
+    fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, G) -> FloatTensor<B>;
 
 /// A kernel of two tensors and a geometry.
 pub(crate) type PairKernel<B, G> = fn(FloatTensor<B>, FloatTensor<B>, G) -> FloatTensor<B>;
@@ -162,6 +166,8 @@ where
     let forward = |[x, w]: [FloatTensor<B>; 2]| (kernels.forward)(x, w, geom);
     step::<B, C, _, 2>([x, w], keep, forward, |(x, w, geom, k), grad, tracked| match tracked {
         [true, true] => (k.both)(x, grad, w, geom).map(Some),
-        [dx, dw] => [dx.then(|| (k.x)(grad.clone(), w, geom)), dw.then(|| (k.w)(x, grad, geom))],
+        [dx, dw] => {
+            [dx.then(|| (k.x)(x.clone(), grad.clone(), w, geom)), dw.then(|| (k.w)(x, grad, geom))]
+        }
     })
 }

@@ -23,7 +23,8 @@ fn window(g: &ConvGeom) -> (u32, u32) {
 
 impl DirectConvBackend for CubeBackend {
     fn direct_conv2d(x: CubeTensor, weight: CubeTensor, geom: ConvGeom) -> CubeTensor {
-        let (x, wt) = (f32_contiguous(x, OP), f32_strided(weight, OP));
+        let (x, wt) = (f32_strided(x, OP), f32_strided(weight, OP));
+        let strided = !x.is_contiguous();
         let [n, ci, _, _] = dims4(&x, "x");
         let co = dims4(&wt, "the weight")[0];
         let s = Sizes::new(n, ci, co, &geom);
@@ -35,7 +36,7 @@ impl DirectConvBackend for CubeBackend {
             &x.client,
             cubes,
             dim,
-            x.clone().into_buffer_arg(),
+            x.clone().into_tensor_arg(),
             wt.into_tensor_arg(),
             out.clone().into_buffer_arg(),
             total as u32,
@@ -58,6 +59,8 @@ impl DirectConvBackend for CubeBackend {
             s.inner,
             kh,
             kw,
+            geom.relu,
+            strided,
         );
         out
     }
@@ -69,16 +72,20 @@ impl DirectConvBackend for CubeBackend {
         geom: ConvGeom,
     ) -> (CubeTensor, CubeTensor) {
         let grad = f32_contiguous(grad, OP);
-        let dx = Self::direct_conv2d_x_backward(grad.clone(), weight, geom);
+        let dx = Self::direct_conv2d_x_backward(x.clone(), grad.clone(), weight, geom);
         (dx, Self::direct_conv2d_weight_backward(x, grad, geom))
     }
 
     fn direct_conv2d_x_backward(
+        x: CubeTensor,
         grad: CubeTensor,
         weight: CubeTensor,
         geom: ConvGeom,
     ) -> CubeTensor {
         let (grad, wt) = (f32_contiguous(grad, OP), f32_strided(weight, OP));
+        // Read only with `relu` (its mask), through its strides.
+        let x = f32_strided(x, OP);
+        let strided = !x.is_contiguous();
         let [n, co, _, _] = dims4(&grad, "∂y");
         let [_, cig, _, _] = dims4(&wt, "the weight");
         let ci = cig * geom.inputs.count();
@@ -93,6 +100,7 @@ impl DirectConvBackend for CubeBackend {
             cubes,
             dim,
             grad.clone().into_buffer_arg(),
+            x.into_tensor_arg(),
             wt.into_tensor_arg(),
             out.clone().into_buffer_arg(),
             total as u32,
@@ -115,6 +123,8 @@ impl DirectConvBackend for CubeBackend {
             s.inner,
             kh,
             kw,
+            geom.relu,
+            strided,
         );
         out
     }
@@ -124,7 +134,8 @@ impl DirectConvBackend for CubeBackend {
         grad: CubeTensor,
         geom: ConvGeom,
     ) -> CubeTensor {
-        let (x, grad) = (f32_contiguous(x, OP), f32_contiguous(grad, OP));
+        let (x, grad) = (f32_strided(x, OP), f32_contiguous(grad, OP));
+        let strided = !x.is_contiguous();
         let [n, ci, _, _] = dims4(&x, "x");
         let [_, co, _, _] = dims4(&grad, "∂y");
         let s = Sizes::new(n, ci, co, &geom);
@@ -139,7 +150,7 @@ impl DirectConvBackend for CubeBackend {
             &x.client,
             cubes,
             CubeDim::new_1d(UNITS),
-            x.clone().into_buffer_arg(),
+            x.clone().into_tensor_arg(),
             grad.into_buffer_arg(),
             out.clone().into_buffer_arg(),
             weights as u32,
@@ -164,6 +175,8 @@ impl DirectConvBackend for CubeBackend {
             kh as u32,
             kw as u32,
             UNITS as usize,
+            geom.relu,
+            strided,
         );
         out
     }

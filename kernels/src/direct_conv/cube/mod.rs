@@ -3,7 +3,7 @@
 use cubecl::prelude::*;
 
 use super::ConvGeom;
-use crate::support::cube::cube_sum;
+use crate::support::cube::{at_most_zero, cube_sum};
 
 /// The panics' name for these kernels.
 const OP: &str = "conv";
@@ -78,6 +78,41 @@ fn tap(wt: &Tensor<f32>, base: u32, i: u32, j: u32) -> usize {
     (base + i * wt.stride(2) as u32 + j * wt.stride(3) as u32) as usize
 }
 
+/// `v`, or with `relu` its ReLU as the ReLU kernel takes it (0 where `v` is at most zero).
+#[cube]
+fn relu_of(v: f32, #[comptime] relu: bool) -> f32 {
+    let mut out = v;
+    if relu {
+        out = select(at_most_zero(v), 0.0, v);
+    }
+    out
+}
+
+/// The buffer offset of input element `(b, c, y, x)` of `x` `[N, C, H, W]`: through its
+/// strides with `strided`, else of a contiguous layout.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn input_at(
+    x: &Tensor<f32>,
+    b: u32,
+    c: u32,
+    y: u32,
+    xx: u32,
+    ci: u32,
+    h: u32,
+    w: u32,
+    #[comptime] strided: bool,
+) -> usize {
+    let mut at = ((b * ci + c) * h + y) * w + xx;
+    if strided {
+        at = b * x.stride(0) as u32
+            + c * x.stride(1) as u32
+            + y * x.stride(2) as u32
+            + xx * x.stride(3) as u32;
+    }
+    at as usize
+}
+
 /// The input group that group `g` reads ([`super::GroupInputs::of`]).
 #[cube]
 fn input_group(g: u32, sources: u32, per: u32, inner: u32) -> u32 {
@@ -85,11 +120,11 @@ fn input_group(g: u32, sources: u32, per: u32, inner: u32) -> u32 {
 }
 
 /// `out[n, o, y, x] = Σ_c Σ_(i, j) w[o, c, i, j] · x[n, g·C_g + c, y·sh + i·dh − ph, x·sw + j·dw − pw]`
-/// (taps outside the input skipped), one thread per output.
+/// (taps outside the input skipped; with `relu`, of `relu(x)`), one thread per output.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn forward_kernel(
-    x: &[f32],
+    x: &Tensor<f32>,
     wt: &Tensor<f32>,
     out: &mut [f32],
     total: u32,
@@ -112,6 +147,8 @@ fn forward_kernel(
     inner: u32,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
+    #[comptime] relu: bool,
+    #[comptime] strided: bool,
 ) {
     let i = ABSOLUTE_POS as u32;
     if i < total {
@@ -125,18 +162,17 @@ fn forward_kernel(
         let mut acc = 0.0f32;
         let mut c = 0u32;
         while c < cig {
-            let plane = (b * ci + first + c) * h;
             let taps = o * wt.stride(0) as u32 + c * wt.stride(1) as u32;
             #[unroll]
             for ki in 0..kh {
                 let y = oy * sh + ki * dh;
                 if y >= ph && y < h + ph {
-                    let row = (plane + y - ph) * w;
                     #[unroll]
                     for kj in 0..kw {
                         let xx = ox * sw + kj * dw;
                         if xx >= pw && xx < w + pw {
-                            let v = x[(row + xx - pw) as usize];
+                            let at = input_at(x, b, first + c, y - ph, xx - pw, ci, h, w, strided);
+                            let v = relu_of(x[at], relu);
                             acc += wt[tap(wt, taps, ki, kj)] * v;
                         }
                     }
@@ -150,13 +186,14 @@ fn forward_kernel(
 
 /// `∂x[n, c, y, x] = Σ_o Σ_(i, j) w[o, c mod C_g, i, j] · ∂y[n, o, q_y, q_x]` over the output
 /// channels of the groups that read `c`'s input group and the taps whose output `q` reads
-/// `(y, x)`: `q·s + t·d − pad = (y, x)`; each reading group's sum apart, added in group order.
-/// One thread per input.
+/// `(y, x)`: `q·s + t·d − pad = (y, x)`; each reading group's sum apart, added in group order;
+/// with `relu`, 0 where `x_in` is at most zero (ReLU's gradient). One thread per input.
 #[cube(launch)]
 // `is_multiple_of` is not a CubeCL operation: the kernel tests divisibility with `%`.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
 fn x_backward_kernel(
     grad: &[f32],
+    x_in: &Tensor<f32>,
     wt: &Tensor<f32>,
     out: &mut [f32],
     total: u32,
@@ -179,6 +216,8 @@ fn x_backward_kernel(
     inner: u32,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
+    #[comptime] relu: bool,
+    #[comptime] strided: bool,
 ) {
     let i = ABSOLUTE_POS as u32;
     if i < total {
@@ -229,17 +268,23 @@ fn x_backward_kernel(
             total = select(r == 0, acc, total + acc);
             r += 1;
         }
+        if relu {
+            // ReLU's gradient: blocked where the input was at most zero.
+            let v = x_in[input_at(x_in, b, c, y, x, ci, h, w, strided)];
+            total = select(at_most_zero(v), 0.0, total);
+        }
         out[i as usize] = total;
     }
 }
 
-/// `∂w[o, c, i, j] = Σ_(n, q) ∂y[n, o, q] · x[n, g·C_g + c, q·s + t·d − pad]`, one cube per
+/// `∂w[o, c, i, j] = Σ_(n, q) ∂y[n, o, q] · x[n, g·C_g + c, q·s + t·d − pad]` (with `relu`, of
+/// `relu(x)`), one cube per
 /// weight (the cube grid is `(x, y)`, weight `y·X + x`): each thread sums a fixed stride of
 /// the `N·H'·W'` products, then a tree.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn weight_kernel(
-    x: &[f32],
+    x: &Tensor<f32>,
     grad: &[f32],
     out: &mut [f32],
     weights: u32,
@@ -264,6 +309,8 @@ fn weight_kernel(
     kh: u32,
     kw: u32,
     #[comptime] units: usize,
+    #[comptime] relu: bool,
+    #[comptime] strided: bool,
 ) {
     let mut shared = Shared::<[f32]>::new_slice(units);
     let at = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
@@ -288,7 +335,8 @@ fn weight_kernel(
             let (y, xx) = (qy * sh + reach, qx * sw + across);
             if y >= ph && y < h + ph && xx >= pw && xx < w + pw {
                 let g = grad[(((b * co + o) * oh + qy) * ow + qx) as usize];
-                sum += g * x[(((b * ci + c) * h + y - ph) * w + xx - pw) as usize];
+                let v = relu_of(x[input_at(x, b, c, y - ph, xx - pw, ci, h, w, strided)], relu);
+                sum += g * v;
             }
             j += CUBE_DIM_X;
         }
