@@ -252,14 +252,22 @@ impl WaveOps {
         };
         // The sources after the ReLU that every convolutional candidate starts with, and
         // (FactorizedReduce) each edge's, edge after edge, `[N, E·C, H, W]`.
-        let convs = self.bank.is_some() || self.reduce.is_some();
+        // The bank's convolutions take the ReLU as they read the sources where the kernels
+        // can (the CubeCL runtimes, a grid not held at `w`): no ReLU of their own then.
+        let held = input.grid.as_ref().is_some_and(|g| g.is_held());
+        let on_read = !held && direct_available(&input.value.device(), input.value.dtype());
+        let convs = (self.bank.is_some() && !on_read) || self.reduce.is_some();
         let relu_sources = convs.then(|| relu_held(input.value.clone(), input.grid.as_ref()));
         // Each candidate's outputs and what their columns are: one per edge, or per source.
         let mut columns = Vec::new();
         let mut blocks = Vec::new();
         let mut shape = [0; 4];
         if let Some(bank) = &self.bank {
-            let (outs, node) = bank.forward(relu_sources.clone().expect("built above"), per);
+            let x = match on_read {
+                true => Sources::BeforeRelu(input.value.clone()),
+                false => Sources::AfterRelu(relu_sources.clone().expect("built above")),
+            };
+            let (outs, node) = bank.forward(x, per);
             shape = node;
             columns.extend(outs);
             blocks.extend(bank.primitives().into_iter().map(|p| (p, Block::Edges)));
@@ -349,5 +357,5 @@ mod reduce;
 mod stack;
 mod sums;
 
-pub use bank::{BankKind, BankStage, ConvBank, DwGroup, StageQuant, stack_sources};
+pub use bank::{BankKind, BankStage, ConvBank, DwGroup, Sources, StageQuant, stack_sources};
 pub use reduce::StackedReduce;

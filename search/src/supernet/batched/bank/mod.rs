@@ -117,12 +117,32 @@ pub struct ConvBank {
     pub second: Option<BankStage>,
 }
 
-/// What a merged stage reads.
+/// What a merged stage reads; with `relu`, its ReLU, which the convolutions take as they read.
 enum Input {
     /// The wave's sources, which every kind and edge reads: `per` edges from each.
-    Sources { x: Tensor<4>, per: usize },
+    Sources { x: Tensor<4>, per: usize, relu: bool },
     /// Each kind's own input, side by side.
-    Kinds(Tensor<4>),
+    Kinds { x: Tensor<4>, relu: bool },
+}
+
+/// The wave's sources `[N, S·C, H, W]` as a bank takes them: before the ReLU that every
+/// convolutional candidate starts with (its convolutions then take it as they read), or after.
+#[derive(Debug)]
+pub enum Sources {
+    /// Before the ReLU (the CubeCL runtimes, on a grid not held at `w`).
+    BeforeRelu(Tensor<4>),
+    /// After it.
+    AfterRelu(Tensor<4>),
+}
+
+impl Sources {
+    /// The sources after the ReLU.
+    fn after_relu(self) -> Tensor<4> {
+        match self {
+            Sources::BeforeRelu(x) => relu(x),
+            Sources::AfterRelu(x) => x,
+        }
+    }
 }
 
 /// `x` `[N, S·C, H, W]` (after the ReLU) as every edge's input, `copies` times over:
@@ -137,9 +157,10 @@ impl ConvBank {
     /// edges from each), as columns of the node sums: tensors `[N, kinds·E, C·H'·W']` whose
     /// kinds, in order, are the bank's (separable first); and the shape of one node,
     /// `[N, C, H', W']`.
-    pub fn forward(&self, x: Tensor<4>, per: usize) -> (Vec<Tensor<3>>, [usize; 4]) {
-        let merged = direct_available(&x.device(), x.dtype());
-        let sources = x.dims()[1] / self.first.channels;
+    pub fn forward(&self, x: Sources, per: usize) -> (Vec<Tensor<3>>, [usize; 4]) {
+        let (Sources::BeforeRelu(t) | Sources::AfterRelu(t)) = &x;
+        let merged = direct_available(&t.device(), t.dtype());
+        let sources = t.dims()[1] / self.first.channels;
         let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
         let (width, c) = (self.first.width(), self.first.channels);
         let stages: Vec<&BankStage> = std::iter::once(&self.first).chain(&self.second).collect();
@@ -149,10 +170,15 @@ impl ConvBank {
             // Every kind's channels side by side after the depthwise convolutions: one chain
             // per stage on the CubeCL runtimes; on flex (a quantized cell) the depthwise
             // convolutions kind by kind.
-            let y = match merged {
-                true => self.first.forward_merged(Input::Sources { x, per }, weights()),
-                false => {
-                    let x = [stack_sources(&x, sources, per, 1)];
+            let y = match (merged, x) {
+                (true, Sources::BeforeRelu(x)) => {
+                    self.first.forward_merged(Input::Sources { x, per, relu: true }, weights())
+                }
+                (true, Sources::AfterRelu(x)) => {
+                    self.first.forward_merged(Input::Sources { x, per, relu: false }, weights())
+                }
+                (false, x) => {
+                    let x = [stack_sources(&x.after_relu(), sources, per, 1)];
                     self.first.forward_per_kind(&x, weights()).remove(0)
                 }
             };
@@ -174,10 +200,19 @@ impl ConvBank {
             let flat = y.value.reshape([n, kinds * width * plane]);
             let mut parts = split(flat, 1, &sizes[..if kinds > seps { 2 } else { 1 }]).into_iter();
             let sep_out = parts.next().expect("a bank with a second stage has separable kinds");
-            let sep_in = relu_held(sep_out.reshape([n, seps * width, h, w]), sep_grid.as_ref());
+            let sep_out = sep_out.reshape([n, seps * width, h, w]);
+            let held = sep_grid.as_ref().is_some_and(|g| g.is_held());
             let z = match merged {
-                true => second.forward_merged(Input::Kinds(sep_in), weights()),
+                // The second stage's convolutions take the ReLU as they read.
+                true if !held => {
+                    second.forward_merged(Input::Kinds { x: sep_out, relu: true }, weights())
+                }
+                true => {
+                    let x = relu_held(sep_out, sep_grid.as_ref());
+                    second.forward_merged(Input::Kinds { x, relu: false }, weights())
+                }
                 false => {
+                    let sep_in = relu_held(sep_out, sep_grid.as_ref());
                     let xs = split(sep_in, 1, &vec![width; seps]);
                     second.forward_per_kind(&xs, weights()).remove(0)
                 }
@@ -187,7 +222,7 @@ impl ConvBank {
             return (out, [n, c, h, w]);
         }
         // Kind by kind.
-        let x = [stack_sources(&x, sources, per, 1)];
+        let x = [stack_sources(&x.after_relu(), sources, per, 1)];
         let mut ys = self.first.forward_per_kind(&x, weights());
         if let Some(second) = &self.second {
             let sep_in: Vec<Tensor<4>> = ys.drain(..seps).map(|y| relu(y.value)).collect();

@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
-use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading};
+use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading, conv2d_reading_relu};
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
@@ -179,7 +179,7 @@ impl BankStage {
         let width = self.width();
         // The groups are runs of consecutive kinds: each one's inputs, cut in one split.
         let mut by_group = match &x {
-            Input::Kinds(x) => {
+            Input::Kinds { x, .. } => {
                 let sizes: Vec<usize> = self.groups.iter().map(|g| g.kinds.len() * width).collect();
                 split(x.clone(), 1, &sizes)
             }
@@ -193,17 +193,21 @@ impl BankStage {
             .map(|(g, filters)| {
                 let kinds = g.kinds.len();
                 let options = self.options(g.padding, g.dilation, kinds * width);
-                match &x {
+                let (x, inputs, relu) = match &x {
                     // Every kind and edge reads its source in place.
-                    Input::Sources { x, per } => {
+                    Input::Sources { x, per, relu } => {
                         let sources = x.dims()[1] / self.channels;
                         let inner = self.channels;
-                        let inputs = GroupInputs { sources, per: *per, inner };
-                        conv2d_reading(x.clone(), filters, options, inputs)
+                        (x.clone(), GroupInputs { sources, per: *per, inner }, *relu)
                     }
-                    Input::Kinds(_) => {
-                        conv2d(by_group.next().expect("one input per group"), filters, options)
+                    Input::Kinds { relu, .. } => {
+                        let x = by_group.next().expect("one input per group");
+                        (x, GroupInputs::own(options.groups), *relu)
                     }
+                };
+                match relu {
+                    true => conv2d_reading_relu(x, filters, options, inputs),
+                    false => conv2d_reading(x, filters, options, inputs),
                 }
             })
             .collect();
