@@ -7,8 +7,10 @@ use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, QuantSites};
 use crate::qconfig::Site;
+use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, Grid, RoundMode, SpecError};
 use qdarts_kernels::depthwise_conv::conv2d;
+use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading_relu, direct_available};
 
 /// The geometry of a convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,16 +177,50 @@ impl QConv {
         input: Option<&Grid>,
         probs: Option<&Tensor<1>>,
     ) -> (Tensor<4>, Option<Bias>) {
+        self.unit_with(x, input, probs, false)
+    }
+
+    /// [`forward_unit`](Self::forward_unit) of `relu(x)` as [`relu_held`] takes it on the
+    /// grid `input`. Where the convolution kernels run ([`direct_available`]), the grid is not
+    /// held and no bit-width search mixes the weight, they take the ReLU as they read `x`
+    /// ([`conv2d_reading_relu`]): the same values, one launch fewer forward and backward.
+    pub fn forward_unit_relu(
+        &self,
+        x: Tensor<4>,
+        input: Option<&Grid>,
+        probs: Option<&Tensor<1>>,
+    ) -> (Tensor<4>, Option<Bias>) {
+        let held = input.is_some_and(Grid::is_held);
+        let mixed = self.wmix.is_some() && probs.is_some();
+        if held || mixed || !direct_available(&x.device(), x.dtype()) {
+            return self.forward_unit(relu_held(x, input), input, probs);
+        }
+        self.unit_with(x, input, probs, true)
+    }
+
+    /// [`forward_unit`](Self::forward_unit), of `relu(x)` taken on read with `relu`.
+    fn unit_with(
+        &self,
+        x: Tensor<4>,
+        input: Option<&Grid>,
+        probs: Option<&Tensor<1>>,
+        relu: bool,
+    ) -> (Tensor<4>, Option<Bias>) {
+        let conv = |x, w| match relu {
+            true => conv2d_reading_relu(x, w, self.options(), GroupInputs::own(self.groups)),
+            false => conv2d(x, w, self.options()),
+        };
         match (&self.wq, input) {
             (Some(q), Some(ig)) => {
                 let (w, g) = q.forward_with_grid(self.weight.val());
                 let held = g.is_held() || ig.is_held();
                 // `s_w·s_in`, multiplied where it is used.
                 let factors = vec![g.step.detach(), ig.step.clone().detach()];
-                let y = conv2d(x, w, self.options());
+                let y = conv(x, w);
                 let bias = (!held).then(|| Bias { factors, round: q.spec().round() });
                 (y, bias)
             }
+            _ if relu => (conv(x, self.effective_weight()), None),
             _ => (self.forward_mixed(x, probs), None),
         }
     }

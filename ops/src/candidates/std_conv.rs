@@ -7,7 +7,6 @@ use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::{ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::hold::relu_held;
 use crate::quant::{FakeQuantizer, SpecError};
 
 /// ReLU – Conv – BN, output fake-quantized.
@@ -34,8 +33,7 @@ impl QStdConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]` (with "same" padding).
     pub fn forward(&self, x: QTensor) -> QTensor {
-        let (y, unit) =
-            self.conv.forward_unit(relu_held(x.value, x.grid.as_ref()), x.grid.as_ref(), None);
+        let (y, unit) = self.conv.forward_unit_relu(x.value, x.grid.as_ref(), None);
         let y = self.bn.forward_biased(y, unit);
         quantize_opt(&self.act, y)
     }
