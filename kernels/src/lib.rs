@@ -16,6 +16,8 @@
 //!   operands) and one backward (the CubeCL runtimes).
 //! - [`reduce`]: row max, min and mean in two stages (the CubeCL runtimes).
 //! - [`relu`]: ReLU and its gradient, one kernel each (the CubeCL runtimes).
+//! - [`fan_out`]: a tensor's several uses, whose gradients are summed in one launch (the
+//!   CubeCL runtimes).
 //! - [`split`]: a tensor cut into consecutive parts whose backward is one concatenation,
 //!   where Burn's narrows each fill, write and add a whole-size gradient (flex and the CubeCL
 //!   runtimes).
@@ -53,6 +55,7 @@ pub mod depthwise_conv;
 pub mod devices;
 pub mod direct_conv;
 pub mod fake_quant;
+pub mod fan_out;
 pub mod grad_mask;
 pub mod hold;
 pub mod launches;

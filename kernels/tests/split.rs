@@ -2,13 +2,15 @@
 //! element one part's gradient, or 0 where no gradient reached the part), on every compiled
 //! backend, along every dimension, with parts the loss does not reach, parts used twice and an
 //! input also used whole; on the CubeCL backends the backward in fewer launches than the
-//! narrows' (one concatenation against a zero fill, a write and an add per part).
+//! narrows' (one concatenation against a zero fill, a write and an add per part). The fan-out:
+//! the gradients of a tensor's uses summed, as Burn sums them, in one launch per eight.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
 use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_kernels::devices::compiled as devices;
+use qdarts_kernels::fan_out::{fan_out, fan_out_available};
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::split::split;
 
@@ -167,6 +169,51 @@ fn the_backward_takes_fewer_launches_than_the_narrows_on_the_cubecl_backends() {
             }
             (None, None) => {}
             other => panic!("{backend}: launches counted for one form only: {other:?}"),
+        }
+    }
+}
+
+/// `x`'s gradient (bits) and the backward's launches when `uses` readers each scale their use
+/// of `x` by `k + 1` (reader `skip` not reaching the loss), the uses from [`fan_out`] or the
+/// tensor itself. The upstream values are multiples of 1/64 and the scales small integers:
+/// every sum is exact, in any order.
+fn fanned(d: &Device, uses: usize, skip: usize, fanned: bool) -> (Vec<u32>, Option<u64>) {
+    let d = d.clone().autodiff();
+    let x = tensor(SHAPE, 3, &d).require_grad();
+    let parts = match fanned {
+        true => fan_out(x.clone(), uses),
+        false => vec![x.clone(); uses],
+    };
+    let up: Vec<f32> =
+        values(SHAPE.iter().product(), 9).iter().map(|v| (v * 64.0).round() / 64.0).collect();
+    let up = Tensor::<4>::from_data(TensorData::new(up, SHAPE), &d);
+    let loss = parts
+        .into_iter()
+        .enumerate()
+        .filter(|(k, _)| *k != skip)
+        .map(|(k, p)| p.mul_scalar((k + 1) as f32).mul(up.clone()).sum())
+        .reduce(|a, b| a.add(b))
+        .unwrap();
+    let (grads, launches) = counted(&d, || loss.backward());
+    (bits(x.grad(&grads).unwrap()), launches)
+}
+
+#[test]
+fn a_fan_out_sums_its_uses_gradients_in_one_launch() {
+    let _serial = serial();
+    for (name, d) in devices() {
+        for (uses, skip) in [(4, 9), (4, 1), (11, 3)] {
+            let (ours, l1) = fanned(&d, uses, skip, true);
+            let (want, l0) = fanned(&d, uses, skip, false);
+            assert_eq!(ours, want, "{name}: {uses} uses, use {skip} unread: ∂x");
+            if fan_out_available(&d, burn::tensor::DType::F32) {
+                // Burn adds the reached uses' gradients one at a time; here one launch per
+                // eight of them.
+                let reached = uses - usize::from(skip < uses);
+                let sums = (reached - 1).div_ceil(7) as u64;
+                let (l0, l1) = (l0.unwrap(), l1.unwrap());
+                assert_eq!(l0 - l1, (reached - 1) as u64 - sums, "{name}: {uses} uses: launches");
+            }
         }
     }
 }

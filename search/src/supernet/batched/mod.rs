@@ -29,6 +29,7 @@ use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::direct_available;
+use qdarts_kernels::fan_out::fan_out;
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
@@ -257,14 +258,22 @@ impl WaveOps {
         let held = input.grid.as_ref().is_some_and(|g| g.is_held());
         let on_read = !held && direct_available(&input.value.device(), input.value.dtype());
         let convs = (self.bank.is_some() && !on_read) || self.reduce.is_some();
-        let relu_sources = convs.then(|| relu_held(input.value.clone(), input.grid.as_ref()));
+        // The sources' readers (the ReLU or the bank, the identity, the pools) as uses of one
+        // step, whose gradients are summed in one launch where the kernels run.
+        let readers = |s: &Slot| matches!(s, Slot::Identity | Slot::Pool(_));
+        let read_by = usize::from(convs)
+            + usize::from(self.bank.is_some() && on_read)
+            + self.slots.iter().filter(|s| readers(s)).count();
+        let mut uses = fan_out(input.value.clone(), read_by).into_iter();
+        let mut value = move || uses.next().expect("a use per reader of the sources");
+        let relu_sources = convs.then(|| relu_held(value(), input.grid.as_ref()));
         // Each candidate's outputs and what their columns are: one per edge, or per source.
         let mut columns = Vec::new();
         let mut blocks = Vec::new();
         let mut shape = [0; 4];
         if let Some(bank) = &self.bank {
             let x = match on_read {
-                true => Sources::BeforeRelu(input.value.clone()),
+                true => Sources::BeforeRelu(value()),
                 false => Sources::AfterRelu(relu_sources.clone().expect("built above")),
             };
             let (outs, node) = bank.forward(x, per);
@@ -285,9 +294,10 @@ impl WaveOps {
                     let x = stack_sources(r, sources, per, 1);
                     (reduce.forward(x, grid.as_ref()), Block::Edges)
                 }
-                Slot::Identity => (input.value.clone(), Block::Sources),
+                Slot::Identity => (value(), Block::Sources),
                 Slot::Pool(i) => {
-                    let pooled = self.pools[*i].pool_bn(input.clone());
+                    let x = QTensor { value: value(), grid: input.grid.clone() };
+                    let pooled = self.pools[*i].pool_bn(x);
                     (bank::quantize_rows(&self.pool_acts[*i], pooled).0, Block::Sources)
                 }
             };

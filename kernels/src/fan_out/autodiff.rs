@@ -1,0 +1,128 @@
+//! The fan-out under autodiff: a gathering step over the tensor, whose output (the tensor
+//! itself) each use reads through a step of its own. The uses' steps run first (each is one
+//! deeper in the graph) and keep their gradients; the gathering step sums them into the
+//! tensor's (as the split's, `crate::split`).
+
+use core::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{AutodiffBackend, Backend, tensor::FloatTensor};
+
+use super::FanOutBackend;
+use crate::cat::{ARITY, slots};
+
+/// The uses' gradients, kept by their steps for the gathering step (`None`: not reached).
+struct Kept<B: Backend>(Arc<Mutex<Vec<Option<FloatTensor<B>>>>>);
+
+impl<B: Backend> Kept<B> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Option<FloatTensor<B>>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<B: Backend> Clone for Kept<B> {
+    fn clone(&self) -> Self {
+        Kept(self.0.clone())
+    }
+}
+
+impl<B: Backend> fmt::Debug for Kept<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Kept")
+    }
+}
+
+/// `((g₀ + g₁) + …)` over `grads`, [`ARITY`] a launch.
+fn sum<B: FanOutBackend>(grads: Vec<FloatTensor<B>>) -> Option<FloatTensor<B>> {
+    let mut grads = grads.into_iter();
+    let mut total = grads.next()?;
+    loop {
+        let more: Vec<FloatTensor<B>> = grads.by_ref().take(ARITY - 1).collect();
+        if more.is_empty() {
+            return Some(total);
+        }
+        let count = more.len() + 1;
+        let [g0, g1, g2, g3, g4, g5, g6, g7] = slots(std::iter::once(total).chain(more).collect());
+        total = B::sum_parts(g0, g1, g2, g3, g4, g5, g6, g7, count);
+    }
+}
+
+/// The gathering step: the tensor's gradient is the uses' sum.
+#[derive(Debug)]
+struct Gather;
+
+impl<B: Backend + FanOutBackend> Backward<B, 1> for Gather {
+    type State = Kept<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        // One use's gradient stands registered here for all of them (see `Use`).
+        let _ = grads.consume::<B>(&ops.node);
+        let [Some(parent)] = ops.parents else { return };
+        let reached: Vec<FloatTensor<B>> =
+            std::mem::take(&mut *ops.state.lock()).into_iter().flatten().collect();
+        if let Some(total) = sum::<B>(reached) {
+            grads.register::<B>(parent.id, total);
+        }
+    }
+}
+
+/// A use's step: it keeps its gradient for [`Gather`], and the first use to run registers its
+/// gradient on the gathering step's node too, so that the graph runs that step (its value is
+/// not read).
+#[derive(Debug)]
+struct Use;
+
+impl<B: Backend> Backward<B, 1> for Use {
+    type State = (Kept<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (kept, i) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let [Some(parent)] = ops.parents else { return };
+        let mut kept = kept.lock();
+        if kept.iter().all(Option::is_none) {
+            grads.register::<B>(parent.id, grad.clone());
+        }
+        kept[i] = Some(grad);
+    }
+}
+
+impl<B: Backend + FanOutBackend, C: CheckpointStrategy> FanOutBackend for Autodiff<B, C> {
+    fn fan_out(x: FloatTensor<Self>, uses: usize) -> Vec<FloatTensor<Self>> {
+        let kept = Kept::<B>(Arc::new(Mutex::new(vec![None; uses])));
+        let gathered = match Gather.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(kept.clone(), x.into_primitive()),
+            OpsKind::UnTracked(prep) => prep.finish(x.into_primitive()),
+        };
+        (0..uses)
+            .map(|i| {
+                let value = gathered.primitive().clone();
+                match Use.prepare::<C>([gathered.node()]).compute_bound().stateful() {
+                    OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), value),
+                    OpsKind::UnTracked(prep) => prep.finish(value),
+                }
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn sum_parts(
+        g0: FloatTensor<Self>,
+        g1: FloatTensor<Self>,
+        g2: FloatTensor<Self>,
+        g3: FloatTensor<Self>,
+        g4: FloatTensor<Self>,
+        g5: FloatTensor<Self>,
+        g6: FloatTensor<Self>,
+        g7: FloatTensor<Self>,
+        count: usize,
+    ) -> FloatTensor<Self> {
+        let [g0, g1, g2, g3, g4, g5, g6, g7] =
+            [g0, g1, g2, g3, g4, g5, g6, g7].map(|g| g.into_primitive());
+        Self::from_inner(B::sum_parts(g0, g1, g2, g3, g4, g5, g6, g7, count))
+    }
+}
