@@ -3,9 +3,6 @@
 //! deeper in the graph) and keep their gradients; the gathering step sums them into the
 //! tensor's (as the split's, `crate::split`).
 
-use core::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
-
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -14,27 +11,7 @@ use burn::backend::{AutodiffBackend, Backend, tensor::FloatTensor};
 
 use super::FanOutBackend;
 use crate::cat::{ARITY, slots};
-
-/// The uses' gradients, kept by their steps for the gathering step (`None`: not reached).
-struct Kept<B: Backend>(Arc<Mutex<Vec<Option<FloatTensor<B>>>>>);
-
-impl<B: Backend> Kept<B> {
-    fn lock(&self) -> MutexGuard<'_, Vec<Option<FloatTensor<B>>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl<B: Backend> Clone for Kept<B> {
-    fn clone(&self) -> Self {
-        Kept(self.0.clone())
-    }
-}
-
-impl<B: Backend> fmt::Debug for Kept<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Kept")
-    }
-}
+use crate::support::autodiff::{KeepOutput, Kept};
 
 /// `((g₀ + g₁) + …)` over `grads`, [`ARITY`] a launch.
 fn sum<B: FanOutBackend>(grads: Vec<FloatTensor<B>>) -> Option<FloatTensor<B>> {
@@ -59,7 +36,7 @@ impl<B: Backend + FanOutBackend> Backward<B, 1> for Gather {
     type State = Kept<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        // One use's gradient stands registered here for all of them (see `Use`).
+        // One use's gradient stands registered here for all of them (see `KeepOutput`).
         let _ = grads.consume::<B>(&ops.node);
         let [Some(parent)] = ops.parents else { return };
         let reached: Vec<FloatTensor<B>> =
@@ -70,30 +47,9 @@ impl<B: Backend + FanOutBackend> Backward<B, 1> for Gather {
     }
 }
 
-/// A use's step: it keeps its gradient for [`Gather`], and the first use to run registers its
-/// gradient on the gathering step's node too, so that the graph runs that step (its value is
-/// not read).
-#[derive(Debug)]
-struct Use;
-
-impl<B: Backend> Backward<B, 1> for Use {
-    type State = (Kept<B>, usize);
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (kept, i) = ops.state;
-        let grad = grads.consume::<B>(&ops.node);
-        let [Some(parent)] = ops.parents else { return };
-        let mut kept = kept.lock();
-        if kept.iter().all(Option::is_none) {
-            grads.register::<B>(parent.id, grad.clone());
-        }
-        kept[i] = Some(grad);
-    }
-}
-
 impl<B: Backend + FanOutBackend, C: CheckpointStrategy> FanOutBackend for Autodiff<B, C> {
     fn fan_out(x: FloatTensor<Self>, uses: usize) -> Vec<FloatTensor<Self>> {
-        let kept = Kept::<B>(Arc::new(Mutex::new(vec![None; uses])));
+        let kept = Kept::<B>::new(uses);
         let gathered = match Gather.prepare::<C>([x.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(kept.clone(), x.into_primitive()),
             OpsKind::UnTracked(prep) => prep.finish(x.into_primitive()),
@@ -101,7 +57,7 @@ impl<B: Backend + FanOutBackend, C: CheckpointStrategy> FanOutBackend for Autodi
         (0..uses)
             .map(|i| {
                 let value = gathered.primitive().clone();
-                match Use.prepare::<C>([gathered.node()]).compute_bound().stateful() {
+                match KeepOutput.prepare::<C>([gathered.node()]).compute_bound().stateful() {
                     OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), value),
                     OpsKind::UnTracked(prep) => prep.finish(value),
                 }

@@ -14,44 +14,11 @@ use crate::support::cube::{
 /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
 const UNITS: u32 = 256;
 
-/// `v = d` or `d·1 + velocity·μ` with `d = w·λ + g·s` (`g` without `has_scale`);
-/// `out = w − v·lr`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn sgd_kernel(
-    w: &Tensor<f32>,
-    g: &Tensor<f32>,
-    velocity: &[f32],
-    out: &mut [f32],
-    v: &mut [f32],
-    decay: f32,
-    momentum: f32,
-    lr: f32,
-    scale: f32,
-    #[comptime] has_velocity: bool,
-    #[comptime] has_scale: bool,
-) {
-    let i = ABSOLUTE_POS;
-    if i < out.len() {
-        let wi = w[strided_at(w, i)];
-        let mut gi = g[strided_at(g, i)];
-        if has_scale {
-            gi *= scale;
-        }
-        let d = wi * decay + gi;
-        let mut vi = d;
-        if has_velocity {
-            vi = d + velocity[i] * momentum;
-        }
-        v[i] = vi;
-        out[i] = wi - vi * lr;
-    }
-}
-
-/// [`sgd_kernel`] over the parameters `ws` at once: element `i` of the flat `out` and `v` is
-/// element `i − starts[t]` of parameter `t` for `starts[t] ≤ i < ends[t]` (the gaps between
-/// parts are not written); parameter `t` reads its momentum buffer `vs[t]` where bit `t` of
-/// `with_velocity` is set.
+/// One SGD step of each parameter `ws[t]`: `v = d` or `d·1 + velocity·μ` with
+/// `d = w·λ + g·s` (`g` without `has_scale`), `out = w − v·lr`. Element `i` of the flat `out`
+/// and `v` is element `i − starts[t]` of parameter `t` for `starts[t] ≤ i < ends[t]` (the gaps
+/// between parts are not written); parameter `t` reads its momentum buffer `vs[t]` where bit
+/// `t` of `with_velocity` is set.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn sgd_many_kernel(
@@ -181,34 +148,46 @@ impl StepBackend for CubeBackend {
         g: CubeTensor,
         velocity: CubeTensor,
         has_velocity: bool,
-        [decay, momentum, lr, scale]: [f32; 4],
+        constants: [f32; 4],
         has_scale: bool,
     ) -> (CubeTensor, CubeTensor) {
-        let (w, g) = (f32_strided(w, OP), f32_strided(g, OP));
-        let n = w.meta.num_elements();
-        assert_eq!(g.meta.shape(), w.meta.shape(), "optimizer step: gradient and weight differ");
-        // Not read without `has_velocity`: laid out as it is.
-        let velocity = if has_velocity { f32_contiguous(velocity, OP) } else { velocity };
-        assert_eq!(velocity.meta.num_elements(), n, "optimizer step: momentum buffer size");
-        let (out, v) = (empty_like(&w), empty_shaped(&w, vec![n]));
-        let (cubes, dim) = elementwise(&w.client, n);
-        sgd_kernel::launch(
-            &w.client,
-            cubes,
-            dim,
-            w.clone().into_tensor_arg(),
-            g.into_tensor_arg(),
-            velocity.into_buffer_arg(),
-            out.clone().into_buffer_arg(),
-            v.clone().into_buffer_arg(),
-            decay,
-            momentum,
-            lr,
-            scale,
-            has_velocity,
+        // The many-parameter kernel with one parameter (its other slots are not read).
+        let [w1, w2, w3, w4, w5, w6, w7] = [(); 7].map(|()| w.clone());
+        let [g1, g2, g3, g4, g5, g6, g7] = [(); 7].map(|()| g.clone());
+        let [v1, v2, v3, v4, v5, v6, v7] = [(); 7].map(|()| velocity.clone());
+        let with_velocity = u32::from(has_velocity);
+        let mut outs = Self::sgd_updates(
+            w,
+            w1,
+            w2,
+            w3,
+            w4,
+            w5,
+            w6,
+            w7,
+            g,
+            g1,
+            g2,
+            g3,
+            g4,
+            g5,
+            g6,
+            g7,
+            velocity,
+            v1,
+            v2,
+            v3,
+            v4,
+            v5,
+            v6,
+            v7,
+            1,
+            with_velocity,
+            constants,
             has_scale,
         );
-        (out, v)
+        let v = outs.pop().expect("the momentum buffer");
+        (outs.pop().expect("the weight"), v)
     }
 
     fn sgd_updates(

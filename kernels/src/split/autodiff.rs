@@ -2,9 +2,6 @@
 //! the parts are cut from, one step each. The parts' steps run first (each is one deeper in the
 //! graph) and keep their gradients; the gathering step concatenates them into the input's.
 
-use core::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
-
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
@@ -14,27 +11,7 @@ use burn::tensor::Shape;
 
 use super::{SplitBackend, slices};
 use crate::cat::{CatBackend, cat_primitives};
-
-/// The parts' gradients, kept by their steps for the gathering step (`None`: not reached).
-struct Kept<B: Backend>(Arc<Mutex<Vec<Option<FloatTensor<B>>>>>);
-
-impl<B: Backend> Kept<B> {
-    fn lock(&self) -> MutexGuard<'_, Vec<Option<FloatTensor<B>>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl<B: Backend> Clone for Kept<B> {
-    fn clone(&self) -> Self {
-        Kept(self.0.clone())
-    }
-}
-
-impl<B: Backend> fmt::Debug for Kept<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Kept")
-    }
-}
+use crate::support::autodiff::{KeepOutput, Kept};
 
 /// The gathering step: the input's gradient is the parts' side by side.
 #[derive(Debug)]
@@ -49,7 +26,7 @@ impl<B: Backend + CatBackend> Backward<B, 1> for Gather {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (kept, dim, sizes, shape, device) = ops.state;
-        // One part's gradient stands registered here for all of them (see `Part`).
+        // One part's gradient stands registered here for all of them (see `KeepOutput`).
         let _ = grads.consume::<B>(&ops.node);
         let [Some(parent)] = ops.parents else { return };
         let reached = std::mem::take(&mut *kept.lock());
@@ -70,32 +47,11 @@ impl<B: Backend + CatBackend> Backward<B, 1> for Gather {
     }
 }
 
-/// A part's step: it keeps its gradient for [`Gather`], and the first part to run registers
-/// its gradient on the gathering step's node too, so that the graph runs that step (its value
-/// is not read).
-#[derive(Debug)]
-struct Part;
-
-impl<B: Backend> Backward<B, 1> for Part {
-    type State = (Kept<B>, usize);
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (kept, i) = ops.state;
-        let grad = grads.consume::<B>(&ops.node);
-        let [Some(parent)] = ops.parents else { return };
-        let mut kept = kept.lock();
-        if kept.iter().all(Option::is_none) {
-            grads.register::<B>(parent.id, grad.clone());
-        }
-        kept[i] = Some(grad);
-    }
-}
-
 impl<B: Backend + SplitBackend + CatBackend, C: CheckpointStrategy> SplitBackend
     for Autodiff<B, C>
 {
     fn split_parts(x: FloatTensor<Self>, dim: usize, sizes: Vec<usize>) -> Vec<FloatTensor<Self>> {
-        let kept = Kept::<B>(Arc::new(Mutex::new(vec![None; sizes.len()])));
+        let kept = Kept::<B>::new(sizes.len());
         let gathered = match Gather.prepare::<C>([x.node()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let (shape, device) = (x.primitive().shape(), x.primitive().device());
@@ -109,7 +65,7 @@ impl<B: Backend + SplitBackend + CatBackend, C: CheckpointStrategy> SplitBackend
             .into_iter()
             .enumerate()
             .map(|(i, part)| {
-                match Part.prepare::<C>([gathered.node()]).compute_bound().stateful() {
+                match KeepOutput.prepare::<C>([gathered.node()]).compute_bound().stateful() {
                     OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), part),
                     OpsKind::UnTracked(prep) => prep.finish(part),
                 }

@@ -5,12 +5,63 @@
 
 use core::fmt;
 use core::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::{Backend, tensor::FloatTensor};
+
+/// The gradients of a step's several outputs, kept by each output's step for the step that
+/// gathers them into the input's (`None`: an output the loss does not reach): the split's
+/// parts, the fan-out's uses.
+pub(crate) struct Kept<B: Backend>(Arc<Mutex<Vec<Option<FloatTensor<B>>>>>);
+
+impl<B: Backend> Kept<B> {
+    /// Room for `outputs` gradients.
+    pub(crate) fn new(outputs: usize) -> Self {
+        Kept(Arc::new(Mutex::new(vec![None; outputs])))
+    }
+
+    /// The gradients kept so far.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<Option<FloatTensor<B>>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<B: Backend> Clone for Kept<B> {
+    fn clone(&self) -> Self {
+        Kept(self.0.clone())
+    }
+}
+
+impl<B: Backend> fmt::Debug for Kept<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Kept")
+    }
+}
+
+/// One output's step of a step with several outputs: it keeps its gradient at its index of
+/// [`Kept`] for the gathering step, and the first output to run registers its gradient on the
+/// gathering step's node too, so that the graph runs that step (its value is not read).
+#[derive(Debug)]
+pub(crate) struct KeepOutput;
+
+impl<B: Backend> Backward<B, 1> for KeepOutput {
+    type State = (Kept<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (kept, i) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let [Some(parent)] = ops.parents else { return };
+        let mut kept = kept.lock();
+        if kept.iter().all(Option::is_none) {
+            grads.register::<B>(parent.id, grad.clone());
+        }
+        kept[i] = Some(grad);
+    }
+}
 
 /// The backward of a [`unary_step`]: the input's gradient from the kept state and the output's
 /// gradient.
