@@ -27,7 +27,7 @@ impl DirectConvBackend for CubeBackend {
         let strided = !x.is_contiguous();
         let [n, ci, _, _] = dims4(&x, "x");
         let co = dims4(&wt, "the weight")[0];
-        let s = Sizes::new(n, ci, co, &geom);
+        let s = Sizes::launch(n, ci, co, &geom);
         let out = empty_shaped(&x, vec![n, co, geom.output[0], geom.output[1]]);
         let total = out.meta.num_elements();
         let (cubes, dim) = elementwise(&x.client, total);
@@ -40,23 +40,7 @@ impl DirectConvBackend for CubeBackend {
             wt.into_tensor_arg(),
             out.clone().into_buffer_arg(),
             total as u32,
-            s.ci,
-            s.h,
-            s.w,
-            s.co,
-            s.oh,
-            s.ow,
-            s.cig,
-            s.cog,
-            s.sh,
-            s.sw,
-            s.ph,
-            s.pw,
-            s.dh,
-            s.dw,
-            s.sources,
-            s.per,
-            s.inner,
+            s,
             kh,
             kw,
             geom.relu,
@@ -89,7 +73,7 @@ impl DirectConvBackend for CubeBackend {
         let [n, co, _, _] = dims4(&grad, "∂y");
         let [_, cig, _, _] = dims4(&wt, "the weight");
         let ci = cig * geom.inputs.count();
-        let s = Sizes::new(n, ci, co, &geom);
+        let s = Sizes::launch(n, ci, co, &geom);
         let [h, w] = geom.plane.input;
         let out = empty_shaped(&grad, vec![n, ci, h, w]);
         let total = out.meta.num_elements();
@@ -104,23 +88,7 @@ impl DirectConvBackend for CubeBackend {
             wt.into_tensor_arg(),
             out.clone().into_buffer_arg(),
             total as u32,
-            s.ci,
-            s.h,
-            s.w,
-            s.co,
-            s.oh,
-            s.ow,
-            s.cig,
-            s.cog,
-            s.sh,
-            s.sw,
-            s.ph,
-            s.pw,
-            s.dh,
-            s.dw,
-            s.sources,
-            s.per,
-            s.inner,
+            s,
             kh,
             kw,
             geom.relu,
@@ -138,7 +106,7 @@ impl DirectConvBackend for CubeBackend {
         let strided = !x.is_contiguous();
         let [n, ci, _, _] = dims4(&x, "x");
         let [_, co, _, _] = dims4(&grad, "∂y");
-        let s = Sizes::new(n, ci, co, &geom);
+        let s = Sizes::launch(n, ci, co, &geom);
         let [kh, kw] = geom.plane.kernel;
         let shape = vec![co, ci / geom.inputs.count(), kh, kw];
         let weights: usize = shape.iter().product();
@@ -154,24 +122,7 @@ impl DirectConvBackend for CubeBackend {
             grad.into_buffer_arg(),
             out.clone().into_buffer_arg(),
             weights as u32,
-            s.n,
-            s.ci,
-            s.h,
-            s.w,
-            s.co,
-            s.oh,
-            s.ow,
-            s.cig,
-            s.cog,
-            s.sh,
-            s.sw,
-            s.ph,
-            s.pw,
-            s.dh,
-            s.dw,
-            s.sources,
-            s.per,
-            s.inner,
+            s,
             kh as u32,
             kw as u32,
             UNITS as usize,

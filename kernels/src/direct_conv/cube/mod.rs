@@ -9,8 +9,8 @@ use crate::support::cube::{at_most_zero, cube_sum};
 const OP: &str = "conv";
 
 /// The sizes and steps the kernels index with, as u32 (every index of the kernels is 32-bit:
-/// `f32_contiguous` checks the operands, [`Sizes::new`] the output).
-#[derive(Debug, Clone, Copy)]
+/// `f32_strided` checks the operands, [`Sizes::launch`] the output); one launch argument.
+#[derive(CubeLaunch, CubeType)]
 struct Sizes {
     n: u32,
     ci: u32,
@@ -35,7 +35,9 @@ struct Sizes {
 }
 
 impl Sizes {
-    fn new(n: usize, ci: usize, co: usize, g: &ConvGeom) -> Self {
+    /// The launch argument of a convolution of `n` images, `ci` input and `co` output
+    /// channels with geometry `g`.
+    fn launch(n: usize, ci: usize, co: usize, g: &ConvGeom) -> SizesLaunch {
         let p = &g.plane;
         let u = |v: usize| u32::try_from(v).expect("conv: a size exceeds the kernels' u32");
         let outputs = n * co * g.output[0] * g.output[1];
@@ -48,26 +50,26 @@ impl Sizes {
         );
         let divides = g.groups > 0 && co.is_multiple_of(g.groups);
         assert!(divides && g.inputs.fits(g.groups, ci), "{OP}: groups {:?}", g.inputs);
-        Sizes {
-            n: u(n),
-            ci: u(ci),
-            h: u(p.input[0]),
-            w: u(p.input[1]),
-            co: u(co),
-            oh: u(g.output[0]),
-            ow: u(g.output[1]),
-            cig: u(ci / g.inputs.count()),
-            cog: u(co / g.groups),
-            sh: u(p.stride[0]),
-            sw: u(p.stride[1]),
-            ph: u(p.padding[0]),
-            pw: u(p.padding[1]),
-            dh: u(p.dilation[0]),
-            dw: u(p.dilation[1]),
-            sources: u(g.inputs.sources),
-            per: u(g.inputs.per),
-            inner: u(g.inputs.inner),
-        }
+        SizesLaunch::new(
+            u(n),
+            u(ci),
+            u(p.input[0]),
+            u(p.input[1]),
+            u(co),
+            u(g.output[0]),
+            u(g.output[1]),
+            u(ci / g.inputs.count()),
+            u(co / g.groups),
+            u(p.stride[0]),
+            u(p.stride[1]),
+            u(p.padding[0]),
+            u(p.padding[1]),
+            u(p.dilation[0]),
+            u(p.dilation[1]),
+            u(g.inputs.sources),
+            u(g.inputs.per),
+            u(g.inputs.inner),
+        )
     }
 }
 
@@ -128,28 +130,15 @@ fn forward_kernel(
     wt: &Tensor<f32>,
     out: &mut [f32],
     total: u32,
-    ci: u32,
-    h: u32,
-    w: u32,
-    co: u32,
-    oh: u32,
-    ow: u32,
-    cig: u32,
-    cog: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
-    sources: u32,
-    per: u32,
-    inner: u32,
+    s: Sizes,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
     #[comptime] relu: bool,
     #[comptime] strided: bool,
 ) {
+    let (ci, h, w, co, oh, ow) = (s.ci, s.h, s.w, s.co, s.oh, s.ow);
+    let (cig, cog, sh, sw, ph, pw, dh, dw) = (s.cig, s.cog, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw);
+    let (sources, per, inner) = (s.sources, s.per, s.inner);
     let i = ABSOLUTE_POS as u32;
     if i < total {
         let ox = i % ow;
@@ -197,28 +186,15 @@ fn x_backward_kernel(
     wt: &Tensor<f32>,
     out: &mut [f32],
     total: u32,
-    ci: u32,
-    h: u32,
-    w: u32,
-    co: u32,
-    oh: u32,
-    ow: u32,
-    cig: u32,
-    cog: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
-    sources: u32,
-    per: u32,
-    inner: u32,
+    s: Sizes,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
     #[comptime] relu: bool,
     #[comptime] strided: bool,
 ) {
+    let (ci, h, w, co, oh, ow) = (s.ci, s.h, s.w, s.co, s.oh, s.ow);
+    let (cig, cog, sh, sw, ph, pw, dh, dw) = (s.cig, s.cog, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw);
+    let (sources, per, inner) = (s.sources, s.per, s.inner);
     let i = ABSOLUTE_POS as u32;
     if i < total {
         let x = i % w;
@@ -288,30 +264,17 @@ fn weight_kernel(
     grad: &[f32],
     out: &mut [f32],
     weights: u32,
-    n: u32,
-    ci: u32,
-    h: u32,
-    w: u32,
-    co: u32,
-    oh: u32,
-    ow: u32,
-    cig: u32,
-    cog: u32,
-    sh: u32,
-    sw: u32,
-    ph: u32,
-    pw: u32,
-    dh: u32,
-    dw: u32,
-    sources: u32,
-    per: u32,
-    inner: u32,
+    s: Sizes,
     kh: u32,
     kw: u32,
     #[comptime] units: usize,
     #[comptime] relu: bool,
     #[comptime] strided: bool,
 ) {
+    let n = s.n;
+    let (ci, h, w, co, oh, ow) = (s.ci, s.h, s.w, s.co, s.oh, s.ow);
+    let (cig, cog, sh, sw, ph, pw, dh, dw) = (s.cig, s.cog, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw);
+    let (sources, per, inner) = (s.sources, s.per, s.inner);
     let mut shared = Shared::<[f32]>::new_slice(units);
     let at = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
     // Uniform over the cube: a cube past the last weight leaves before any sync.
