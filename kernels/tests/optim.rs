@@ -11,7 +11,7 @@ use qdarts_kernels::cat::ARITY;
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::launches::counted;
 use qdarts_kernels::optim::{
-    SgdStep, SgdUpdates, SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto,
+    Move, Moves, SgdStep, SgdUpdates, SquaredSum, axpy, sgd_update, squared_sum, squared_sum_onto,
     step_available, virtual_step,
 };
 
@@ -322,6 +322,49 @@ fn several_parameters_updated_at_once_are_each_ones_update_bit_for_bit_in_one_la
             if step_available(&d, burn::tensor::DType::F32) {
                 let want = 12u64.div_ceil(ARITY as u64);
                 assert_eq!(launches, Some(want), "{name}: launches of twelve parameters");
+            }
+        }
+    }
+}
+
+#[test]
+fn many_second_order_weights_at_once_are_each_ones_bit_for_bit_in_one_launch_per_eight() {
+    let _serial = serial();
+    for (name, d) in devices() {
+        // Eleven parameters of varied shapes, every third without a momentum buffer.
+        let params: Vec<(Tensor<4>, Tensor<4>, Option<Tensor<1>>)> = (0..11u64)
+            .map(|k| {
+                let dims = [1 + (k as usize % 4), 2, 1 + 2 * (k as usize % 2), 3];
+                let (w, g, v) = draw(&d, dims, 140 + k);
+                (w, g, (k % 3 != 0).then_some(v))
+            })
+            .collect();
+        let rules = [
+            Move::Axpy { keep: 1.0, step: -2.3e-3 },
+            Move::Virtual { momentum: 0.9, decay: 3e-4, xi: 0.025 },
+        ];
+        for rule in rules {
+            let (outs, launches) = counted(&d, || {
+                let mut moves = Moves::new(rule);
+                let at: Vec<usize> = params
+                    .iter()
+                    .map(|(w, g, v)| moves.add(w.clone(), g.clone(), v.clone()))
+                    .collect();
+                moves.finish();
+                at.into_iter().map(|i| vals(moves.take::<4>(i))).collect::<Vec<_>>()
+            });
+            for (k, ((w, g, v), out)) in params.iter().zip(outs).enumerate() {
+                let want = match rule {
+                    Move::Axpy { keep, step } => axpy(w.clone(), g.clone(), keep, step),
+                    Move::Virtual { momentum, decay, xi } => {
+                        let v = v.clone().map(|v| v.reshape(w.dims()));
+                        virtual_step(w.clone(), g.clone(), v, momentum, decay, xi)
+                    }
+                };
+                assert_eq!(out, vals(want), "{name} {rule:?}: parameter {k}");
+            }
+            if step_available(&d, burn::tensor::DType::F32) {
+                assert_eq!(launches, Some(2), "{name} {rule:?}: launches of eleven parameters");
             }
         }
     }

@@ -30,33 +30,60 @@
 //! Nothing is mutated: `w'` and `w±` are new modules; the real network's weights, BatchNorm
 //! statistics and observers are untouched.
 
-use burn::module::{Module, ModuleMapper, Param};
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
 use qdarts_engine::Sgd;
 use qdarts_engine::grads::{cross_entropy, grad_norm};
-use qdarts_kernels::optim::{self, virtual_step};
+use qdarts_kernels::optim::{Move, Moves};
 use qdarts_ops::candidates::QuantSites;
 use qdarts_ops::quant::{HoldMode, freeze_observers};
 
 use crate::supernet::{Alphas, SearchNetwork};
 
-struct Axpy<'a> {
+/// Every parameter of a module with a direction in `grads`, added to `moves` (with its
+/// momentum buffer from `optim` where there is one): each one's index there.
+struct Collect<'a> {
     grads: &'a GradientsParams,
-    keep: f32,
-    step: f32,
+    optim: Option<&'a Sgd>,
+    moves: Moves,
+    index: HashMap<ParamId, usize>,
 }
 
-impl ModuleMapper for Axpy<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(g) = self.grads.get::<D>(param.id) else { return param };
-        let (keep, step) = (self.keep, self.step);
-        param.map(|w| {
-            let tracked = w.is_require_grad();
-            let out = Tensor::from_inner(optim::axpy(w, g, keep, step));
-            if tracked { out.require_grad() } else { out }
-        })
+impl ModuleVisitor for Collect<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let Some(g) = self.grads.get::<D>(param.id) else { return };
+        let w = param.val();
+        let v = self.optim.and_then(|o| o.velocity::<D>(param.id, w.dims()));
+        let i = self.moves.add(w, g, v.map(|v| v.reshape([-1])));
+        self.index.insert(param.id, i);
     }
+}
+
+/// Each moved parameter's result in its place (tracked where the parameter was).
+struct Apply {
+    moves: Moves,
+    index: HashMap<ParamId, usize>,
+}
+
+impl ModuleMapper for Apply {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(&i) = self.index.get(&param.id) else { return param };
+        let out = Tensor::from_inner(self.moves.take::<D>(i));
+        param.map(|w| if w.is_require_grad() { out.require_grad() } else { out })
+    }
+}
+
+/// `rule` on every parameter of `module` with a direction in `grads`, as a new module (on the
+/// CubeCL backends eight parameters a launch: [`Moves`]).
+fn moved<M: Module>(module: &M, grads: &GradientsParams, rule: Move, optim: Option<&Sgd>) -> M {
+    let mut collect = Collect { grads, optim, moves: Moves::new(rule), index: HashMap::new() };
+    module.visit(&mut collect);
+    let Collect { mut moves, index, .. } = collect;
+    moves.finish();
+    module.clone().map(&mut Apply { moves, index })
 }
 
 /// A copy of `module` with fresh BatchNorm statistics and observer state (same values), so that
@@ -68,29 +95,7 @@ pub fn isolated<M: Module>(module: &M) -> M {
 /// `keep·w + step·g` for every parameter that has a gradient, as a new module (sharing
 /// `module`'s running states: pass a copy made with [`isolated`] to keep them apart).
 pub fn axpy<M: Module>(module: &M, grads: &GradientsParams, keep: f32, step: f32) -> M {
-    module.clone().map(&mut Axpy { grads, keep, step })
-}
-
-/// DARTS' virtual step `w' = w − ξ(μ·v + g + λw)` for every parameter with a gradient `g`,
-/// with the momentum buffer `v` (0 before the first step), μ and λ of the weight optimizer,
-/// in pt.darts' order of operations.
-struct VirtualStep<'a> {
-    grads: &'a GradientsParams,
-    optim: &'a Sgd,
-    xi: f64,
-}
-
-impl ModuleMapper for VirtualStep<'_> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let Some(g) = self.grads.get::<D>(param.id) else { return param };
-        let v = self.optim.velocity::<D>(param.id, param.val().dims());
-        let (mu, decay, xi) = (self.optim.momentum(), self.optim.weight_decay(), self.xi);
-        param.map(|w| {
-            let tracked = w.is_require_grad();
-            let out = Tensor::from_inner(virtual_step(w, g, v, mu, decay, xi));
-            if tracked { out.require_grad() } else { out }
-        })
-    }
+    moved(module, grads, Move::Axpy { keep, step }, None)
 }
 
 /// Sets every quantizer's held rounding for a scope, and turns it off on the way out (the
@@ -279,7 +284,8 @@ pub fn second_order_parts_at(
     let frozen = freeze_observers(copy);
     // w' = w − ξ(μ·v + ∇w L_trn + λw); ∇α and ∇w' of L_val(w', α), quantized as usual.
     frozen.set_hold(HoldMode::Kept);
-    let virtual_net = frozen.clone().map(&mut VirtualStep { grads: &gw, optim: w_optim, xi });
+    let (momentum, decay) = (w_optim.momentum(), w_optim.weight_decay());
+    let virtual_net = moved(&frozen, &gw, Move::Virtual { momentum, decay, xi }, Some(w_optim));
     let mut g = loss_of(&virtual_net, alphas, val).backward();
     let dw = GradientsParams::from_module(&mut g, &virtual_net);
     let dalpha = AlphaGrads::take(&mut g, alphas);

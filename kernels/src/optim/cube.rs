@@ -7,8 +7,7 @@ use cubecl::prelude::*;
 use super::StepBackend;
 use crate::cat::taken;
 use crate::support::cube::{
-    cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
-    f32_strided_alike, packed, strided_at,
+    Packing, cube_sum, elementwise, empty_shaped, f32_contiguous, f32_strided, packed, strided_at,
 };
 
 /// Threads of the cube that sums a gradient (a power of two: the tree halves it).
@@ -106,37 +105,83 @@ fn squared_sum_kernel(
     }
 }
 
-/// `out = w·keep + g·step`.
-#[cube(launch)]
-fn axpy_kernel(w: &Tensor<f32>, g: &Tensor<f32>, out: &mut [f32], keep: f32, step: f32) {
-    let i = ABSOLUTE_POS;
-    if i < out.len() {
-        out[i] = w[strided_at(w, i)] * keep + g[strided_at(g, i)] * step;
-    }
-}
-
-/// `out = w − ((velocity·μ + g) + w·λ)·ξ`, or `w − (g + w·λ)·ξ`.
+/// One second-order weight of each parameter `ws[t]` (written as `sgd_many_kernel` writes
+/// `out`): `w·a + g·b` (the finite difference's `w ± ε·v`: `a` = keep, `b` = step), or with
+/// `virtual_step` DARTS' `w − ((velocity·a + g) + w·b)·c` (μ, λ, ξ; `w − (g + w·b)·c` where
+/// bit `t` of `with_velocity` is clear).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn virtual_step_kernel(
-    w: &Tensor<f32>,
-    g: &Tensor<f32>,
-    velocity: &Tensor<f32>,
+fn moves_kernel(
+    ws: &Sequence<OwnedTensor<f32>>,
+    gs: &Sequence<OwnedTensor<f32>>,
+    vs: &Sequence<OwnedTensor<f32>>,
+    starts: Sequence<usize>,
+    ends: Sequence<usize>,
     out: &mut [f32],
-    momentum: f32,
-    decay: f32,
-    xi: f32,
-    #[comptime] has_velocity: bool,
+    a: f32,
+    b: f32,
+    c: f32,
+    #[comptime] with_velocity: u32,
+    #[comptime] virtual_step: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
-        let wi = w[strided_at(w, i)];
-        let mut m = g[strided_at(g, i)];
-        if has_velocity {
-            m += velocity[strided_at(velocity, i)] * momentum;
+        let count = comptime!(ws.len());
+        #[unroll]
+        for t in 0..count {
+            if i >= starts[t] && i < ends[t] {
+                let j = i - starts[t];
+                let (w, g) = (&ws[t], &gs[t]);
+                let wi = w[strided_at(w, j)];
+                let gi = g[strided_at(g, j)];
+                if virtual_step {
+                    let mut m = gi;
+                    if comptime!((with_velocity >> t) & 1 == 1) {
+                        let velocity = &vs[t];
+                        m += velocity[strided_at(velocity, j)] * a;
+                    }
+                    out[i] = wi - (m + wi * b) * c;
+                } else {
+                    out[i] = wi * a + gi * b;
+                }
+            }
         }
-        out[i] = wi - (m + wi * decay) * xi;
     }
+}
+
+/// The per-parameter tensor arguments of the many-parameter kernels, checked: each weight,
+/// its gradient of the same shape, and its momentum buffer (passed unchecked where bit `t` of
+/// `with_velocity` is clear: not read).
+fn parameter_args(
+    ws: &[CubeTensor],
+    gs: Vec<CubeTensor>,
+    vs: Vec<CubeTensor>,
+    with_velocity: u32,
+) -> [SequenceArg<OwnedTensor<f32>>; 3] {
+    let (mut w_args, mut g_args, mut v_args) =
+        (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+    let read = |t: usize| with_velocity >> t & 1 == 1;
+    for (t, ((w, g), v)) in ws.iter().zip(gs).zip(vs).enumerate() {
+        let (w, g) = (f32_strided(w.clone(), OP), f32_strided(g, OP));
+        assert_eq!(g.meta.shape(), w.meta.shape(), "{OP}: gradient and weight {t} differ");
+        let v = if read(t) { f32_strided(v, OP) } else { v };
+        let n = w.meta.num_elements();
+        assert!(!read(t) || v.meta.num_elements() == n, "{OP}: momentum buffer {t} size");
+        w_args.push(w.into_tensor_arg());
+        g_args.push(g.into_tensor_arg());
+        v_args.push(v.into_tensor_arg());
+    }
+    [w_args, g_args, v_args]
+}
+
+/// Where each part of a packing starts and ends, as kernel arguments.
+fn bounds(packing: &Packing) -> (SequenceArg<usize>, SequenceArg<usize>) {
+    let (mut starts, mut ends) = (SequenceArg::new(), SequenceArg::new());
+    for (&start, end) in packing.starts.iter().zip(packing.ends()) {
+        starts.push(start);
+        ends.push(end);
+    }
+    (starts, ends)
 }
 
 /// The panics' name for these kernels.
@@ -223,28 +268,11 @@ impl StepBackend for CubeBackend {
         let ws = taken([w0, w1, w2, w3, w4, w5, w6, w7], count);
         let gs = taken([g0, g1, g2, g3, g4, g5, g6, g7], count);
         let vs = taken([v0, v1, v2, v3, v4, v5, v6, v7], count);
-        let (mut w_args, mut g_args, mut v_args) =
-            (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
-        let read = |t: usize| with_velocity >> t & 1 == 1;
-        for (t, ((w, g), v)) in ws.iter().zip(gs).zip(vs).enumerate() {
-            let (w, g) = (f32_strided(w.clone(), OP), f32_strided(g, OP));
-            assert_eq!(g.meta.shape(), w.meta.shape(), "{OP}: gradient and weight {t} differ");
-            // Not read without its bit: passed as it is.
-            let v = if read(t) { f32_strided(v, OP) } else { v };
-            let n = w.meta.num_elements();
-            assert!(!read(t) || v.meta.num_elements() == n, "{OP}: momentum buffer {t} size");
-            w_args.push(w.into_tensor_arg());
-            g_args.push(g.into_tensor_arg());
-            v_args.push(v.into_tensor_arg());
-        }
+        let [w_args, g_args, v_args] = parameter_args(&ws, gs, vs, with_velocity);
         let shapes: Vec<Vec<usize>> = ws.iter().map(|w| w.meta.shape().to_vec()).collect();
         let flat: Vec<Vec<usize>> = shapes.iter().map(|s| vec![s.iter().product()]).collect();
         let (out, v) = (packed(&ws[0], shapes), packed(&ws[0], flat));
-        let (mut starts, mut ends) = (SequenceArg::new(), SequenceArg::new());
-        for (&start, end) in out.starts.iter().zip(out.ends()) {
-            starts.push(start);
-            ends.push(end);
-        }
+        let (starts, ends) = bounds(&out);
         let client = ws[0].client.clone();
         let (cubes, dim) = elementwise(&client, out.flat.meta.num_elements());
         sgd_many_kernel::launch(
@@ -268,47 +296,61 @@ impl StepBackend for CubeBackend {
         out.parts().into_iter().chain(v.parts()).collect()
     }
 
-    fn axpy(w: CubeTensor, g: CubeTensor, keep: f32, step: f32) -> CubeTensor {
-        let [w, g] = f32_strided_alike([w, g], OP);
-        let out = empty_like(&w);
-        let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
-        axpy_kernel::launch(
-            &w.client,
+    fn moves(
+        w0: CubeTensor,
+        w1: CubeTensor,
+        w2: CubeTensor,
+        w3: CubeTensor,
+        w4: CubeTensor,
+        w5: CubeTensor,
+        w6: CubeTensor,
+        w7: CubeTensor,
+        g0: CubeTensor,
+        g1: CubeTensor,
+        g2: CubeTensor,
+        g3: CubeTensor,
+        g4: CubeTensor,
+        g5: CubeTensor,
+        g6: CubeTensor,
+        g7: CubeTensor,
+        v0: CubeTensor,
+        v1: CubeTensor,
+        v2: CubeTensor,
+        v3: CubeTensor,
+        v4: CubeTensor,
+        v5: CubeTensor,
+        v6: CubeTensor,
+        v7: CubeTensor,
+        count: usize,
+        with_velocity: u32,
+        virtual_step: bool,
+        [a, b, c]: [f32; 3],
+    ) -> Vec<CubeTensor> {
+        let ws = taken([w0, w1, w2, w3, w4, w5, w6, w7], count);
+        let gs = taken([g0, g1, g2, g3, g4, g5, g6, g7], count);
+        let vs = taken([v0, v1, v2, v3, v4, v5, v6, v7], count);
+        let [w_args, g_args, v_args] = parameter_args(&ws, gs, vs, with_velocity);
+        let out = packed(&ws[0], ws.iter().map(|w| w.meta.shape().to_vec()).collect());
+        let (starts, ends) = bounds(&out);
+        let client = ws[0].client.clone();
+        let (cubes, dim) = elementwise(&client, out.flat.meta.num_elements());
+        moves_kernel::launch(
+            &client,
             cubes,
             dim,
-            w.clone().into_tensor_arg(),
-            g.into_tensor_arg(),
-            out.clone().into_buffer_arg(),
-            keep,
-            step,
+            w_args,
+            g_args,
+            v_args,
+            starts,
+            ends,
+            out.flat.clone().into_buffer_arg(),
+            a,
+            b,
+            c,
+            with_velocity,
+            virtual_step,
         );
-        out
-    }
-
-    fn virtual_step(
-        w: CubeTensor,
-        g: CubeTensor,
-        velocity: CubeTensor,
-        has_velocity: bool,
-        [momentum, decay, xi]: [f32; 3],
-    ) -> CubeTensor {
-        let [w, g, velocity] = f32_strided_alike([w, g, velocity], OP);
-        let out = empty_like(&w);
-        let (cubes, dim) = elementwise(&w.client, w.meta.num_elements());
-        virtual_step_kernel::launch(
-            &w.client,
-            cubes,
-            dim,
-            w.clone().into_tensor_arg(),
-            g.into_tensor_arg(),
-            velocity.into_tensor_arg(),
-            out.clone().into_buffer_arg(),
-            momentum,
-            decay,
-            xi,
-            has_velocity,
-        );
-        out
+        out.parts()
     }
 
     fn squared_sum(

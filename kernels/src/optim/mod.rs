@@ -9,7 +9,7 @@
 //! backends each is one kernel here ([`step_available`]): the update one thread per element
 //! writing the parameter and its momentum buffer, up to eight parameters a launch
 //! ([`SgdUpdates`]: each result a view of the launch's output, its start on the memory
-//! alignment so that no copy cuts it out); the squared sum one cube per gradient summing
+//! alignment so that no copy cuts it out; the second-order weights likewise, [`Moves`]); the squared sum one cube per gradient summing
 //! in a fixed order and adding the sum onto the norm's running total, up to eight gradients a
 //! launch ([`SquaredSum`]). Elsewhere (flex, LibTorch) they are the expressions, operation for
 //! operation as
@@ -180,24 +180,15 @@ impl SquaredSum {
 }
 
 /// `w·keep + g·step`, without autodiff: the weights `w ± ε·v` of the second-order step's
-/// finite difference, one launch on the CubeCL backends instead of three.
+/// finite difference, one launch on the CubeCL backends instead of three (many parameters
+/// at once: [`Moves`]).
 pub fn axpy<const D: usize>(w: Tensor<D>, g: Tensor<D>, keep: f32, step: f32) -> Tensor<D> {
-    let (w, g) = (w.inner(), g.inner());
-    #[cfg(feature = "cube")]
-    if step_available(&w.device(), w.dtype()) && step_available(&g.device(), g.dtype()) {
-        return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::axpy(
-            w.into_dispatch(),
-            g.into_dispatch(),
-            keep,
-            step,
-        ));
-    }
-    w.mul_scalar(keep).add(g.mul_scalar(step))
+    one_move(Move::Axpy { keep, step }, w, g, None)
 }
 
 /// DARTS' virtual step `w − ((μ·v + g) + λ·w)·ξ`, or `w − (g + λ·w)·ξ` without a momentum
 /// buffer `v`, without autodiff (pt.darts' order of operations): one launch on the CubeCL
-/// backends instead of five or six.
+/// backends instead of five or six (many parameters at once: [`Moves`]).
 pub fn virtual_step<const D: usize>(
     w: Tensor<D>,
     g: Tensor<D>,
@@ -206,26 +197,20 @@ pub fn virtual_step<const D: usize>(
     decay: f64,
     xi: f64,
 ) -> Tensor<D> {
-    let (w, g, velocity) = (w.inner(), g.inner(), velocity.map(Tensor::inner));
-    #[cfg(feature = "cube")]
-    if step_available(&w.device(), w.dtype()) && step_available(&g.device(), g.dtype()) {
-        let has_velocity = velocity.is_some();
-        // Without a momentum buffer the kernel does not read its operand.
-        let velocity = velocity.unwrap_or_else(|| g.clone());
-        return Tensor::from_dispatch(<burn::backend::Dispatch as StepBackend>::virtual_step(
-            w.into_dispatch(),
-            g.into_dispatch(),
-            velocity.into_dispatch(),
-            has_velocity,
-            [momentum as f32, decay as f32, xi as f32],
-        ));
-    }
-    let m_plus_g = match velocity {
-        Some(v) => v.mul_scalar(momentum).add(g),
-        None => g,
-    };
-    let d = m_plus_g.add(w.clone().mul_scalar(decay)).mul_scalar(xi);
-    w.sub(d)
+    let velocity = velocity.map(|v| v.reshape([-1]));
+    one_move(Move::Virtual { momentum, decay, xi }, w, g, velocity)
+}
+
+fn one_move<const D: usize>(
+    rule: Move,
+    w: Tensor<D>,
+    g: Tensor<D>,
+    velocity: Option<Tensor<1>>,
+) -> Tensor<D> {
+    let mut moves = Moves::new(rule);
+    let i = moves.add(w, g, velocity);
+    moves.finish();
+    moves.take(i)
 }
 
 #[cfg(feature = "cube")]
@@ -285,18 +270,42 @@ pub trait StepBackend: Backend {
         has_scale: bool,
     ) -> Vec<FloatTensor<Self>>;
 
-    /// `w·keep + g·step`.
-    fn axpy(w: FloatTensor<Self>, g: FloatTensor<Self>, keep: f32, step: f32) -> FloatTensor<Self>;
-
-    /// `w − ((μ·velocity + g) + λ·w)·ξ`, or `w − (g + λ·w)·ξ` without `has_velocity`
-    /// (`velocity`, of `w`'s shape, is then not read); `[μ, λ, ξ]`.
-    fn virtual_step(
-        w: FloatTensor<Self>,
-        g: FloatTensor<Self>,
-        velocity: FloatTensor<Self>,
-        has_velocity: bool,
+    /// The second-order weights of the first `count` (1 to [`ARITY`](crate::cat::ARITY))
+    /// parameters `w_t` with directions `g_t` in one launch, each of its parameter's shape:
+    /// `w·a + g·b` ([`axpy`]), or with `virtual_step` `w − ((v·a + g) + w·b)·c`
+    /// ([`virtual_step`]; `w − (g + w·b)·c` where bit `t` of `with_velocity` is clear, `v_t`
+    /// then not read). The slots past `count` are not read.
+    #[allow(clippy::too_many_arguments, reason = "a backend extension's tensors are arguments")]
+    fn moves(
+        w0: FloatTensor<Self>,
+        w1: FloatTensor<Self>,
+        w2: FloatTensor<Self>,
+        w3: FloatTensor<Self>,
+        w4: FloatTensor<Self>,
+        w5: FloatTensor<Self>,
+        w6: FloatTensor<Self>,
+        w7: FloatTensor<Self>,
+        g0: FloatTensor<Self>,
+        g1: FloatTensor<Self>,
+        g2: FloatTensor<Self>,
+        g3: FloatTensor<Self>,
+        g4: FloatTensor<Self>,
+        g5: FloatTensor<Self>,
+        g6: FloatTensor<Self>,
+        g7: FloatTensor<Self>,
+        v0: FloatTensor<Self>,
+        v1: FloatTensor<Self>,
+        v2: FloatTensor<Self>,
+        v3: FloatTensor<Self>,
+        v4: FloatTensor<Self>,
+        v5: FloatTensor<Self>,
+        v6: FloatTensor<Self>,
+        v7: FloatTensor<Self>,
+        count: usize,
+        with_velocity: u32,
+        virtual_step: bool,
         constants: [f32; 3],
-    ) -> FloatTensor<Self>;
+    ) -> Vec<FloatTensor<Self>>;
 
     /// `((acc[0] + Σ g₀²) + Σ g₁²) + …` over the first `count` (1 to
     /// [`ARITY`](crate::cat::ARITY)) gradients, or from `Σ g₀²` without `has_acc` (`acc` is
@@ -321,4 +330,4 @@ pub trait StepBackend: Backend {
 mod cube;
 mod updates;
 
-pub use updates::SgdUpdates;
+pub use updates::{Move, Moves, SgdUpdates};
