@@ -49,7 +49,15 @@ fn a_held_quantizer_is_linear_in_its_input_and_constant_where_it_clipped() {
 #[allow(clippy::type_complexity)]
 fn held_plane()
 -> (Vec<f32>, Vec<f32>, Tensor<4>, qdarts_ops::quant::Grid, qdarts_ops::quant::Grid, Tensor<4>) {
-    let d = Device::flex().autodiff();
+    held_plane_on(&Device::flex())
+}
+
+/// [`held_plane`] on `device`.
+#[allow(clippy::type_complexity)]
+fn held_plane_on(
+    device: &Device,
+) -> (Vec<f32>, Vec<f32>, Tensor<4>, qdarts_ops::quant::Grid, qdarts_ops::quant::Grid, Tensor<4>) {
+    let d = device.clone().autodiff();
     let fixed = ObserverKind::Fixed { min: -1.0, max: 1.0 };
     let spec = QuantSpec::with(4, true, false, Granularity::PerTensor, fixed).unwrap();
     let q = FakeQuantizer::new(spec, "a", TensorRole::Act, 1, &d).unwrap();
@@ -115,30 +123,33 @@ fn a_max_pool_after_a_held_quantizer_takes_the_element_it_took_at_w() {
     use burn::tensor::ops::MaxPoolOptions;
     use qdarts_ops::quant::hold::max_pool2d_held;
 
-    let (at_w, now, out1, held, unheld, x1) = held_plane();
-    let opts = || MaxPoolOptions::new([3, 3]).with_stride([1, 1]).with_padding([1, 1]);
-    let picks = first_argmax(&at_w);
-    // The ties at w are split the other way now: held and plain pools pick differently.
-    assert_ne!(picks, first_argmax(&now), "the plane splits no tie");
-    let pooled = max_pool2d_held(out1.clone(), Some(&held), opts());
-    assert_eq!(
-        vals(pooled.clone().reshape([-1])),
-        picks.iter().map(|&k| now[k]).collect::<Vec<_>>()
-    );
-    // The gradient goes to the elements picked at w (the replayed quantizer passes it through
-    // where it did not clip: every element here).
-    let g = pooled.sum().backward();
-    let grad = vals(x1.grad(&g).unwrap().reshape([-1]));
-    let mut want = vec![0f32; 9];
-    for &k in &picks {
-        want[k] += 1.0;
+    // Every backend of the build: on the CubeCL ones the held pool is its own kernel.
+    for (name, d) in qdarts_kernels::devices::compiled() {
+        let (at_w, now, out1, held, unheld, x1) = held_plane_on(&d);
+        let opts = || MaxPoolOptions::new([3, 3]).with_stride([1, 1]).with_padding([1, 1]);
+        let picks = first_argmax(&at_w);
+        // The ties at w are split the other way now: held and plain pools pick differently.
+        assert_ne!(picks, first_argmax(&now), "{name}: the plane splits no tie");
+        let pooled = max_pool2d_held(out1.clone(), Some(&held), opts());
+        assert_eq!(
+            vals(pooled.clone().reshape([-1])),
+            picks.iter().map(|&k| now[k]).collect::<Vec<_>>()
+        );
+        // The gradient goes to the elements picked at w (the replayed quantizer passes it through
+        // where it did not clip: every element here).
+        let g = pooled.sum().backward();
+        let grad = vals(x1.grad(&g).unwrap().reshape([-1]));
+        let mut want = vec![0f32; 9];
+        for &k in &picks {
+            want[k] += 1.0;
+        }
+        assert_eq!(grad, want);
+        let plain = max_pool2d_held(out1, Some(&unheld), opts());
+        assert_eq!(
+            vals(plain.reshape([-1])),
+            first_argmax(&now).iter().map(|&k| now[k]).collect::<Vec<_>>()
+        );
     }
-    assert_eq!(grad, want);
-    let plain = max_pool2d_held(out1, Some(&unheld), opts());
-    assert_eq!(
-        vals(plain.reshape([-1])),
-        first_argmax(&now).iter().map(|&k| now[k]).collect::<Vec<_>>()
-    );
 }
 
 #[test]

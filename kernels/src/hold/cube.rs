@@ -8,6 +8,7 @@ use cubecl::prelude::*;
 use super::HoldBackend;
 use crate::fake_quant::FusedLayout;
 use crate::fake_quant::cube::{channel, clipped, index_args};
+use crate::plane::PlaneGeom;
 use crate::support::cube::{elementwise, empty_like, f32_contiguous, f32_strided_alike, lt, read};
 
 /// Whether `x_w` rounds inside `[qmin, qmax]` on `(mult, zp)`.
@@ -106,6 +107,10 @@ fn checked<const N: usize>(ts: [CubeTensor; N]) -> ([CubeTensor; N], bool) {
 }
 
 impl HoldBackend for CubeBackend {
+    fn max_pool_at(x: CubeTensor, key: CubeTensor, geom: PlaneGeom) -> CubeTensor {
+        crate::pool2d::cube::max_at(x, key, geom)
+    }
+
     fn held_fake_quant(
         x: CubeTensor,
         x_w: CubeTensor,

@@ -6,6 +6,8 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{AutodiffBackend, Backend, backend_extension, tensor::FloatTensor};
 
 use crate::fake_quant::FusedLayout;
+use crate::plane::PlaneGeom;
+use crate::pool2d::PoolBackend;
 use crate::support::autodiff::unary_step;
 
 /// The held-rounding kernels (see [`hold_available`](super::hold_available)).
@@ -32,9 +34,17 @@ pub trait HoldBackend: Backend {
 
     /// `x·[key > 0]`; its own backward (of the gradient, with the same key).
     fn gate(x: FloatTensor<Self>, key: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// Max pooling of `x` at `key`'s maxima (see [`max_pool2d_at`](super::max_pool2d_at)); its
+    /// backward the max pool's at `key`.
+    fn max_pool_at(
+        x: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        geom: PlaneGeom,
+    ) -> FloatTensor<Self>;
 }
 
-impl<B: Backend + HoldBackend, C: CheckpointStrategy> HoldBackend for Autodiff<B, C> {
+impl<B: Backend + HoldBackend + PoolBackend, C: CheckpointStrategy> HoldBackend for Autodiff<B, C> {
     fn held_fake_quant(
         x: FloatTensor<Self>,
         x_w: FloatTensor<Self>,
@@ -74,5 +84,17 @@ impl<B: Backend + HoldBackend, C: CheckpointStrategy> HoldBackend for Autodiff<B
         let key = key.into_primitive();
         let forward = |x| (B::gate(x, key.clone()), key);
         unary_step::<B, C, _>(x, forward, |key, grad| B::gate(grad, key))
+    }
+
+    fn max_pool_at(
+        x: FloatTensor<Self>,
+        key: FloatTensor<Self>,
+        geom: PlaneGeom,
+    ) -> FloatTensor<Self> {
+        let key = key.into_primitive();
+        let forward = |x| (B::max_pool_at(x, key.clone(), geom), (key, geom));
+        unary_step::<B, C, _>(x, forward, |(key, geom), grad| {
+            B::pool_max2d_backward(key, grad, geom)
+        })
     }
 }

@@ -9,7 +9,9 @@
 //! at `w` and three in each pass at `w±`; here nothing is computed at `w` (the quantizer keeps
 //! `x_w` and `a`) and each pass is one launch forward and one backward (`∂x = ∂out·m`). A held
 //! ReLU returns `x·[k > 0]` for the value `k` it had at `w` ([`gate`]), one launch each way
-//! instead of three forward.
+//! instead of three forward; a held max pool takes each window's element that was its maximum
+//! at `w` ([`max_pool2d_at`]), one launch each way instead of Burn's pool with indices, a
+//! gather and their copies (six).
 //!
 //! The values are the expressions' bit for bit: inside the range `x + (a − x_w)` (the products
 //! by 1 are the factors themselves), outside `x·0 + (a − x_w·0)` with the 0 from the host (a NaN
@@ -93,6 +95,36 @@ pub fn gate<const D: usize>(x: Tensor<D>, key: Tensor<D>) -> Tensor<D> {
     }
     #[cfg(not(feature = "cube"))]
     unreachable!("hold_available is false without the CubeCL backends: {key:?}")
+}
+
+/// Max pooling of `x` held at the maxima of `key` (its values at `w`): each window's output is
+/// `x` at the element that was the window's first maximum in `key` (the strict `>` scan's
+/// pick), and its gradient goes there; one launch each way. `None` where [`hold_available`]
+/// is false or the pooling is not one this crate's pools run (see
+/// [`max_pool2d`](crate::pool2d::max_pool2d)): the caller picks the maxima itself.
+///
+/// # Panics
+/// If `key`'s shape is not `x`'s.
+pub fn max_pool2d_at(
+    x: Tensor<4>,
+    key: Tensor<4>,
+    options: &burn::tensor::ops::MaxPoolOptions<2>,
+) -> Option<Tensor<4>> {
+    assert_eq!(x.dims(), key.dims(), "held max pool: the key's shape");
+    let plain = options.dilation == [1, 1] && !options.ceil_mode;
+    let geom = crate::pool2d::plane_geom(&x, options.kernel_size, options.stride, options.padding)
+        .filter(|_| plain && hold_available(&x.device(), x.dtype()))?;
+    #[cfg(feature = "cube")]
+    {
+        let key = key.detach().into_dispatch();
+        Some(Tensor::from_dispatch(<burn::backend::Dispatch as HoldBackend>::max_pool_at(
+            x.into_dispatch(),
+            key,
+            geom,
+        )))
+    }
+    #[cfg(not(feature = "cube"))]
+    unreachable!("hold_available is false without the CubeCL backends: {geom:?} {key:?}")
 }
 
 #[cfg(feature = "cube")]

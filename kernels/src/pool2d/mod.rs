@@ -100,7 +100,7 @@ pub fn pool_available(device: &Device, dtype: DType) -> bool {
 
 /// The geometry of a pooling this module's kernels run: on flex or CubeCL f32, symmetric
 /// padding of at most half the window (so no window is all padding), dilation 1, floor mode.
-fn plane_geom(
+pub(crate) fn plane_geom(
     x: &Tensor<4>,
     kernel: [usize; 2],
     stride: [usize; 2],
@@ -181,7 +181,7 @@ pub fn avg_pool2d_rounded(
 }
 
 #[cfg(feature = "cube")]
-mod cube;
+pub(crate) mod cube;
 
 mod autodiff;
 mod cpu;

@@ -32,7 +32,7 @@ use burn::tensor::module::max_pool2d_with_indices;
 use burn::tensor::ops::MaxPoolOptions;
 use burn::tensor::{Bool, Tensor};
 use qdarts_kernels::fake_quant::FusedLayout;
-use qdarts_kernels::hold::{gate, held_fake_quant, hold_available};
+use qdarts_kernels::hold::{gate, held_fake_quant, hold_available, max_pool2d_at};
 use qdarts_kernels::pool2d::max_pool2d;
 use qdarts_kernels::relu::relu;
 
@@ -192,11 +192,16 @@ pub fn relu_held(x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
 
 /// Max pooling of an activation on `grid`. On a held grid each window takes the element that
 /// was its maximum at `w` (the first in row-major order among equal values, as the pool's
-/// strict `>` scan picks), with that element's value now; otherwise the max pool.
+/// strict `>` scan picks), with that element's value now (one launch each way where the
+/// kernels run); otherwise the max pool.
 pub fn max_pool2d_held(x: Tensor<4>, grid: Option<&Grid>, options: MaxPoolOptions<2>) -> Tensor<4> {
     match grid {
         Some(Grid { held: Some(at_w), .. }) => {
-            let (_, idx) = max_pool2d_with_indices(at_w.clone().reshape(x.dims()), options);
+            let key = at_w.clone().reshape(x.dims());
+            if let Some(out) = max_pool2d_at(x.clone(), key.clone(), &options) {
+                return out;
+            }
+            let (_, idx) = max_pool2d_with_indices(key, options);
             let [n, c, h, w] = x.dims();
             let [_, _, oh, ow] = idx.dims();
             x.reshape([n, c, h * w]).gather(2, idx.reshape([n, c, oh * ow])).reshape([n, c, oh, ow])
