@@ -62,6 +62,7 @@ pub mod launches;
 pub mod memory;
 pub mod observe;
 pub mod optim;
+pub mod pick;
 pub mod plane;
 pub mod pointwise_conv;
 pub mod pool2d;

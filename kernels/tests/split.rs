@@ -3,15 +3,18 @@
 //! backend, along every dimension, with parts the loss does not reach, parts used twice and an
 //! input also used whole; on the CubeCL backends the backward in fewer launches than the
 //! narrows' (one concatenation against a zero fill, a write and an add per part). The fan-out:
-//! the gradients of a tensor's uses summed, as Burn sums them, in one launch per eight.
+//! the gradients of a tensor's uses summed, as Burn sums them, in one launch per eight. The
+//! pick: parts picked from a vector at positions are `select`'s, and so is the vector's
+//! gradient, in one launch each way per eight parts.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use qdarts_kernels::devices::compiled as devices;
 use qdarts_kernels::fan_out::{fan_out, fan_out_available};
 use qdarts_kernels::launches::counted;
+use qdarts_kernels::pick::{pick, pick_available};
 use qdarts_kernels::split::split;
 
 const SHAPE: [usize; 4] = [4, 6, 5, 3];
@@ -216,4 +219,86 @@ fn a_fan_out_sums_its_uses_gradients_in_one_launch() {
             }
         }
     }
+}
+
+/// Parts of a 40-element vector picked at positions (the last one, a zero, picked many
+/// times, as a wave's coefficients pick it), weighted and summed into a loss: the parts and
+/// the vector's gradient, and the launches forward and backward.
+fn picked(
+    d: &Device,
+    parts: &[Vec<usize>],
+    skip: Option<usize>,
+    by_pick: bool,
+) -> (Vec<Vec<u32>>, Vec<u32>, Option<u64>) {
+    let mut v = values(40, 77);
+    v[39] = 0.0;
+    let x = Tensor::<1>::from_data(TensorData::new(v, [40]), d).require_grad();
+    let ((outs, grad), launches) = counted(d, || {
+        let outs = match by_pick {
+            true => pick(x.clone(), parts),
+            false => parts
+                .iter()
+                .map(|p| {
+                    let at: Vec<i64> = p.iter().map(|&i| i as i64).collect();
+                    let at = Tensor::<1, Int>::from_data(TensorData::new(at, [p.len()]), d);
+                    x.clone().select(0, at)
+                })
+                .collect(),
+        };
+        let loss = outs
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| Some(*t) != skip)
+            .map(|(t, o)| {
+                let n = o.dims()[0];
+                let w = Tensor::<1>::from_data(TensorData::new(values(n, 90 + t as u64), [n]), d);
+                o.clone().mul(w).sum()
+            })
+            .reduce(|a, b| a.add(b))
+            .unwrap();
+        let mut grads = loss.backward();
+        let grad = x.grad_remove(&mut grads).unwrap();
+        let outs: Vec<Vec<u32>> =
+            outs.into_iter().map(|o| bits(o.reshape([1, 1, 1, -1]))).collect();
+        (outs, bits(Tensor::from_inner(grad).reshape([1, 1, 1, 40])))
+    });
+    (outs, grad, launches)
+}
+
+#[test]
+fn picked_parts_and_their_gradient_are_selects_bit_for_bit_in_one_launch_each_way() {
+    let _serial = serial();
+    // Eleven parts (two launches' worth), each position picked once but the zero's.
+    let parts: Vec<Vec<usize>> = (0..11)
+        .map(|t| (0..(3 + t % 4)).map(|i| if i % 3 == 2 { 39 } else { (t * 3 + i) % 39 }).collect())
+        .collect();
+    for (name, d) in devices() {
+        let d = d.autodiff();
+        for skip in [None, Some(4)] {
+            let (outs, grad, launches) = picked(&d, &parts, skip, true);
+            let (want, want_grad, selects) = picked(&d, &parts, skip, false);
+            assert_eq!(outs, want, "{name} {skip:?}: the parts");
+            // The zero's gradient is a sum of several in another order; every other
+            // position has one term.
+            assert_eq!(grad[..39], want_grad[..39], "{name} {skip:?}: the gradient");
+            if pick_available(&d, burn::tensor::DType::F32) {
+                let (launches, selects) = (launches.unwrap(), selects.unwrap());
+                // Selects: one each forward, a zero fill and an add-in each backward, and
+                // the reached parts' gradients added one by one onto the vector's. Picks: two
+                // launches forward, two backward, and their two gradients added. The loss's
+                // own launches are the same on both sides.
+                let reached = 11 - u64::from(skip.is_some());
+                let by_select = 11 + 2 * reached + (reached - 1);
+                assert_eq!(selects - launches, by_select - 5, "{name} {skip:?}: launches");
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "a position past 40")]
+fn a_position_past_the_end_is_refused() {
+    let d = devices().into_iter().next().unwrap().1;
+    let x = Tensor::<1>::zeros([40], &d);
+    let _ = pick(x, &[vec![3, 40]]);
 }

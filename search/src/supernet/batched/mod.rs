@@ -145,8 +145,9 @@ impl BatchedCell {
         // The sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`: each wave adds its
         // terms (it feeds every node from its own on), and its first node is then complete.
         let mut partial: Option<Tensor<3>> = None;
-        for (wave, ops) in plan.iter().zip(&self.waves) {
-            let (t, shape) = ops.forward(wave, &states, &flat, k);
+        let coefficients = self.coefficients(&plan, &flat, k);
+        for ((wave, ops), c) in plan.iter().zip(&self.waves).zip(coefficients) {
+            let (t, shape) = ops.forward(wave, &states, (&flat, c), k);
             let sum = match partial.take() {
                 Some(p) => p.add(t),
                 None => t,
@@ -156,6 +157,24 @@ impl BatchedCell {
             partial = rest;
         }
         cell.concat.forward(states.split_off(2))
+    }
+
+    /// Each wave's coefficients where its terms are one product ([`WaveOps::by_product`]),
+    /// from the cell's mixing weights and a zero (`flat`): every wave's in one pick.
+    fn coefficients(&self, plan: &[Wave], flat: &Tensor<1>, k: usize) -> Vec<Option<Tensor<3>>> {
+        let (device, dtype) = (flat.device(), flat.dtype());
+        let mixings: Vec<Option<Mixing>> = plan
+            .iter()
+            .zip(&self.waves)
+            .map(|(wave, ops)| {
+                let per_edge = ops.edge_act.is_some();
+                ops.by_product(&device, dtype)
+                    .then(|| Mixing::new(wave, &ops.blocks(), k, per_edge))
+            })
+            .collect();
+        let present: Vec<Mixing> = mixings.iter().flatten().cloned().collect();
+        let mut picked = sums::coefficients(&present, flat).into_iter();
+        mixings.iter().map(|m| m.as_ref().and_then(|_| picked.next())).collect()
     }
 
     /// [`forward`](Self::forward) of a quantized cell: each wave gives every edge's output on
@@ -176,8 +195,10 @@ impl BatchedCell {
         let mut operands: Vec<Vec<(usize, Tensor<4>)>> = vec![Vec::new(); self.nodes];
         // The float sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`.
         let mut partial: Option<Tensor<3>> = None;
-        for (w, (wave, ops)) in waves(self.nodes).iter().zip(&self.waves).enumerate() {
-            let (out, shape) = ops.forward(wave, &states, flat, k);
+        let plan = waves(self.nodes);
+        let coefficients = self.coefficients(&plan, flat, k);
+        for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
+            let (out, shape) = ops.forward(wave, &states, (flat, c), k);
             // Each edge's output as a view `[N, C, H', W']` of the wave's channels (the
             // quantized adds read views through their strides; no copy per edge).
             let [n, c, h, wd] = shape;
@@ -227,6 +248,24 @@ fn first_and_rest(sum: Tensor<3>) -> (Tensor<2>, Option<Tensor<3>>) {
 }
 
 impl WaveOps {
+    /// Each candidate's columns as [`forward`](Self::forward) lays them side by side: the
+    /// bank's kinds, then skip_connect and the pools in the primitives' order.
+    fn blocks(&self) -> Vec<(usize, Block)> {
+        let bank = self.bank.iter().flat_map(|b| b.primitives()).map(|p| (p, Block::Edges));
+        let rest = self.slots.iter().enumerate().filter_map(|(p, slot)| match slot {
+            Slot::Zero | Slot::Conv(_) => None,
+            Slot::Reduce => Some((p, Block::Edges)),
+            Slot::Identity | Slot::Pool(_) => Some((p, Block::Sources)),
+        });
+        bank.chain(rest).collect()
+    }
+
+    /// Whether the wave's terms are one product of coefficients and columns; otherwise (a
+    /// quantized cell off the CubeCL runtimes) each edge's sum is added term by term.
+    fn by_product(&self, device: &burn::tensor::Device, dtype: burn::tensor::DType) -> bool {
+        self.edge_act.is_none() || direct_available(device, dtype)
+    }
+
     /// The wave's terms of the nodes it feeds, `[N, fed, C·H'·W']` (a quantized cell: each
     /// edge's output on its grid, `[N, E, C·H'·W']`), and the shape of a node: every
     /// candidate's output laid side by side, `[N, columns, C·H'·W']`, times the coefficients
@@ -235,7 +274,7 @@ impl WaveOps {
         &self,
         wave: &Wave,
         states: &[QTensor],
-        flat: &Tensor<1>,
+        (flat, coefficients): (&Tensor<1>, Option<Tensor<3>>),
         k: usize,
     ) -> (Tensor<3>, [usize; 4]) {
         let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
@@ -318,21 +357,19 @@ impl WaveOps {
             let zeros = TensorData::new(vec![0.0f32; edges], [1, edges, 1]);
             q.forward(Tensor::<3>::from_data(zeros, &flat.device()));
         }
-        let per_edge = self.edge_act.is_some();
-        let device = flat.device();
-        let terms = if per_edge && !direct_available(&device, flat.dtype()) {
+        debug_assert_eq!(blocks.len(), self.blocks().len(), "the columns `blocks` names");
+        let terms = match coefficients {
+            Some(c) => {
+                let x = match columns.len() {
+                    1 => columns.pop().expect("one"),
+                    _ => cat(columns, 1),
+                };
+                c.matmul(x)
+            }
             // Each edge's sum term by term in the primitives' order, as the per-edge cell adds
             // them (on flex, where a launch costs nothing): its values bit for bit, so that
             // the quantizer after it rounds them alike.
-            edge_sums(wave, &blocks, &columns, flat, k)
-        } else {
-            let rows = if per_edge { edges } else { wave.fed.len() };
-            let mixing = Mixing::new(wave, &blocks, k, per_edge);
-            let x = match columns.len() {
-                1 => columns.pop().expect("one"),
-                _ => cat(columns, 1),
-            };
-            mixing.coefficients(flat, rows).matmul(x)
+            None => edge_sums(wave, &blocks, &columns, flat, k),
         };
         match &self.edge_act {
             Some(q) => (q.forward(terms), shape),

@@ -2,6 +2,7 @@
 //! weight a wave's columns for the nodes it feeds.
 
 use burn::tensor::{Int, Tensor, TensorData};
+use qdarts_kernels::pick::pick;
 use qdarts_kernels::split::split;
 
 use super::super::waves::Wave;
@@ -75,6 +76,7 @@ pub(super) enum Block {
 /// Where a wave's coefficients come from: for each column of its terms and each node it
 /// feeds, the index of the mixing weight in the cell's `[edges · K]` row, or none where that
 /// column does not feed that node.
+#[derive(Debug, Clone)]
 pub(super) struct Mixing {
     /// `[fed, columns]`, row by row: `edge · K + primitive`, or none.
     index: Vec<Option<usize>>,
@@ -124,17 +126,25 @@ impl Mixing {
         Mixing { index, columns: n }
     }
 
-    /// The coefficients `[1, rows, columns]` from `weights`, the cell's mixing weights
-    /// `[edges · K]` followed by one zero ([`with_zero`]), the coefficient of a column where it
-    /// does not feed a row: one gather.
-    pub(super) fn coefficients(&self, weights: &Tensor<1>, fed: usize) -> Tensor<3> {
-        let device = weights.device();
-        let zero = weights.dims()[0] - 1;
-        let index: Vec<i64> = self.index.iter().map(|i| i.unwrap_or(zero) as i64).collect();
-        let n = index.len();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n]), &device);
-        weights.clone().select(0, index).reshape([1, fed, self.columns])
+    /// The rows of this wave's coefficients.
+    pub(super) fn rows(&self) -> usize {
+        self.index.len() / self.columns
     }
+}
+
+/// The coefficients `[1, rows, columns]` of each of `mixings` from `weights`, the cell's
+/// mixing weights `[edges · K]` followed by one zero ([`with_zero`]), the coefficient of a
+/// column where it does not feed a row: every wave's in one [`pick`] (one launch each way on
+/// the CubeCL runtimes).
+pub(super) fn coefficients(mixings: &[Mixing], weights: &Tensor<1>) -> Vec<Tensor<3>> {
+    let zero = weights.dims()[0] - 1;
+    let index: Vec<Vec<usize>> =
+        mixings.iter().map(|m| m.index.iter().map(|i| i.unwrap_or(zero)).collect()).collect();
+    pick(weights.clone(), &index)
+        .into_iter()
+        .zip(mixings)
+        .map(|(c, m)| c.reshape([1, m.rows(), m.columns]))
+        .collect()
 }
 
 /// `flat` followed by one zero (written from the host, no launch): what
