@@ -55,13 +55,15 @@ fn a_search_on_wgpu_starts_from_flex_s_weights() {
 }
 
 /// The same two steps with the cells in waves on wgpu (every kind of a wave in one chain, the
-/// smaller filters zero-padded): flex's per-edge losses, the second step's included, which a
-/// padding that moved in the first step's update would change.
+/// smaller filters zero-padded), with PC-DARTS' edge normalization on both sides: flex's
+/// per-edge losses, the second step's included, which a padding that moved in the first
+/// step's update, or an edge weight that scaled another edge, would change.
 #[test]
 fn a_search_in_waves_on_wgpu_takes_flex_s_per_edge_steps() {
-    let waves = ["model.batched_cells=true"];
+    let norm = "search.guards.edge_normalization=true";
+    let waves = ["model.batched_cells=true", norm];
     let ours = first_losses("wgpu-waves", &["--backend", "wgpu"], &waves);
-    let reference = first_losses("flex-edges", &[], &[]);
+    let reference = first_losses("flex-edges", &[], &[norm]);
     for (a, b) in ours.iter().zip(&reference) {
         assert!((a - b).abs() <= 1e-4 * b.abs(), "wgpu in waves {ours:?}, flex {reference:?}");
     }

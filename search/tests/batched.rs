@@ -83,7 +83,7 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 /// `batched` on the inputs after `cell`'s preprocessing.
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
-    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0), cell).value
+    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0), None, cell).value
 }
 
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
@@ -350,7 +350,7 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
                 let (p0, p1) =
                     (b.cell.preproc0.forward(q(&s0())), b.cell.preproc1.forward(q(&a.s1)));
                 let w = Tensor::stack(a.weights.clone(), 0);
-                let yb = batched.forward(p0, p1, w, &b.cell).value;
+                let yb = batched.forward(p0, p1, w, None, &b.cell).value;
                 assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
                 let ga = ya.mul(a.probe.clone()).sum().backward();
                 let gb = yb.mul(a.probe.clone()).sum().backward();
@@ -386,6 +386,43 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
             // Every quantizer's state written back is the per-edge cell's.
             batched.write_into(&mut b.cell);
             assert_eq!(grids(&a.cell), grids(&b.cell), "{what}: quantizer states");
+        }
+    }
+}
+
+#[test]
+fn with_pc_darts_edge_weights_the_batched_cell_computes_the_per_edge_cell() {
+    let d = Device::flex().autodiff();
+    for preset in [Preset::Float, Preset::Tensorrt] {
+        let cfg = QuantConfig::preset(preset);
+        for (reduction, reduction_prev) in [(false, false), (true, false)] {
+            let what = format!("{preset:?}, reduction {reduction}, after one {reduction_prev}");
+            let c = case_with(&cfg, reduction, reduction_prev, 17);
+            let b = case_with(&cfg, reduction, reduction_prev, 17);
+            let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
+            let e = qdarts_ops::seeded(&d, 3, || {
+                let normal = Distribution::Normal(0.0, 1.0);
+                softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
+            });
+            let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
+            let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, Some(&rows), 0.0, None).value;
+            let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
+            let w = Tensor::stack(c.weights.clone(), 0);
+            let yb = batched.forward(p0, p1, w, Some(e.clone()), &b.cell).value;
+            if preset == Preset::Float {
+                close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
+            } else {
+                // On flex each edge's sum is added term by term, then scaled, as edge by edge.
+                assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what}: output");
+            }
+            let ga = ya.mul(c.probe.clone()).sum().backward();
+            let gb = yb.mul(c.probe.clone()).sum().backward();
+            close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
+            close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
+            close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
+            for (k, w) in c.weights.iter().enumerate() {
+                close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {k}"));
+            }
         }
     }
 }

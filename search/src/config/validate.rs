@@ -33,7 +33,6 @@ impl ExperimentConfig {
                 (self.quant.preset == Preset::Lsq, "quant.preset = \"lsq\""),
                 (self.quant.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
                 (m.partial_channels > 1, "model.partial_channels > 1"),
-                (s.guards.edge_normalization, "search.guards.edge_normalization"),
                 (s.guards.aux_skip > 0.0, "search.guards.aux_skip > 0"),
                 (s.bits.is_some(), "[search.bits]"),
                 (s.selection == Selection::Perturbation, "search.selection = \"perturbation\""),
@@ -41,7 +40,7 @@ impl ExperimentConfig {
             if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
                 let message = format!(
                     "runs cells without LSQ quantizers, a quantized BatchNorm multiplier, \
-                     partial channels, edge normalization, β, a bit-width search or \
+                     partial channels, DARTS-' auxiliary skip, a bit-width search or \
                      perturbation selection; this config has {what}: set \
                      model.batched_cells = false (or leave it out) to run it edge by edge"
                 );

@@ -162,15 +162,17 @@ impl SearchNetwork {
             w.map(|w| (0..w.dims()[0]).map(|i| w.clone().slice(i..i + 1)).collect())
         };
         let (w_normal, w_reduce) = (a.normal.clone(), a.reduce.clone());
+        let (e_normal, e_reduce) = (a.edge_normal.clone(), a.edge_reduce.clone());
         let (normal, reduce) = (rows(a.normal), rows(a.reduce));
         let (edge_n, edge_r) = (scalars(a.edge_normal), scalars(a.edge_reduce));
         let s = quantize_opt(&self.stem_act, self.stem_bn.forward(self.stem.forward(x)));
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
         for (i, cell) in self.cells.iter().enumerate() {
             if let Some(b) = self.batched.get(i) {
-                let w = if cell.reduction { &w_reduce } else { &w_normal };
+                let (w, e) =
+                    if cell.reduction { (&w_reduce, &e_reduce) } else { (&w_normal, &e_normal) };
                 let (p0, p1) = (cell.preproc0.forward(s0), cell.preproc1.forward(s1.clone()));
-                (s0, s1) = (s1, b.forward(p0, p1, w.clone(), cell));
+                (s0, s1) = (s1, b.forward(p0, p1, w.clone(), e.clone(), cell));
                 continue;
             }
             let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };

@@ -22,14 +22,16 @@
 //!
 //! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
 //! node's terms are one dot product over the wave's columns rather than added edge by edge); `tests/batched.rs` holds the two
-//! together, forward and every gradient. This first form runs float cells without partial
-//! channels; the per-edge cell stays the reference and runs everything else.
+//! together, forward and every gradient. It runs float and quantized cells, with PC-DARTS'
+//! edge weights or without, but not partial channels; the per-edge cell stays the reference
+//! and runs everything else.
 
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::fan_out::fan_out;
+use qdarts_kernels::pick::pick;
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
@@ -114,34 +116,41 @@ pub struct BatchedCell {
 
 impl BatchedCell {
     /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing,
-    /// without partial channels, edge weights or β: `s0`, `s1` are `cell`'s preprocessed
-    /// inputs, `cell` the cell this one batches (its node adds and output concatenation run
-    /// as they are).
+    /// without partial channels or DARTS-' auxiliary skip: `s0`, `s1` are `cell`'s
+    /// preprocessed inputs, `edge` PC-DARTS' edge weights where edges are normalized, `cell`
+    /// the cell this one batches (its node adds and output concatenation run as they are).
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
-    ///   weights: `[edges, K]`, a row per edge in the cell's order; output:
+    ///   weights: `[edges, K]`, a row per edge in the cell's order; edge: `[edges]`; output:
     ///   `[N, nodes·C, H', W']`.
     pub fn forward(
         &self,
         s0: QTensor,
         s1: QTensor,
         weights: Tensor<2>,
+        edge: Option<Tensor<1>>,
         cell: &SearchCell,
     ) -> QTensor {
         let mut states = vec![s0, s1];
         let plan = waves(self.nodes);
         let [edges, k] = weights.dims();
+        if self.waves.iter().any(|w| w.edge_act.is_some()) {
+            let flat = match &self.mix {
+                Some(q) => q.forward(weights.reshape([1, edges, k])).reshape([edges * k]),
+                None => weights.reshape([edges * k]),
+            };
+            return self.forward_quantized(states, &sums::with_zero(flat), k, edge, cell);
+        }
+        // PC-DARTS' edge weights scale each edge's mixing weights (the per-edge cell scales
+        // the edge's sum: the same value but for rounding).
+        let weights = match edge {
+            Some(e) => weights.mul(e.reshape([edges, 1])),
+            None => weights,
+        };
         // Every edge's mixing weights in one row, and a zero after them: a wave picks its
         // coefficients from it.
-        let flat = match &self.mix {
-            Some(q) => q.forward(weights.reshape([1, edges, k])).reshape([edges * k]),
-            None => weights.reshape([edges * k]),
-        };
-        let flat = sums::with_zero(flat);
-        if self.waves.iter().any(|w| w.edge_act.is_some()) {
-            return self.forward_quantized(states, &flat, k, cell);
-        }
+        let flat = sums::with_zero(weights.reshape([edges * k]));
         // The sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`: each wave adds its
         // terms (it feeds every node from its own on), and its first node is then complete.
         let mut partial: Option<Tensor<3>> = None;
@@ -190,6 +199,7 @@ impl BatchedCell {
         mut states: Vec<QTensor>,
         flat: &Tensor<1>,
         k: usize,
+        edge: Option<Tensor<1>>,
         cell: &SearchCell,
     ) -> QTensor {
         let mut operands: Vec<Vec<(usize, Tensor<4>)>> = vec![Vec::new(); self.nodes];
@@ -197,8 +207,19 @@ impl BatchedCell {
         let mut partial: Option<Tensor<3>> = None;
         let plan = waves(self.nodes);
         let coefficients = self.coefficients(&plan, flat, k);
+        // PC-DARTS' edge weights of each wave's edges, `[1, E, 1]`: each edge's output on
+        // its grid times its weight, off the grid (the node's add requantizes), as the
+        // per-edge cell scales it.
+        let mut scales = edge.map(|e| {
+            let index: Vec<Vec<usize>> = plan.iter().map(|w| w.edges.clone()).collect();
+            pick(e, &index).into_iter().map(|s| s.reshape([1, -1, 1]))
+        });
         for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
             let (out, shape) = ops.forward(wave, &states, (flat, c), k);
+            let out = match scales.as_mut().and_then(Iterator::next) {
+                Some(scale) => out.mul(scale),
+                None => out,
+            };
             // Each edge's output as a view `[N, C, H', W']` of the wave's channels (the
             // quantized adds read views through their strides; no copy per edge).
             let [n, c, h, wd] = shape;
