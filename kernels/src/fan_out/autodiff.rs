@@ -11,7 +11,7 @@ use burn::backend::{AutodiffBackend, Backend, tensor::FloatTensor};
 
 use super::FanOutBackend;
 use crate::cat::{ARITY, slots};
-use crate::support::autodiff::{KeepOutput, Kept};
+use crate::support::autodiff::{Kept, kept_outputs};
 
 /// `((g₀ + g₁) + …)` over `grads`, [`ARITY`] a launch.
 fn sum<B: FanOutBackend>(grads: Vec<FloatTensor<B>>) -> Option<FloatTensor<B>> {
@@ -54,15 +54,8 @@ impl<B: Backend + FanOutBackend, C: CheckpointStrategy> FanOutBackend for Autodi
             OpsKind::Tracked(prep) => prep.finish(kept.clone(), x.into_primitive()),
             OpsKind::UnTracked(prep) => prep.finish(x.into_primitive()),
         };
-        (0..uses)
-            .map(|i| {
-                let value = gathered.primitive().clone();
-                match KeepOutput.prepare::<C>([gathered.node()]).compute_bound().stateful() {
-                    OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), value),
-                    OpsKind::UnTracked(prep) => prep.finish(value),
-                }
-            })
-            .collect()
+        let values = vec![gathered.primitive().clone(); uses];
+        kept_outputs::<B, C>(&gathered, &kept, values)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -11,7 +11,7 @@ use burn::backend::{AutodiffBackend, Backend, TensorMetadata, tensor::FloatTenso
 
 use super::PickBackend;
 use crate::cat::slots;
-use crate::support::autodiff::{KeepOutput, Kept};
+use crate::support::autodiff::{Kept, kept_outputs};
 
 /// The gathering step: the input's gradient from the parts'.
 #[derive(Debug)]
@@ -55,16 +55,7 @@ impl<B: Backend + PickBackend, C: CheckpointStrategy> PickBackend for Autodiff<B
             OpsKind::UnTracked(prep) => prep.finish(x.into_primitive()),
         };
         let parts = B::pick_parts(gathered.primitive().clone(), index);
-        parts
-            .into_iter()
-            .enumerate()
-            .map(|(i, part)| {
-                match KeepOutput.prepare::<C>([gathered.node()]).compute_bound().stateful() {
-                    OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), part),
-                    OpsKind::UnTracked(prep) => prep.finish(part),
-                }
-            })
-            .collect()
+        kept_outputs::<B, C>(&gathered, &kept, parts)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -11,7 +11,7 @@ use burn::tensor::Shape;
 
 use super::{SplitBackend, slices};
 use crate::cat::{CatBackend, cat_primitives};
-use crate::support::autodiff::{KeepOutput, Kept};
+use crate::support::autodiff::{Kept, kept_outputs};
 
 /// The gathering step: the input's gradient is the parts' side by side.
 #[derive(Debug)]
@@ -61,15 +61,6 @@ impl<B: Backend + SplitBackend + CatBackend, C: CheckpointStrategy> SplitBackend
             OpsKind::UnTracked(prep) => prep.finish(x.into_primitive()),
         };
         let parts = slices::<B>(gathered.primitive().clone(), dim, &sizes);
-        parts
-            .into_iter()
-            .enumerate()
-            .map(|(i, part)| {
-                match KeepOutput.prepare::<C>([gathered.node()]).compute_bound().stateful() {
-                    OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), part),
-                    OpsKind::UnTracked(prep) => prep.finish(part),
-                }
-            })
-            .collect()
+        kept_outputs::<B, C>(&gathered, &kept, parts)
     }
 }

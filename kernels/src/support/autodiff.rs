@@ -63,6 +63,26 @@ impl<B: Backend> Backward<B, 1> for KeepOutput {
     }
 }
 
+/// `parts`, the values of a multi-output step's outputs, each as a step of its own over
+/// `gathered` (the step that gathers their gradients) that keeps its gradient at its index
+/// of `kept` ([`KeepOutput`]); untracked where `gathered` is.
+pub(crate) fn kept_outputs<B: Backend, C: CheckpointStrategy>(
+    gathered: &FloatTensor<Autodiff<B, C>>,
+    kept: &Kept<B>,
+    parts: Vec<FloatTensor<B>>,
+) -> Vec<FloatTensor<Autodiff<B, C>>> {
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| {
+            match KeepOutput.prepare::<C>([gathered.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish((kept.clone(), i), part),
+                OpsKind::UnTracked(prep) => prep.finish(part),
+            }
+        })
+        .collect()
+}
+
 /// The backward of a [`unary_step`]: the input's gradient from the kept state and the output's
 /// gradient.
 pub(crate) struct UnaryBackward<B: Backend, S>(
