@@ -38,7 +38,11 @@ Commands:
       (QDARTS_PARITY_DIR=DIR to use this folder). --float64 computes in double precision;
       --with-float32 then also writes the float32 step's second-order outputs (the gradient
       at w', the Hessian term and their sum) as expected-float32.safetensors, which bound how close a float32 step can be
-      held to the exact one (`qdarts_search::parity::check_fixture`).
+      held to the exact one (`qdarts_search::parity::check_fixture`). --spread K also computes
+      K variants of each step with every sum in another order (the batches permuted, and every
+      other variant's convolutions without oneDNN) and writes each one's distance from the step
+      by output group as spread.json: the reference's own spread, which a quantized step at a
+      shape where values sit within last bits of rounding boundaries is held to.
   bench --layers 8 --init-channels 16 --batch 64 --quant float|tensorrt --order first|second
       Seconds per search step (architecture step + weight step) and peak RSS of the same
       supernet on random 3x32x32 data, for a side-by-side comparison with `qdarts bench search`.
@@ -692,7 +696,20 @@ def widen(tensors):
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
 
 
-def fixture(inputs, out, device="cpu"):
+def permuted(batches, seed):
+    """The training and the validation batch reordered (labels with their images) by
+    `torch.randperm(n, generator=seed)`: the same step, every sum over the batch in another order."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    out = dict(batches)
+    for split in ("train", "val"):
+        x, y = batches[f"{split}_x"], batches[f"{split}_y"]
+        p = torch.randperm(x.shape[0], generator=g).to(x.device)
+        out[f"{split}_x"], out[f"{split}_y"] = x[p].contiguous(), y[p].contiguous()
+    return out
+
+
+def step_outputs(inputs, device="cpu", permutation=None):
+    """The second-order gradient and one first-order search step from a fixture's inputs."""
     spec = json.load(open(os.path.join(inputs, "spec.json")))
     net = build(spec)
     sd = load_file(os.path.join(inputs, "net.safetensors"), device=device)
@@ -700,6 +717,8 @@ def fixture(inputs, out, device="cpu"):
     alphas = widen(load_file(os.path.join(inputs, "alphas.safetensors"), device=device))
     velocity = widen(load_file(os.path.join(inputs, "velocity.safetensors"), device=device))
     b = widen(load_file(os.path.join(inputs, "batches.safetensors"), device=device))
+    if permutation is not None:
+        b = permuted(b, permutation)
     train, val = (b["train_x"], b["train_y"]), (b["val_x"], b["val_y"])
     res = {}
     d, h = second_order(net, alphas, train, val, spec["lr"], velocity, spec["w_momentum"], spec["w_weight_decay"])
@@ -714,6 +733,11 @@ def fixture(inputs, out, device="cpu"):
     res["loss"] = loss.reshape(1)
     for name, t in net.state().items():
         res[f"net_after.{name}"] = t.detach()
+    return res
+
+
+def fixture(inputs, out, device="cpu"):
+    res = step_outputs(inputs, device)
     os.makedirs(out, exist_ok=True)
     for f in ("spec.json", "net.safetensors", "alphas.safetensors", "velocity.safetensors", "batches.safetensors"):
         if os.path.abspath(os.path.join(inputs, f)) != os.path.abspath(os.path.join(out, f)):
@@ -734,6 +758,65 @@ def fixture(inputs, out, device="cpu"):
 # difference through ReLU kinks and pooling ties, the gradient it enters, and the gradient at
 # w' (an activation within last bits of a kink there moves it).
 KINK_PRONE = ("second.dalpha.", "second.hessian.", "second.total.")
+
+
+def output_group(name):
+    """The group of an output, as `qdarts_search::parity::check` groups them."""
+    if name.startswith("net_after."):
+        rest = name[len("net_after."):]
+        if ".observer." in rest:
+            return "net_after.observers"
+        return "net_after.batchnorm" if "running_" in rest else "net_after.weights"
+    head, _, last = name.rpartition(".")
+    return head if head and last in ("normal", "reduce") else name
+
+
+def weight_integers(t):
+    """A weight's integers on its per-output-channel max|w|/127 grid (round half to even)."""
+    rows = t.detach().float().cpu().reshape(t.shape[0], -1)
+    m = rows.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).eps)
+    return torch.round(rows * ((1.0 / m) * 127.0)).clamp(-128, 127).to(torch.int32)
+
+
+def distances(res, ref, alpha_lr):
+    """Per group: the largest |res - ref| over the largest |ref|; the weight integers after the
+    step equal to the reference's, of all (conv and classifier weights, as qdarts counts); and
+    the entries of α after Adam's step more than `alpha_lr` from the reference's (a first Adam
+    step moves each entry by about alpha_lr·sign(gradient): these are the gradient's sign flips)."""
+    groups = {}
+    for name, r in ref.items():
+        d = (res[name].double().cpu() - r.double().cpu()).abs().max().item()
+        scale = r.double().abs().max().item()
+        e = groups.setdefault(output_group(name), [0.0, 0.0])
+        e[0], e[1] = max(e[0], d), max(e[1], scale)
+    rel = {g: (d / s if s > 0 else d) for g, (d, s) in groups.items()}
+    same = total = 0
+    for name, r in ref.items():
+        if name.startswith("net_after.") and name.endswith(".weight") and r.dim() >= 2 and "stem_bn" not in name:
+            a, b = weight_integers(res[name]), weight_integers(r)
+            same += int((a == b).sum().item())
+            total += b.numel()
+    flipped = sum(int(((res[n].double().cpu() - r.double().cpu()).abs() > alpha_lr).sum().item())
+                  for n, r in ref.items() if n.startswith("alphas_after."))
+    return rel, same, total, flipped
+
+
+def spread(inputs, ref, variants, device):
+    """The reference's own spread: `variants` copies of the same step with every batch sum in
+    another order (the batches permuted by seed 2000 + k) and, for odd k, the convolutions through
+    PyTorch's native kernels instead of oneDNN; each one's distance from `ref` by group."""
+    alpha_lr = json.load(open(os.path.join(inputs, "spec.json")))["alpha_lr"]
+    rows = []
+    for k in range(variants):
+        onednn = k % 2 == 0
+        with torch.backends.mkldnn.flags(enabled=onednn):
+            res = step_outputs(inputs, device, permutation=2000 + k)
+        rel, same, total, flipped = distances(res, ref, alpha_lr)
+        rows.append({"permutation_seed": 2000 + k, "onednn": onednn, "groups": rel,
+                     "weights_equal": same, "weights_all": total, "alphas_flipped": flipped})
+        print(f"  variant {k}: loss {res['loss'].item():.6f}, {total - same} weight integers apart, "
+              f"{flipped} α sign flips", flush=True)
+    return alpha_lr, rows
 
 
 def cmd_fixtures(args):
@@ -757,6 +840,12 @@ def cmd_fixtures(args):
     for name in names:
         res = fixture(os.path.join(args.inputs, name), os.path.join(args.out, name), args.device)
         print(f"{name}: {len(res)} tensors, loss {res['loss'].item():.6f} (torch {torch.__version__})")
+        if args.spread:
+            alpha_lr, rows = spread(os.path.join(args.inputs, name), res, args.spread, args.device)
+            with open(os.path.join(args.out, name, "spread.json"), "w") as f:
+                json.dump({"torch": torch.__version__, "generator": "scripts/torch_reference.py --spread",
+                           "alpha_lr": alpha_lr, "variants": rows}, f, indent=1)
+            print(f"{name}: spread of {len(rows)} variants beside it")
         if args.with_float32:
             torch.set_default_dtype(torch.float32)
             with tempfile.TemporaryDirectory() as tmp:
@@ -885,6 +974,8 @@ def main():
     f.add_argument("--float64", action="store_true",
                    help="the same step in double precision (written as float32): what float32 "
                         "rounding does to either side, for a difference qdarts and PyTorch share")
+    f.add_argument("--spread", type=int, default=0, metavar="K",
+                   help="also K variants of each step with its sums in another order (spread.json)")
     f.add_argument("--with-float32", action="store_true",
                    help="with --float64: also the float32 step's kink-prone outputs, "
                         "expected-float32.safetensors")

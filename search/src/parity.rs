@@ -340,4 +340,4 @@ pub fn compute(spec: &StepSpec, st: StepState) -> Result<TensorMap, RunError> {
 }
 
 mod check;
-pub use check::{Check, FLOAT32_REFERENCE, check_fixture, compare};
+pub use check::{Check, FLOAT32_REFERENCE, SPREAD, Spread, Variant, check_fixture, compare};
