@@ -83,7 +83,7 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 /// `batched` on the inputs after `cell`'s preprocessing.
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
-    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0), None, cell).value
+    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0), None, 0.0, cell).value
 }
 
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
@@ -350,7 +350,7 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
                 let (p0, p1) =
                     (b.cell.preproc0.forward(q(&s0())), b.cell.preproc1.forward(q(&a.s1)));
                 let w = Tensor::stack(a.weights.clone(), 0);
-                let yb = batched.forward(p0, p1, w, None, &b.cell).value;
+                let yb = batched.forward(p0, p1, w, None, 0.0, &b.cell).value;
                 assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
                 let ga = ya.mul(a.probe.clone()).sum().backward();
                 let gb = yb.mul(a.probe.clone()).sum().backward();
@@ -390,13 +390,18 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
     }
 }
 
-#[test]
-fn with_pc_darts_edge_weights_the_batched_cell_computes_the_per_edge_cell() {
+/// The batched cell against the per-edge cell with PC-DARTS' edge weights (`edges`) and
+/// DARTS-' auxiliary skip β (`aux`, 0: none), float and tensorrt, normal and reduction cells:
+/// the output (bit for bit quantized on flex, where each edge's sum is added term by term and
+/// every node's operands in the per-edge order) and every gradient.
+fn against_the_per_edge_cell(edges: bool, aux: f32) {
     let d = Device::flex().autodiff();
     for preset in [Preset::Float, Preset::Tensorrt] {
         let cfg = QuantConfig::preset(preset);
         for (reduction, reduction_prev) in [(false, false), (true, false)] {
-            let what = format!("{preset:?}, reduction {reduction}, after one {reduction_prev}");
+            let what = format!(
+                "{preset:?}, reduction {reduction}, after one {reduction_prev}, edges {edges}, β {aux}"
+            );
             let c = case_with(&cfg, reduction, reduction_prev, 17);
             let b = case_with(&cfg, reduction, reduction_prev, 17);
             let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
@@ -405,26 +410,40 @@ fn with_pc_darts_edge_weights_the_batched_cell_computes_the_per_edge_cell() {
                 softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
             });
             let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
-            let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, Some(&rows), 0.0, None).value;
+            let rows = edges.then_some(rows.as_slice());
+            let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
             let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
             let w = Tensor::stack(c.weights.clone(), 0);
-            let yb = batched.forward(p0, p1, w, Some(e.clone()), &b.cell).value;
+            let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &b.cell).value;
             if preset == Preset::Float {
                 close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
             } else {
-                // On flex each edge's sum is added term by term, then scaled, as edge by edge.
                 assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what}: output");
             }
             let ga = ya.mul(c.probe.clone()).sum().backward();
             let gb = yb.mul(c.probe.clone()).sum().backward();
             close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
             close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
-            close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
+            if edges {
+                close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
+            }
             for (k, w) in c.weights.iter().enumerate() {
                 close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {k}"));
             }
         }
     }
+}
+
+#[test]
+fn with_pc_darts_edge_weights_the_batched_cell_computes_the_per_edge_cell() {
+    against_the_per_edge_cell(true, 0.0);
+}
+
+#[test]
+fn with_darts_minus_auxiliary_skip_the_batched_cell_computes_the_per_edge_cell() {
+    // β large enough that the auxiliary terms move the node grids' ranges.
+    against_the_per_edge_cell(false, 0.7);
+    against_the_per_edge_cell(true, 0.3);
 }
 
 /// The layers of a run's `quant_error.csv` rows, with how often each appears.
@@ -440,10 +459,11 @@ fn error_layers(run: &std::path::Path) -> std::collections::BTreeMap<String, usi
     seen
 }
 
-/// A quantized search (the default preset) in waves, first and second order: the per-edge
-/// search's first step to float rounding (the step's forward is the per-edge cell's bit for
-/// bit; the architecture step before it adds its gradients in another order), finite losses,
-/// and an error row for every quantizer site the per-edge search records.
+/// A quantized search (the default preset) in waves, first and second order (the second with
+/// DARTS-' auxiliary skip): the per-edge search's first step to float rounding (the step's
+/// forward is the per-edge cell's bit for bit; the architecture step before it adds its
+/// gradients in another order), finite losses, and an error row for every quantizer site the
+/// per-edge search records.
 #[test]
 fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
     let d = Device::flex();
@@ -452,10 +472,11 @@ fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
     for order in ["first", "second"] {
         let at = |name: &str| dir.join(format!("{order}-{name}"));
         let set = format!("search.order={order}");
-        let edges = common::tiny_with(&at("edges"), "", &[set.as_str()]);
+        let aux = format!("search.guards.aux_skip={}", if order == "second" { 0.5 } else { 0.0 });
+        let edges = common::tiny_with(&at("edges"), "", &[set.as_str(), aux.as_str()]);
         let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
-        let waves =
-            common::tiny_with(&at("waves"), "", &[set.as_str(), "model.batched_cells=true"]);
+        let on = [set.as_str(), aux.as_str(), "model.batched_cells=true"];
+        let waves = common::tiny_with(&at("waves"), "", &on);
         let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
         assert!(edges.finished && waves.finished);
         let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));

@@ -76,7 +76,7 @@ pub fn cell_rows(
         let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
         let waves = |a: QTensor, b: QTensor| {
             let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
-            batched.forward(a, b, stacked.clone(), None, &cell).value
+            batched.forward(a, b, stacked.clone(), None, 0.0, &cell).value
         };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {

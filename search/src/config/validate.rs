@@ -33,15 +33,14 @@ impl ExperimentConfig {
                 (self.quant.preset == Preset::Lsq, "quant.preset = \"lsq\""),
                 (self.quant.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
                 (m.partial_channels > 1, "model.partial_channels > 1"),
-                (s.guards.aux_skip > 0.0, "search.guards.aux_skip > 0"),
                 (s.bits.is_some(), "[search.bits]"),
                 (s.selection == Selection::Perturbation, "search.selection = \"perturbation\""),
             ];
             if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
                 let message = format!(
                     "runs cells without LSQ quantizers, a quantized BatchNorm multiplier, \
-                     partial channels, DARTS-' auxiliary skip, a bit-width search or \
-                     perturbation selection; this config has {what}: set \
+                     partial channels, a bit-width search or perturbation selection; this \
+                     config has {what}: set \
                      model.batched_cells = false (or leave it out) to run it edge by edge"
                 );
                 return bad(path, "model.batched_cells", &message);

@@ -172,7 +172,7 @@ impl SearchNetwork {
                 let (w, e) =
                     if cell.reduction { (&w_reduce, &e_reduce) } else { (&w_normal, &e_normal) };
                 let (p0, p1) = (cell.preproc0.forward(s0), cell.preproc1.forward(s1.clone()));
-                (s0, s1) = (s1, b.forward(p0, p1, w.clone(), e.clone(), cell));
+                (s0, s1) = (s1, b.forward(p0, p1, w.clone(), e.clone(), self.aux_skip, cell));
                 continue;
             }
             let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };

@@ -31,14 +31,13 @@ use burn::tensor::{Tensor, TensorData};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::fan_out::fan_out;
-use qdarts_kernels::pick::pick;
-use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
 
 use super::cell::SearchCell;
 use super::waves::{Wave, waves};
+use nodes::{auxiliary, first_and_rest, flat_rows};
 use qdarts_kernels::cat::cat;
 use sums::{Block, Mixing, edge_sums};
 
@@ -116,9 +115,10 @@ pub struct BatchedCell {
 
 impl BatchedCell {
     /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing,
-    /// without partial channels or DARTS-' auxiliary skip: `s0`, `s1` are `cell`'s
-    /// preprocessed inputs, `edge` PC-DARTS' edge weights where edges are normalized, `cell`
-    /// the cell this one batches (its node adds and output concatenation run as they are).
+    /// without partial channels: `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
+    /// edge weights where edges are normalized, `aux_skip` DARTS-' β (each stride-1 edge adds
+    /// its source times β to its node; 0: none), `cell` the cell this one batches (its node
+    /// adds and output concatenation run as they are).
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
@@ -130,6 +130,7 @@ impl BatchedCell {
         s1: QTensor,
         weights: Tensor<2>,
         edge: Option<Tensor<1>>,
+        aux_skip: f32,
         cell: &SearchCell,
     ) -> QTensor {
         let mut states = vec![s0, s1];
@@ -140,7 +141,8 @@ impl BatchedCell {
                 Some(q) => q.forward(weights.reshape([1, edges, k])).reshape([edges * k]),
                 None => weights.reshape([edges * k]),
             };
-            return self.forward_quantized(states, &sums::with_zero(flat), k, edge, cell);
+            let extras = (edge, aux_skip);
+            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell);
         }
         // PC-DARTS' edge weights scale each edge's mixing weights (the per-edge cell scales
         // the edge's sum: the same value but for rounding).
@@ -156,7 +158,12 @@ impl BatchedCell {
         let mut partial: Option<Tensor<3>> = None;
         let coefficients = self.coefficients(&plan, &flat, k);
         for ((wave, ops), c) in plan.iter().zip(&self.waves).zip(coefficients) {
-            let (t, shape) = ops.forward(wave, &states, (&flat, c), k);
+            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k);
+            // DARTS-' auxiliary skip: the sources' sum times β, added to every node fed.
+            let aux = auxiliary(&states, wave, aux_skip, cell.reduction);
+            if let Some(a) = aux.into_iter().flatten().reduce(|a, b| a.add(b)) {
+                t = t.add(flat_rows(a));
+            }
             let sum = match partial.take() {
                 Some(p) => p.add(t),
                 None => t,
@@ -184,87 +191,6 @@ impl BatchedCell {
         let present: Vec<Mixing> = mixings.iter().flatten().cloned().collect();
         let mut picked = sums::coefficients(&present, flat).into_iter();
         mixings.iter().map(|m| m.as_ref().and_then(|_| picked.next())).collect()
-    }
-
-    /// [`forward`](Self::forward) of a quantized cell: each wave gives every edge's output on
-    /// its grid, and a node is `cell`'s quantized add of its edges' outputs, in the cell's
-    /// order, once the wave before its own has run.
-    ///
-    /// A quantized add reads its operands' values and sends its gradient through their float
-    /// sum, so the operands are cut out of their wave's tensor detached, and the float sums
-    /// are kept for all the nodes a wave feeds at once, as in the float cell: no edge's output
-    /// is cut out of the tracked graph (each cut's backward allocates the whole tensor).
-    fn forward_quantized(
-        &self,
-        mut states: Vec<QTensor>,
-        flat: &Tensor<1>,
-        k: usize,
-        edge: Option<Tensor<1>>,
-        cell: &SearchCell,
-    ) -> QTensor {
-        let mut operands: Vec<Vec<(usize, Tensor<4>)>> = vec![Vec::new(); self.nodes];
-        // The float sums of the nodes not yet complete, `[N, nodes − w, C·H'·W']`.
-        let mut partial: Option<Tensor<3>> = None;
-        let plan = waves(self.nodes);
-        let coefficients = self.coefficients(&plan, flat, k);
-        // PC-DARTS' edge weights of each wave's edges, `[1, E, 1]`: each edge's output on
-        // its grid times its weight, off the grid (the node's add requantizes), as the
-        // per-edge cell scales it.
-        let mut scales = edge.map(|e| {
-            let index: Vec<Vec<usize>> = plan.iter().map(|w| w.edges.clone()).collect();
-            pick(e, &index).into_iter().map(|s| s.reshape([1, -1, 1]))
-        });
-        for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
-            let (out, shape) = ops.forward(wave, &states, (flat, c), k);
-            let out = match scales.as_mut().and_then(Iterator::next) {
-                Some(scale) => out.mul(scale),
-                None => out,
-            };
-            // Each edge's output as a view `[N, C, H', W']` of the wave's channels (the
-            // quantized adds read views through their strides; no copy per edge).
-            let [n, c, h, wd] = shape;
-            let values = out.clone().detach().reshape([n, wave.edges.len() * c, h, wd]);
-            for (j, &edge) in wave.edges.iter().enumerate() {
-                let value = values.clone().narrow(1, j * c, c);
-                operands[wave.node_of[j]].push((edge, value));
-            }
-            // The wave's edges are source by source, each source's by node: its terms added
-            // source after source are each node's operands added in the cell's edge order.
-            let fed = wave.per_source();
-            let terms = split(out, 1, &vec![fed; wave.sources.len()])
-                .into_iter()
-                .reduce(|a, b| a.add(b))
-                .expect("a wave reads a source");
-            let sum = match partial.take() {
-                Some(p) => p.add(terms),
-                None => terms,
-            };
-            let (node_sum, rest) = first_and_rest(sum);
-            let node_sum = node_sum.reshape(shape);
-            partial = rest;
-            let mut node = std::mem::take(&mut operands[w]);
-            node.sort_by_key(|(edge, _)| *edge);
-            let values: Vec<Tensor<4>> = node.into_iter().map(|(_, t)| t).collect();
-            states.push(cell.adds[w].forward_summed(&values, node_sum));
-        }
-        cell.concat.forward(states.split_off(2))
-    }
-}
-
-/// The sums `[N, nodes − w, L]` of the nodes a wave fed: the first node's (complete) as
-/// `[N, L]`, and the rest's, if any, cut in one [`split`] of the rows laid flat, so that each
-/// part is a view its next shape can take without a copy (a cut along the middle axis of
-/// `[N, nodes − w, L]` would be copied by the reshape to the node's shape).
-fn first_and_rest(sum: Tensor<3>) -> (Tensor<2>, Option<Tensor<3>>) {
-    let [n, left, l] = sum.dims();
-    let flat = sum.reshape([n, left * l]);
-    if left == 1 {
-        return (flat, None);
-    }
-    let mut parts = split(flat, 1, &[l, (left - 1) * l]).into_iter();
-    match (parts.next(), parts.next()) {
-        (Some(first), Some(rest)) => (first, Some(rest.reshape([n, left - 1, l]))),
-        _ => unreachable!("a split into two parts gives two"),
     }
 }
 
@@ -421,6 +347,7 @@ impl QuantSites for BatchedCell {
 
 mod bank;
 mod grids;
+mod nodes;
 mod reduce;
 mod stack;
 mod sums;
