@@ -490,3 +490,94 @@ fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
         assert_eq!(error_layers(&edges.run_dir), error_layers(&waves.run_dir), "{order}");
     }
 }
+
+/// Perturbation selection's measurements in waves (DARTS-PT: the supernet with one op or whole
+/// edges taken out, on the decisions made so far): the per-edge network's logits, float within
+/// rounding and tensorrt bit for bit on flex, in the frozen-statistics network the selection
+/// measures with.
+#[test]
+fn perturbation_trials_in_waves_are_the_per_edge_network_s() {
+    use qdarts_search::selection::{Projection, Trial};
+    use qdarts_search::supernet::{Alphas, NetShape, SearchNetwork};
+    let d = Device::flex().autodiff();
+    let shape = NetShape {
+        c_in: 1,
+        classes: 10,
+        channels: 4,
+        layers: 3,
+        nodes: 3,
+        stem_multiplier: 3,
+        primitives: PRIMS.to_vec(),
+        partial_channels: 1,
+        bits: None,
+    };
+    for preset in [Preset::Float, Preset::Tensorrt] {
+        let (net, mut alphas, x) = qdarts_ops::seeded(&d, 5, || {
+            let net = SearchNetwork::new(&shape, &QuantConfig::preset(preset), &d).unwrap();
+            let alphas = Alphas::new(shape.nodes, PRIMS.len(), &d);
+            let x = Tensor::<4>::random([4, 1, 16, 16], Distribution::Normal(0.0, 1.0), &d);
+            (net, alphas, x)
+        });
+        // One training forward sets the observers and BatchNorm statistics the measurement
+        // then reads frozen.
+        drop(net.forward_arch(x.clone(), alphas.arch()));
+        let mut projection = Projection::new(shape.nodes);
+        projection.normal.ops[0] = Some(index(Primitive::SepConv3x3));
+        projection.normal.ops[3] = Some(index(Primitive::SkipConnect));
+        projection.reduce.ops[1] = Some(index(Primitive::MaxPool3x3));
+        projection.reduce.inputs[1] = Some(vec![2, 4]);
+        alphas.projection = Some(projection);
+        let edges = net.valid();
+        let mut batched = net.clone();
+        batched.batch_cells(&PRIMS).unwrap();
+        let waves = batched.valid();
+        let alphas = alphas.valid();
+        let trials = [
+            (false, Trial::Nothing),
+            (false, Trial::Op { edge: 1, op: index(Primitive::DilConv5x5) }),
+            (true, Trial::Op { edge: 0, op: index(Primitive::SkipConnect) }),
+            (true, Trial::Edges(vec![6, 8])),
+        ];
+        let x = x.inner();
+        let whole = vals(edges.forward_arch(x.clone(), alphas.arch()));
+        for (reduction, trial) in trials {
+            let what = format!("{preset:?}, reduction {reduction}, {trial:?}");
+            let a = edges.forward_arch(x.clone(), alphas.arch_with(reduction, &trial));
+            let b = waves.forward_arch(x.clone(), alphas.arch_with(reduction, &trial));
+            // A trial that takes something out moves the logits.
+            assert_eq!(trial == Trial::Nothing, vals(a.clone()) == whole, "{what}");
+            if preset == Preset::Float {
+                close(a, b, 1e-5, &what);
+            } else {
+                assert_eq!(vals(a), vals(b), "{what}");
+            }
+        }
+    }
+}
+
+/// A quantized search with perturbation selection in waves runs every round: each edge's op
+/// and the three-input node decided (5 edges × 2 cells × 7 candidates and 2 × 3 input rows,
+/// `selection.csv`), and the genotype is the rows' decisions.
+#[test]
+fn a_perturbation_search_in_waves_decides_every_edge() {
+    let selection = "[search.perturbation]\ntune_epochs = 1\norder = \"random\"\neval_images = 16";
+    let on = ["search.selection=\"perturbation\"", "model.batched_cells=true"];
+    let cfg = common::tiny_with(&common::scratch("batched-pt"), selection, &on);
+    let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
+    let out = qdarts_search::run_search(&cfg, &Device::flex(), None, &mut go).unwrap();
+    assert!(out.finished);
+    let rows = std::fs::read_to_string(out.run_dir.join("selection.csv")).unwrap();
+    let lines: Vec<&str> = rows.lines().skip(1).collect();
+    assert_eq!(lines.len(), 5 * 2 * 7 + 2 * 3, "{rows}");
+    assert_eq!(lines.iter().filter(|l| l.ends_with(",kept")).count(), 10, "{rows}");
+    assert_eq!(lines.iter().filter(|l| l.ends_with(",removed")).count(), 2, "{rows}");
+    for (cell, name) in [(&out.genotype.normal, "normal"), (&out.genotype.reduce, "reduce")] {
+        for (node, edges) in cell.iter().enumerate() {
+            for e in edges {
+                let edge = qdarts_genotypes::edge_index(node, e.input);
+                let want = format!("{name},op,{node},{edge},{},", e.op);
+                assert!(lines.iter().any(|l| l.contains(&want) && l.ends_with(",kept")), "{want}");
+            }
+        }
+    }
+}

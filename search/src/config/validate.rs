@@ -34,13 +34,11 @@ impl ExperimentConfig {
                 (self.quant.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
                 (m.partial_channels > 1, "model.partial_channels > 1"),
                 (s.bits.is_some(), "[search.bits]"),
-                (s.selection == Selection::Perturbation, "search.selection = \"perturbation\""),
             ];
             if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
                 let message = format!(
                     "runs cells without LSQ quantizers, a quantized BatchNorm multiplier, \
-                     partial channels, a bit-width search or perturbation selection; this \
-                     config has {what}: set \
+                     partial channels or a bit-width search; this config has {what}: set \
                      model.batched_cells = false (or leave it out) to run it edge by edge"
                 );
                 return bad(path, "model.batched_cells", &message);
