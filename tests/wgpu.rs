@@ -55,14 +55,19 @@ fn a_search_on_wgpu_starts_from_flex_s_weights() {
 }
 
 /// The same two steps with the cells in waves on wgpu (every kind of a wave in one chain, the
-/// smaller filters zero-padded), with PC-DARTS' edge normalization and DARTS-' auxiliary skip
-/// on both sides: flex's per-edge losses, the second step's included, which a padding that
-/// moved in the first step's update, an edge weight that scaled another edge, or an auxiliary
-/// term added to a node its source does not feed, would change.
+/// smaller filters zero-padded), with PC-DARTS' partial channels (K = 2) and edge
+/// normalization and DARTS-' auxiliary skip on both sides: flex's per-edge losses, the second
+/// step's included, which a padding that moved in the first step's update, an edge weight that
+/// scaled another edge, a bypassed channel added to the wrong node, or an auxiliary term added
+/// to a node its source does not feed, would change.
 #[test]
 fn a_search_in_waves_on_wgpu_takes_flex_s_per_edge_steps() {
-    let guards = ["search.guards.edge_normalization=true", "search.guards.aux_skip=0.5"];
-    let waves = ["model.batched_cells=true", guards[0], guards[1]];
+    let guards = [
+        "model.partial_channels=2",
+        "search.guards.edge_normalization=true",
+        "search.guards.aux_skip=0.5",
+    ];
+    let waves = ["model.batched_cells=true", guards[0], guards[1], guards[2]];
     let ours = first_losses("wgpu-waves", &["--backend", "wgpu"], &waves);
     let reference = first_losses("flex-edges", &[], &guards);
     for (a, b) in ours.iter().zip(&reference) {

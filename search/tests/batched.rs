@@ -41,9 +41,13 @@ fn case(reduction: bool, reduction_prev: bool, seed: u64) -> Case {
 }
 
 fn case_with(cfg: &QuantConfig, reduction: bool, reduction_prev: bool, seed: u64) -> Case {
+    case_shaped(cfg, shape(reduction, reduction_prev), seed)
+}
+
+fn case_shaped(cfg: &QuantConfig, s: CellShape, seed: u64) -> Case {
+    let (reduction, reduction_prev) = (s.reduction, s.reduction_prev);
     let d = Device::flex().autodiff();
     qdarts_ops::seeded(&d, seed, || {
-        let s = shape(reduction, reduction_prev);
         let cell = SearchCell::new(s, &PRIMS, cfg, "cells.0", &d).unwrap();
         let batched = BatchedCell::from_cell(&cell, &PRIMS).unwrap();
         let side = if reduction_prev { 16 } else { 8 };
@@ -198,7 +202,8 @@ fn the_batched_cell_refuses_what_it_does_not_batch_naming_it() {
     assert!(err.to_string().contains("LSQ"), "{err}");
 
     let partial = CellShape { partial: 2, ..shape(false, false) };
-    let cell = SearchCell::new(partial, &PRIMS, &QuantConfig::float(), "cells.0", &d).unwrap();
+    let trt = QuantConfig::preset(Preset::Tensorrt);
+    let cell = SearchCell::new(partial, &PRIMS, &trt, "cells.0", &d).unwrap();
     let err = BatchedCell::from_cell(&cell, &PRIMS).unwrap_err();
     assert!(matches!(err, BatchError::Partial(2)), "{err}");
 
@@ -279,28 +284,34 @@ fn train_rows(run: &std::path::Path) -> Vec<(f64, f64)> {
 }
 
 /// A float search with `model.batched_cells` runs to its genotype, and its first step is the
-/// per-edge search's: the same loss to float rounding (both start from the same weights).
-/// A config that cannot run batched is refused before anything is written, naming the key.
+/// per-edge search's: the same loss to float rounding (both start from the same weights);
+/// with PC-DARTS' partial channels (K = 2) too. A config that cannot run batched is refused
+/// before anything is written, naming the key.
 #[test]
 fn a_search_with_batched_cells_takes_the_per_edge_first_step_and_finishes() {
     let d = Device::flex();
     let dir = common::scratch("batched-search");
     let float = "[quant]\npreset = \"float\"";
     let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
-    let edges = common::tiny(&dir.join("edges"), float);
-    let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
-    let waves = common::tiny_with(&dir.join("waves"), float, &["model.batched_cells=true"]);
-    let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
-    assert!(edges.finished && waves.finished);
-    let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
-    assert_eq!(a.len(), b.len());
-    let (la, lb) = (a[0].0, b[0].0);
-    assert!(
-        (la - lb).abs() <= 1e-5 * la.abs(),
-        "first step's loss: {la} edge by edge, {lb} in waves"
-    );
-    assert!(b.iter().all(|(l, _)| l.is_finite()));
-    assert!(!waves.genotype.to_darts_text().is_empty());
+    for k in [1, 2] {
+        let part = format!("model.partial_channels={k}");
+        let at = |name: &str| dir.join(format!("{name}-{k}"));
+        let edges = common::tiny_with(&at("edges"), float, &[part.as_str()]);
+        let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
+        let on = [part.as_str(), "model.batched_cells=true"];
+        let waves = common::tiny_with(&at("waves"), float, &on);
+        let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
+        assert!(edges.finished && waves.finished);
+        let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
+        assert_eq!(a.len(), b.len());
+        let (la, lb) = (a[0].0, b[0].0);
+        assert!(
+            (la - lb).abs() <= 1e-5 * la.abs(),
+            "K {k}: first step's loss: {la} edge by edge, {lb} in waves"
+        );
+        assert!(b.iter().all(|(l, _)| l.is_finite()));
+        assert!(!waves.genotype.to_darts_text().is_empty());
+    }
 
     let text = common::tiny_text(&dir.join("refused"), "");
     let set = ["model.batched_cells=true".to_string(), "quant.preset=lsq".to_string()];
@@ -308,6 +319,12 @@ fn a_search_with_batched_cells_takes_the_per_edge_first_step_and_finishes() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("model.batched_cells") && err.contains("quant.preset"), "{err}");
+    // Partial channels run in waves in float searches only.
+    let set = ["model.batched_cells=true".to_string(), "model.partial_channels=2".to_string()];
+    let err = qdarts_search::config::ExperimentConfig::parse(&text, Path::new("t.toml"), &set)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.partial_channels") && err.contains("float"), "{err}");
     assert!(!dir.join("refused").exists());
 }
 
@@ -577,6 +594,53 @@ fn a_perturbation_search_in_waves_decides_every_edge() {
                 let edge = qdarts_genotypes::edge_index(node, e.input);
                 let want = format!("{name},op,{node},{edge},{},", e.op);
                 assert!(lines.iter().any(|l| l.contains(&want) && l.ends_with(",kept")), "{want}");
+            }
+        }
+    }
+}
+
+/// PC-DARTS' partial channels in waves (a float cell of 4 channels, K = 2, and K = 4 but in a
+/// reduction cell): the per-edge cell's output
+/// and every gradient, normal and reduction cells (whose input edges max-pool their bypassed
+/// channels), with and without PC-DARTS' edge weights and DARTS-' auxiliary skip.
+#[test]
+fn with_partial_channels_the_batched_cell_computes_the_per_edge_cell() {
+    let d = Device::flex().autodiff();
+    for k in [2, 4] {
+        for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
+            if reduction && k == 4 {
+                // One channel a candidate: FactorizedReduce cannot halve it.
+                continue;
+            }
+            for (edges, aux) in [(false, 0.0), (true, 0.4)] {
+                let s = CellShape { partial: k, ..shape(reduction, reduction_prev) };
+                let what = format!(
+                    "K {k}, reduction {reduction} after {reduction_prev}, edges {edges}, β {aux}"
+                );
+                let c = case_shaped(&QuantConfig::float(), s, 23);
+                let batched = BatchedCell::from_cell(&c.cell, &PRIMS).unwrap();
+                let e = qdarts_ops::seeded(&d, 3, || {
+                    let normal = Distribution::Normal(0.0, 1.0);
+                    softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
+                });
+                let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
+                let rows = edges.then_some(rows.as_slice());
+                let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
+                let (p0, p1) =
+                    (c.cell.preproc0.forward(q(&c.s0)), c.cell.preproc1.forward(q(&c.s1)));
+                let w = Tensor::stack(c.weights.clone(), 0);
+                let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &c.cell).value;
+                close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
+                let ga = ya.mul(c.probe.clone()).sum().backward();
+                let gb = yb.mul(c.probe.clone()).sum().backward();
+                close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
+                close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
+                if edges {
+                    close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
+                }
+                for (i, w) in c.weights.iter().enumerate() {
+                    close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {i}"));
+                }
             }
         }
     }

@@ -23,8 +23,8 @@
 //! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
 //! node's terms are one dot product over the wave's columns rather than added edge by edge); `tests/batched.rs` holds the two
 //! together, forward and every gradient. It runs float and quantized cells, with PC-DARTS'
-//! edge weights or without, but not partial channels; the per-edge cell stays the reference
-//! and runs everything else.
+//! edge weights or without, DARTS-' auxiliary skip, and partial channels in float cells
+//! ([`partial`]); the per-edge cell stays the reference and runs everything else.
 
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
@@ -44,8 +44,8 @@ use sums::{Block, Mixing, edge_sums};
 /// Why a cell cannot run batched.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
-    /// PC-DARTS partial channels.
-    #[error("the batched cell does not run PC-DARTS partial channels (K = {0})")]
+    /// PC-DARTS partial channels in a quantized cell.
+    #[error("the batched cell runs PC-DARTS partial channels (K = {0}) in float cells only")]
     Partial(usize),
     /// A candidate with no batched form.
     #[error("the batched cell has no batched form of {0}")]
@@ -111,11 +111,13 @@ pub struct BatchedCell {
     pub mix: Option<FakeQuantizer>,
     /// Intermediate nodes.
     pub nodes: usize,
+    /// PC-DARTS' `K`: the candidates see `C/K` channels (1: all).
+    pub partial: usize,
 }
 
 impl BatchedCell {
-    /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing,
-    /// without partial channels: `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
+    /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing
+    /// (partial channels in float cells only): `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
     /// edge weights where edges are normalized, `aux_skip` DARTS-' β (each stride-1 edge adds
     /// its source times β to its node; 0: none), `cell` the cell this one batches (its node
     /// adds and output concatenation run as they are).
@@ -146,8 +148,8 @@ impl BatchedCell {
         }
         // PC-DARTS' edge weights scale each edge's mixing weights (the per-edge cell scales
         // the edge's sum: the same value but for rounding).
-        let weights = match edge {
-            Some(e) => weights.mul(e.reshape([edges, 1])),
+        let weights = match &edge {
+            Some(e) => weights.mul(e.clone().reshape([edges, 1])),
             None => weights,
         };
         // Every edge's mixing weights in one row, and a zero after them: a wave picks its
@@ -157,7 +159,29 @@ impl BatchedCell {
         // terms (it feeds every node from its own on), and its first node is then complete.
         let mut partial: Option<Tensor<3>> = None;
         let coefficients = self.coefficients(&plan, &flat, k);
-        for ((wave, ops), c) in plan.iter().zip(&self.waves).zip(coefficients) {
+        for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
+            if self.partial > 1 {
+                // The candidates on the first C/K channels; the node completed below.
+                let heads = partial::heads(&states, self.partial);
+                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k);
+                let sum = match partial.take() {
+                    Some(p) => p.add(t),
+                    None => t,
+                };
+                let (head, rest) = first_and_rest(sum);
+                let extras = (edge.as_ref(), aux_skip);
+                let node = partial::complete(
+                    head.reshape(shape),
+                    &states,
+                    w,
+                    extras,
+                    cell.reduction,
+                    self.partial,
+                );
+                states.push(QTensor::float(node));
+                partial = rest;
+                continue;
+            }
             let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k);
             // DARTS-' auxiliary skip: the sources' sum times β, added to every node fed.
             let aux = auxiliary(&states, wave, aux_skip, cell.reduction);
@@ -348,6 +372,7 @@ impl QuantSites for BatchedCell {
 mod bank;
 mod grids;
 mod nodes;
+mod partial;
 mod reduce;
 mod stack;
 mod sums;

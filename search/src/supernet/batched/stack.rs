@@ -260,11 +260,14 @@ impl BatchedCell {
     /// weights and running statistics; the input preprocessing stays `cell`'s.
     ///
     /// # Errors
-    /// If `cell` has quantizers, partial channels or a candidate with no batched form.
+    /// If `cell` has quantizers that do not stack, partial channels and quantizers, or a
+    /// candidate with no batched form.
     pub fn from_cell(cell: &SearchCell, primitives: &[Primitive]) -> Result<Self, BatchError> {
         check_state_grids(cell)?;
-        if let Some(e) = cell.edges.iter().find(|e| e.partial > 1) {
-            return Err(BatchError::Partial(e.partial));
+        let partial = cell.edges.first().map_or(1, |e| e.partial);
+        let quantized = cell.edges.iter().any(|e| e.act.is_some() || e.mix.is_some());
+        if partial > 1 && quantized {
+            return Err(BatchError::Partial(partial));
         }
         if primitives.iter().all(|p| *p == Primitive::None) {
             return Err(BatchError::Primitive(Primitive::None));
@@ -276,7 +279,7 @@ impl BatchedCell {
             .collect::<Result<_, _>>()?;
         let mixes = cell.edges.iter().map(|e| e.mix.as_ref()).collect();
         let mix = stack_sites(mixes, "mix")?;
-        Ok(BatchedCell { waves, mix, nodes: cell.nodes })
+        Ok(BatchedCell { waves, mix, nodes: cell.nodes, partial })
     }
 
     /// Writes the batched cell's weights and running statistics back into `cell`, the cell it
