@@ -17,7 +17,7 @@ use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, QTensor, QuantSites};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
 use qdarts_search::supernet::waves::waves as plan;
-use qdarts_search::supernet::{BatchError, BatchedCell, CellShape, SearchCell, Slot};
+use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell, Slot};
 
 mod common;
 
@@ -201,12 +201,6 @@ fn the_batched_cell_refuses_what_it_does_not_batch_naming_it() {
     let err = BatchedCell::from_cell(&cell, &PRIMS).unwrap_err();
     assert!(err.to_string().contains("LSQ"), "{err}");
 
-    let partial = CellShape { partial: 2, ..shape(false, false) };
-    let trt = QuantConfig::preset(Preset::Tensorrt);
-    let cell = SearchCell::new(partial, &PRIMS, &trt, "cells.0", &d).unwrap();
-    let err = BatchedCell::from_cell(&cell, &PRIMS).unwrap_err();
-    assert!(matches!(err, BatchError::Partial(2)), "{err}");
-
     let fac = [Primitive::SepConv3x3, Primitive::Conv7x1_1x7];
     let cell = SearchCell::new(shape(false, false), &fac, &QuantConfig::float(), "c", &d).unwrap();
     let err = BatchedCell::from_cell(&cell, &fac).unwrap_err();
@@ -319,12 +313,6 @@ fn a_search_with_batched_cells_takes_the_per_edge_first_step_and_finishes() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("model.batched_cells") && err.contains("quant.preset"), "{err}");
-    // Partial channels run in waves in float searches only.
-    let set = ["model.batched_cells=true".to_string(), "model.partial_channels=2".to_string()];
-    let err = qdarts_search::config::ExperimentConfig::parse(&text, Path::new("t.toml"), &set)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("model.partial_channels") && err.contains("float"), "{err}");
     assert!(!dir.join("refused").exists());
 }
 
@@ -476,8 +464,8 @@ fn error_layers(run: &std::path::Path) -> std::collections::BTreeMap<String, usi
     seen
 }
 
-/// A quantized search (the default preset) in waves, first and second order (the second with
-/// DARTS-' auxiliary skip): the per-edge search's first step to float rounding (the step's
+/// A quantized search (the default preset) in waves, first order with PC-DARTS' partial
+/// channels (K = 2) and second order with DARTS-' auxiliary skip: the per-edge search's first step to float rounding (the step's
 /// forward is the per-edge cell's bit for bit; the architecture step before it adds its
 /// gradients in another order), finite losses, and an error row for every quantizer site the
 /// per-edge search records.
@@ -489,10 +477,13 @@ fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
     for order in ["first", "second"] {
         let at = |name: &str| dir.join(format!("{order}-{name}"));
         let set = format!("search.order={order}");
-        let aux = format!("search.guards.aux_skip={}", if order == "second" { 0.5 } else { 0.0 });
-        let edges = common::tiny_with(&at("edges"), "", &[set.as_str(), aux.as_str()]);
+        let second = order == "second";
+        let aux = format!("search.guards.aux_skip={}", if second { 0.5 } else { 0.0 });
+        let part = format!("model.partial_channels={}", if second { 1 } else { 2 });
+        let sets = [set.as_str(), aux.as_str(), part.as_str()];
+        let edges = common::tiny_with(&at("edges"), "", &sets);
         let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
-        let on = [set.as_str(), aux.as_str(), "model.batched_cells=true"];
+        let on = [sets[0], sets[1], sets[2], "model.batched_cells=true"];
         let waves = common::tiny_with(&at("waves"), "", &on);
         let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
         assert!(edges.finished && waves.finished);
@@ -599,14 +590,14 @@ fn a_perturbation_search_in_waves_decides_every_edge() {
     }
 }
 
-/// PC-DARTS' partial channels in waves (a float cell of 4 channels, K = 2, and K = 4 but in a
-/// reduction cell): the per-edge cell's output
-/// and every gradient, normal and reduction cells (whose input edges max-pool their bypassed
-/// channels), with and without PC-DARTS' edge weights and DARTS-' auxiliary skip.
+/// PC-DARTS' partial channels in waves (a cell of 4 channels, K = 2, and K = 4 but not in a
+/// reduction cell), float and tensorrt: the per-edge cell's output (bit for bit quantized on
+/// flex) and every gradient, normal and reduction cells (whose input edges max-pool their
+/// bypassed channels), with and without PC-DARTS' edge weights and DARTS-' auxiliary skip.
 #[test]
 fn with_partial_channels_the_batched_cell_computes_the_per_edge_cell() {
     let d = Device::flex().autodiff();
-    for k in [2, 4] {
+    for (preset, k) in [(Preset::Float, 2), (Preset::Float, 4), (Preset::Tensorrt, 2)] {
         for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
             if reduction && k == 4 {
                 // One channel a candidate: FactorizedReduce cannot halve it.
@@ -615,10 +606,12 @@ fn with_partial_channels_the_batched_cell_computes_the_per_edge_cell() {
             for (edges, aux) in [(false, 0.0), (true, 0.4)] {
                 let s = CellShape { partial: k, ..shape(reduction, reduction_prev) };
                 let what = format!(
-                    "K {k}, reduction {reduction} after {reduction_prev}, edges {edges}, β {aux}"
+                    "{preset:?} K {k}, reduction {reduction} after {reduction_prev}, edges \
+                     {edges}, β {aux}"
                 );
-                let c = case_shaped(&QuantConfig::float(), s, 23);
-                let batched = BatchedCell::from_cell(&c.cell, &PRIMS).unwrap();
+                let cfg = QuantConfig::preset(preset);
+                let (c, b) = (case_shaped(&cfg, s, 23), case_shaped(&cfg, s, 23));
+                let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
                 let e = qdarts_ops::seeded(&d, 3, || {
                     let normal = Distribution::Normal(0.0, 1.0);
                     softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
@@ -626,11 +619,15 @@ fn with_partial_channels_the_batched_cell_computes_the_per_edge_cell() {
                 let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
                 let rows = edges.then_some(rows.as_slice());
                 let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
-                let (p0, p1) =
-                    (c.cell.preproc0.forward(q(&c.s0)), c.cell.preproc1.forward(q(&c.s1)));
+                let p0 = b.cell.preproc0.forward(q(&c.s0));
+                let p1 = b.cell.preproc1.forward(q(&c.s1));
                 let w = Tensor::stack(c.weights.clone(), 0);
-                let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &c.cell).value;
-                close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
+                let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &b.cell).value;
+                if preset == Preset::Float {
+                    close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
+                } else {
+                    assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what}: output");
+                }
                 let ga = ya.mul(c.probe.clone()).sum().backward();
                 let gb = yb.mul(c.probe.clone()).sum().backward();
                 close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));

@@ -29,27 +29,16 @@ impl ExperimentConfig {
         }
         r.count("model.nodes", m.nodes, 1, 16)?;
         if m.batched_cells {
-            let q = &self.quant;
-            let quantized = q.preset != Preset::Float
-                || q.weight.is_some()
-                || q.act.is_some()
-                || q.mix.is_some()
-                || !q.ops.is_empty();
             let conflict = [
-                (q.preset == Preset::Lsq, "quant.preset = \"lsq\""),
-                (q.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
-                (
-                    m.partial_channels > 1 && quantized,
-                    "model.partial_channels > 1 with quantizers (partial channels run in waves \
-                     in float searches)",
-                ),
+                (self.quant.preset == Preset::Lsq, "quant.preset = \"lsq\""),
+                (self.quant.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
                 (s.bits.is_some(), "[search.bits]"),
             ];
             if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
                 let message = format!(
-                    "runs cells without LSQ quantizers, a quantized BatchNorm multiplier, \
-                     quantized partial channels or a bit-width search; this config has {what}: \
-                     set model.batched_cells = false (or leave it out) to run it edge by edge"
+                    "runs cells without LSQ quantizers, a quantized BatchNorm multiplier or a \
+                     bit-width search; this config has {what}: set model.batched_cells = false \
+                     (or leave it out) to run it edge by edge"
                 );
                 return bad(path, "model.batched_cells", &message);
             }

@@ -23,8 +23,8 @@
 //! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
 //! node's terms are one dot product over the wave's columns rather than added edge by edge); `tests/batched.rs` holds the two
 //! together, forward and every gradient. It runs float and quantized cells, with PC-DARTS'
-//! edge weights or without, DARTS-' auxiliary skip, and partial channels in float cells
-//! ([`partial`]); the per-edge cell stays the reference and runs everything else.
+//! edge weights or without, DARTS-' auxiliary skip, and partial channels ([`partial`]); the
+//! per-edge cell stays the reference and runs everything else.
 
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
@@ -44,9 +44,6 @@ use sums::{Block, Mixing, edge_sums};
 /// Why a cell cannot run batched.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
-    /// PC-DARTS partial channels in a quantized cell.
-    #[error("the batched cell runs PC-DARTS partial channels (K = {0}) in float cells only")]
-    Partial(usize),
     /// A candidate with no batched form.
     #[error("the batched cell has no batched form of {0}")]
     Primitive(Primitive),
@@ -116,8 +113,8 @@ pub struct BatchedCell {
 }
 
 impl BatchedCell {
-    /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing
-    /// (partial channels in float cells only): `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
+    /// [`SearchCell::forward`](super::SearchCell::forward) after the input preprocessing:
+    /// `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
     /// edge weights where edges are normalized, `aux_skip` DARTS-' β (each stride-1 edge adds
     /// its source times β to its node; 0: none), `cell` the cell this one batches (its node
     /// adds and output concatenation run as they are).
@@ -238,7 +235,8 @@ impl WaveOps {
     }
 
     /// The wave's terms of the nodes it feeds, `[N, fed, C·H'·W']` (a quantized cell: each
-    /// edge's output on its grid, `[N, E, C·H'·W']`), and the shape of a node: every
+    /// edge's sum, `[N, E, C·H'·W']`, which the edge's output quantizer then rounds), and the
+    /// shape of a node: every
     /// candidate's output laid side by side, `[N, columns, C·H'·W']`, times the coefficients
     /// `[fed, columns]` (or `[E, columns]`) in one product.
     fn forward(
@@ -342,10 +340,7 @@ impl WaveOps {
             // the quantizer after it rounds them alike.
             None => edge_sums(wave, &blocks, &columns, flat, k),
         };
-        match &self.edge_act {
-            Some(q) => (q.forward(terms), shape),
-            None => (terms, shape),
-        }
+        (terms, shape)
     }
 }
 

@@ -9,7 +9,7 @@ use qdarts_ops::candidates::QTensor;
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
-use super::BatchedCell;
+use super::{BatchedCell, partial};
 
 impl BatchedCell {
     /// [`forward`](Self::forward) of a quantized cell: each wave gives every edge's output on
@@ -43,7 +43,20 @@ impl BatchedCell {
             pick(e, &index).into_iter().map(|s| s.reshape([1, -1, 1]))
         });
         for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
-            let (out, shape) = ops.forward(wave, &states, (flat, c), k);
+            let (out, shape) = match self.partial {
+                1 => ops.forward(wave, &states, (flat, c), k),
+                // The candidates on the first C/K channels; each edge's output their sum and
+                // the source's bypassed channels, shuffled, before its output quantizer.
+                kp => {
+                    let (mixed, shape) =
+                        ops.forward(wave, &partial::heads(&states, kp), (flat, c), k);
+                    partial::edge_outputs(mixed, shape, &states, wave, cell.reduction, kp)
+                }
+            };
+            let out = match &ops.edge_act {
+                Some(q) => q.forward(out),
+                None => out,
+            };
             let out = match scales.as_mut().and_then(Iterator::next) {
                 Some(scale) => out.mul(scale),
                 None => out,

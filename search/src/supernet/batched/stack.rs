@@ -260,15 +260,10 @@ impl BatchedCell {
     /// weights and running statistics; the input preprocessing stays `cell`'s.
     ///
     /// # Errors
-    /// If `cell` has quantizers that do not stack, partial channels and quantizers, or a
-    /// candidate with no batched form.
+    /// If `cell` has quantizers that do not stack or a candidate with no batched form.
     pub fn from_cell(cell: &SearchCell, primitives: &[Primitive]) -> Result<Self, BatchError> {
         check_state_grids(cell)?;
         let partial = cell.edges.first().map_or(1, |e| e.partial);
-        let quantized = cell.edges.iter().any(|e| e.act.is_some() || e.mix.is_some());
-        if partial > 1 && quantized {
-            return Err(BatchError::Partial(partial));
-        }
         if primitives.iter().all(|p| *p == Primitive::None) {
             return Err(BatchError::Primitive(Primitive::None));
         }
