@@ -395,60 +395,61 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
     }
 }
 
-/// The batched cell against the per-edge cell with PC-DARTS' edge weights (`edges`) and
-/// DARTS-' auxiliary skip β (`aux`, 0: none), float and tensorrt, normal and reduction cells:
-/// the output (bit for bit quantized on flex, where each edge's sum is added term by term and
+/// The batched cell against the per-edge cell on each of `cases` (a preset and a cell shape)
+/// with PC-DARTS' edge weights (`edges`) and DARTS-' auxiliary skip β (`aux`, 0: none): the
+/// output (bit for bit quantized on flex, where each edge's sum is added term by term and
 /// every node's operands in the per-edge order) and every gradient.
-fn against_the_per_edge_cell(edges: bool, aux: f32) {
+fn against_the_per_edge_cell(cases: &[(Preset, CellShape)], edges: bool, aux: f32) {
     let d = Device::flex().autodiff();
-    for preset in [Preset::Float, Preset::Tensorrt] {
+    for &(preset, s) in cases {
         let cfg = QuantConfig::preset(preset);
-        for (reduction, reduction_prev) in [(false, false), (true, false)] {
-            let what = format!(
-                "{preset:?}, reduction {reduction}, after one {reduction_prev}, edges {edges}, β {aux}"
-            );
-            let c = case_with(&cfg, reduction, reduction_prev, 17);
-            let b = case_with(&cfg, reduction, reduction_prev, 17);
-            let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
-            let e = qdarts_ops::seeded(&d, 3, || {
-                let normal = Distribution::Normal(0.0, 1.0);
-                softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
-            });
-            let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
-            let rows = edges.then_some(rows.as_slice());
-            let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
-            let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
-            let w = Tensor::stack(c.weights.clone(), 0);
-            let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &b.cell).value;
-            if preset == Preset::Float {
-                close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
-            } else {
-                assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what}: output");
-            }
-            let ga = ya.mul(c.probe.clone()).sum().backward();
-            let gb = yb.mul(c.probe.clone()).sum().backward();
-            close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
-            close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
-            if edges {
-                close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
-            }
-            for (k, w) in c.weights.iter().enumerate() {
-                close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {k}"));
-            }
+        let what = format!("{preset:?}, {s:?}, edges {edges}, β {aux}");
+        let (c, b) = (case_shaped(&cfg, s, 17), case_shaped(&cfg, s, 17));
+        let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
+        let e = qdarts_ops::seeded(&d, 3, || {
+            let normal = Distribution::Normal(0.0, 1.0);
+            softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
+        });
+        let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
+        let rows = edges.then_some(rows.as_slice());
+        let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
+        let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
+        let w = Tensor::stack(c.weights.clone(), 0);
+        let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &b.cell).value;
+        if preset == Preset::Float {
+            close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
+        } else {
+            assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what}: output");
+        }
+        let ga = ya.mul(c.probe.clone()).sum().backward();
+        let gb = yb.mul(c.probe.clone()).sum().backward();
+        close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
+        close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
+        if edges {
+            close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
+        }
+        for (k, w) in c.weights.iter().enumerate() {
+            close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {k}"));
         }
     }
 }
 
+/// Float and tensorrt, a normal and a reduction cell.
+fn both_presets() -> Vec<(Preset, CellShape)> {
+    let shapes = [shape(false, false), shape(true, false)];
+    [Preset::Float, Preset::Tensorrt].iter().flat_map(|&p| shapes.map(|s| (p, s))).collect()
+}
+
 #[test]
 fn with_pc_darts_edge_weights_the_batched_cell_computes_the_per_edge_cell() {
-    against_the_per_edge_cell(true, 0.0);
+    against_the_per_edge_cell(&both_presets(), true, 0.0);
 }
 
 #[test]
 fn with_darts_minus_auxiliary_skip_the_batched_cell_computes_the_per_edge_cell() {
     // β large enough that the auxiliary terms move the node grids' ranges.
-    against_the_per_edge_cell(false, 0.7);
-    against_the_per_edge_cell(true, 0.3);
+    against_the_per_edge_cell(&both_presets(), false, 0.7);
+    against_the_per_edge_cell(&both_presets(), true, 0.3);
 }
 
 /// The layers of a run's `quant_error.csv` rows, with how often each appears.
@@ -591,54 +592,20 @@ fn a_perturbation_search_in_waves_decides_every_edge() {
 }
 
 /// PC-DARTS' partial channels in waves (a cell of 4 channels, K = 2, and K = 4 but not in a
-/// reduction cell), float and tensorrt: the per-edge cell's output (bit for bit quantized on
-/// flex) and every gradient, normal and reduction cells (whose input edges max-pool their
-/// bypassed channels), with and without PC-DARTS' edge weights and DARTS-' auxiliary skip.
+/// reduction cell), float and tensorrt (K = 2), normal and reduction cells (whose input edges
+/// max-pool their bypassed channels) and a cell after a reduction, with and without PC-DARTS'
+/// edge weights and DARTS-' auxiliary skip.
 #[test]
 fn with_partial_channels_the_batched_cell_computes_the_per_edge_cell() {
-    let d = Device::flex().autodiff();
+    let mut cases = Vec::new();
     for (preset, k) in [(Preset::Float, 2), (Preset::Float, 4), (Preset::Tensorrt, 2)] {
         for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
-            if reduction && k == 4 {
-                // One channel a candidate: FactorizedReduce cannot halve it.
-                continue;
-            }
-            for (edges, aux) in [(false, 0.0), (true, 0.4)] {
-                let s = CellShape { partial: k, ..shape(reduction, reduction_prev) };
-                let what = format!(
-                    "{preset:?} K {k}, reduction {reduction} after {reduction_prev}, edges \
-                     {edges}, β {aux}"
-                );
-                let cfg = QuantConfig::preset(preset);
-                let (c, b) = (case_shaped(&cfg, s, 23), case_shaped(&cfg, s, 23));
-                let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
-                let e = qdarts_ops::seeded(&d, 3, || {
-                    let normal = Distribution::Normal(0.0, 1.0);
-                    softmax(Tensor::<1>::random([14], normal, &d), 0).detach().require_grad()
-                });
-                let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
-                let rows = edges.then_some(rows.as_slice());
-                let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
-                let p0 = b.cell.preproc0.forward(q(&c.s0));
-                let p1 = b.cell.preproc1.forward(q(&c.s1));
-                let w = Tensor::stack(c.weights.clone(), 0);
-                let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &b.cell).value;
-                if preset == Preset::Float {
-                    close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
-                } else {
-                    assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what}: output");
-                }
-                let ga = ya.mul(c.probe.clone()).sum().backward();
-                let gb = yb.mul(c.probe.clone()).sum().backward();
-                close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &format!("{what}: ∂s0"));
-                close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &format!("{what}: ∂s1"));
-                if edges {
-                    close(grad(&e, &ga), grad(&e, &gb), 1e-4, &format!("{what}: ∂ edge weights"));
-                }
-                for (i, w) in c.weights.iter().enumerate() {
-                    close(grad(w, &ga), grad(w, &gb), 1e-4, &format!("{what}: ∂w of edge {i}"));
-                }
+            // K = 4 leaves one channel a candidate: FactorizedReduce cannot halve it.
+            if !(reduction && k == 4) {
+                cases.push((preset, CellShape { partial: k, ..shape(reduction, reduction_prev) }));
             }
         }
     }
+    against_the_per_edge_cell(&cases, false, 0.0);
+    against_the_per_edge_cell(&cases, true, 0.4);
 }
