@@ -264,6 +264,34 @@ impl ModuleVisitor for Floats {
 }
 
 /// The train rows of a run's metrics: `(loss, top-1)` per step.
+/// The tiny search (`extra` in its TOML, `sets` as `--set`) edge by edge and in waves
+/// (`model.batched_cells`) on flex: both finish with as many training rows, every loss
+/// finite, the first within `rel` of the per-edge one.
+fn edges_and_waves(
+    dir: &Path,
+    extra: &str,
+    sets: &[&str],
+    rel: f64,
+) -> (qdarts_search::SearchOutcome, qdarts_search::SearchOutcome) {
+    let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
+    let mut run = |name: &str, on: &[&str]| {
+        let cfg = common::tiny_with(&dir.join(name), extra, on);
+        qdarts_search::run_search(&cfg, &Device::flex(), None, &mut go).unwrap()
+    };
+    let edges = run("edges", sets);
+    let waves = run("waves", &[sets, &["model.batched_cells=true"]].concat());
+    assert!(edges.finished && waves.finished);
+    let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
+    assert_eq!(a.len(), b.len());
+    let (la, lb) = (a[0].0, b[0].0);
+    assert!(
+        (la - lb).abs() <= rel * la.abs(),
+        "{sets:?}: first loss {la} edge by edge, {lb} in waves"
+    );
+    assert!(b.iter().all(|(l, _)| l.is_finite()), "{sets:?}: {b:?}");
+    (edges, waves)
+}
+
 fn train_rows(run: &std::path::Path) -> Vec<(f64, f64)> {
     let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     let mut lines = text.lines();
@@ -283,27 +311,11 @@ fn train_rows(run: &std::path::Path) -> Vec<(f64, f64)> {
 /// before anything is written, naming the key.
 #[test]
 fn a_search_with_batched_cells_takes_the_per_edge_first_step_and_finishes() {
-    let d = Device::flex();
     let dir = common::scratch("batched-search");
     let float = "[quant]\npreset = \"float\"";
-    let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
     for k in [1, 2] {
         let part = format!("model.partial_channels={k}");
-        let at = |name: &str| dir.join(format!("{name}-{k}"));
-        let edges = common::tiny_with(&at("edges"), float, &[part.as_str()]);
-        let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
-        let on = [part.as_str(), "model.batched_cells=true"];
-        let waves = common::tiny_with(&at("waves"), float, &on);
-        let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
-        assert!(edges.finished && waves.finished);
-        let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
-        assert_eq!(a.len(), b.len());
-        let (la, lb) = (a[0].0, b[0].0);
-        assert!(
-            (la - lb).abs() <= 1e-5 * la.abs(),
-            "K {k}: first step's loss: {la} edge by edge, {lb} in waves"
-        );
-        assert!(b.iter().all(|(l, _)| l.is_finite()));
+        let (_, waves) = edges_and_waves(&dir.join(format!("k{k}")), float, &[&part], 1e-5);
         assert!(!waves.genotype.to_darts_text().is_empty());
     }
 
@@ -472,30 +484,14 @@ fn error_layers(run: &std::path::Path) -> std::collections::BTreeMap<String, usi
 /// per-edge search records.
 #[test]
 fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
-    let d = Device::flex();
     let dir = common::scratch("batched-quantized");
-    let mut go = |_: &qdarts_engine::Progress| std::ops::ControlFlow::Continue(());
     for order in ["first", "second"] {
-        let at = |name: &str| dir.join(format!("{order}-{name}"));
         let set = format!("search.order={order}");
         let second = order == "second";
         let aux = format!("search.guards.aux_skip={}", if second { 0.5 } else { 0.0 });
         let part = format!("model.partial_channels={}", if second { 1 } else { 2 });
         let sets = [set.as_str(), aux.as_str(), part.as_str()];
-        let edges = common::tiny_with(&at("edges"), "", &sets);
-        let edges = qdarts_search::run_search(&edges, &d, None, &mut go).unwrap();
-        let on = [sets[0], sets[1], sets[2], "model.batched_cells=true"];
-        let waves = common::tiny_with(&at("waves"), "", &on);
-        let waves = qdarts_search::run_search(&waves, &d, None, &mut go).unwrap();
-        assert!(edges.finished && waves.finished);
-        let (a, b) = (train_rows(&edges.run_dir), train_rows(&waves.run_dir));
-        assert_eq!(a.len(), b.len());
-        let (la, lb) = (a[0].0, b[0].0);
-        assert!(
-            (la - lb).abs() <= 1e-4 * la.abs(),
-            "{order}: first loss {la} edge by edge, {lb} in waves"
-        );
-        assert!(b.iter().all(|(l, _)| l.is_finite()), "{order}: {b:?}");
+        let (edges, waves) = edges_and_waves(&dir.join(order), "", &sets, 1e-4);
         assert_eq!(error_layers(&edges.run_dir), error_layers(&waves.run_dir), "{order}");
     }
 }
