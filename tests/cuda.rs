@@ -200,12 +200,14 @@ fn every_kernel_of_short_searches_on_wgpu_compiles_for_cuda_with_nvrtc() {
         );
     }
 
-    let mut failed = Vec::new();
-    for (source, name) in &sources {
-        if let Err(log) = nvrtc(source, &include, "sm_90a") {
-            failed.push(format!("{name}:\n{log}"));
-        }
-    }
+    // NVRTC compiles one program per call, so the sources go to every core.
+    let sources: Vec<(&String, &String)> = sources.iter().collect();
+    let failed: Vec<String> = on_every_core(&sources, |(source, name)| {
+        nvrtc(source, &include, "sm_90a").err().map(|log| format!("{name}:\n{log}"))
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     eprintln!(
         "{} distinct kernel sources ({} of qdarts' own) compiled for sm_90a, {} refused",
         sources.len(),
@@ -214,4 +216,29 @@ fn every_kernel_of_short_searches_on_wgpu_compiles_for_cuda_with_nvrtc() {
     );
     assert!(failed.is_empty(), "NVRTC refused:\n{}", failed.join("\n\n"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `f` of every item, in the items' order, on as many threads as this machine has cores.
+#[cfg(feature = "wgpu")]
+fn on_every_core<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break mine };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
