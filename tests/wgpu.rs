@@ -10,13 +10,6 @@ use std::process::Command;
 mod common;
 use common::one_epoch_search;
 
-#[test]
-fn a_search_runs_on_wgpu() {
-    // 128 images, half for the weights: 2 steps of 32, then one validation row.
-    let (run, _) = one_epoch_search("wgpu", &["--backend", "wgpu"], &["data.limit=128"], 2);
-    let _ = std::fs::remove_dir_all(run.parent().unwrap());
-}
-
 /// The train rows' losses of a two-step search (64 training images) on `backend`, float
 /// unless the config's `sets` (applied after) say otherwise.
 fn first_losses(tag: &str, backend: &[&str], sets: &[&str]) -> Vec<f64> {
@@ -32,8 +25,14 @@ fn first_losses(tag: &str, backend: &[&str], sets: &[&str]) -> Vec<f64> {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
-    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let losses = train_losses(&run);
     let _ = std::fs::remove_dir_all(&dir);
+    losses
+}
+
+/// The train rows' losses in `run`'s metrics, two of them.
+fn train_losses(run: &std::path::Path) -> Vec<f64> {
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     let rows = metrics.lines().skip(1).map(|l| l.split(',').collect::<Vec<_>>());
     let losses: Vec<f64> =
         rows.filter(|r| r[2] == "train").map(|r| r[3].parse().unwrap()).collect();
@@ -75,20 +74,23 @@ fn a_search_in_waves_on_wgpu_takes_flex_s_per_edge_steps() {
     }
 }
 
-/// A quantized search (tensorrt) in waves on wgpu against the same search edge by edge on
-/// wgpu: the two steps' losses to the rounding of the merged launches' sums (a value at an
-/// exact rounding boundary may flip a level), which a row of a stacked quantizer that read
-/// another edge's range, or a bias rounded to another unit, would move by far more.
+/// The default search (tensorrt) runs on wgpu edge by edge, its record whole (128 images, half
+/// for the weights: 2 steps of 32, then one validation row), and the same search in waves
+/// takes its steps: the two steps' losses to the rounding of the merged launches' sums (a value
+/// at an exact rounding boundary may flip a level), which a row of a stacked quantizer that
+/// read another edge's range, or a bias rounded to another unit, would move by far more.
 #[test]
-fn a_quantized_search_in_waves_on_wgpu_takes_the_per_edge_steps() {
+fn a_search_runs_on_wgpu_and_in_waves_takes_the_per_edge_steps() {
     // Without DARTS-' auxiliary skip: with it, wgpu's first losses edge by edge moved from
     // flex's by more than this bound, in waves less (docs/results/2026-12-07-aux-skip-in-waves.md),
     // so the quantized cell's auxiliary terms are held bit for bit on flex
     // (search/tests/batched.rs) and on wgpu in float.
+    let (run, _) = one_epoch_search("wgpu", &["--backend", "wgpu"], &["data.limit=128"], 2);
+    let reference = train_losses(&run);
+    let _ = std::fs::remove_dir_all(run.parent().unwrap());
     let trt = "quant.preset=\"tensorrt\"";
     let ours =
         first_losses("wgpu-q-waves", &["--backend", "wgpu"], &[trt, "model.batched_cells=true"]);
-    let reference = first_losses("wgpu-q-edges", &["--backend", "wgpu"], &[trt]);
     for (a, b) in ours.iter().zip(&reference) {
         assert!((a - b).abs() <= 1e-3 * b.abs(), "in waves {ours:?}, edge by edge {reference:?}");
     }
