@@ -221,24 +221,13 @@ fn every_kernel_of_short_searches_on_wgpu_compiles_for_cuda_with_nvrtc() {
 /// `f` of every item, in the items' order, on as many threads as this machine has cores.
 #[cfg(feature = "wgpu")]
 fn on_every_core<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..workers)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { break mine };
-                        mine.push((i, f(item)));
-                    }
-                })
-            })
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let per_core = items.len().div_ceil(cores).max(1);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = items
+            .chunks(per_core)
+            .map(|part| scope.spawn(|| part.iter().map(&f).collect::<Vec<R>>()))
             .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
-    });
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, r)| r).collect()
+        parts.into_iter().flat_map(|part| part.join().unwrap()).collect()
+    })
 }
