@@ -10,7 +10,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::candidates::{Ctx, QTensor, QuantSites};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, SpecError};
+use crate::quant::{FakeQuantizer, Hold, SpecError};
 use qdarts_kernels::cat::cat;
 
 /// `Σ x_i`, requantized onto the output grid.
@@ -32,26 +32,34 @@ impl QAdd {
     /// # Panics
     /// If `xs` is empty.
     pub fn forward(&self, xs: Vec<QTensor>) -> QTensor {
+        self.forward_held(xs, Hold::Off)
+    }
+
+    /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
+    ///
+    /// # Panics
+    /// If `xs` is empty.
+    pub fn forward_held(&self, xs: Vec<QTensor>, hold: Hold) -> QTensor {
         let values: Vec<Tensor<4>> = xs.into_iter().map(|x| x.value).collect();
         let Some(sum) = values.iter().cloned().reduce(|a, b| a.add(b)) else {
             panic!("QAdd needs at least one operand");
         };
-        self.forward_summed(&values, sum)
+        self.forward_summed(&values, sum, hold)
     }
 
-    /// [`forward`](Self::forward) of operands whose float sum the caller has computed (`xs`
-    /// added left to right): the gradient goes through `sum` alone, and only the values of
-    /// `xs` are read (they may be detached).
+    /// [`forward_held`](Self::forward_held) of operands whose float sum the caller has
+    /// computed (`xs` added left to right): the gradient goes through `sum` alone, and only the
+    /// values of `xs` are read (they may be detached).
     ///
     /// # Shapes
     /// - xs: one or more `[N, C, H, W]` of one shape; sum and output: the same shape.
     ///
     /// # Panics
     /// If `xs` is empty.
-    pub fn forward_summed(&self, xs: &[Tensor<4>], sum: Tensor<4>) -> QTensor {
+    pub fn forward_summed(&self, xs: &[Tensor<4>], sum: Tensor<4>, hold: Hold) -> QTensor {
         match &self.act {
             Some(q) => {
-                let (value, grid) = q.forward_summed(xs, sum);
+                let (value, grid) = q.forward_summed(xs, sum, hold);
                 QTensor { value, grid: Some(grid) }
             }
             None => {
@@ -87,8 +95,13 @@ impl QConcat {
     /// # Shapes
     /// - xs: `[N, C_i, H, W]`; output: `[N, ΣC_i, H, W]`.
     pub fn forward(&self, xs: Vec<QTensor>) -> QTensor {
+        self.forward_held(xs, Hold::Off)
+    }
+
+    /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
+    pub fn forward_held(&self, xs: Vec<QTensor>, hold: Hold) -> QTensor {
         let cat = cat(xs.into_iter().map(|x| x.value).collect(), 1);
-        crate::candidates::quantize_opt(&self.act, cat)
+        crate::candidates::quantize_opt(&self.act, cat, hold)
     }
 }
 

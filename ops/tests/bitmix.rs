@@ -9,7 +9,7 @@ use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_ops::cost::{Penalty, expected_cost};
-use qdarts_ops::quant::{BitMix, Granularity, ObserverKind, QuantSpec, TensorRole};
+use qdarts_ops::quant::{BitMix, Granularity, Hold, ObserverKind, QuantSpec, TensorRole};
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -42,7 +42,7 @@ fn the_composite_convolution_is_the_weighted_sum_of_the_per_bit_convolutions() {
     });
     let mix = BitMix::new(weight_spec(), &[2, 4, 8], "e.conv", TensorRole::Weight, 6, &d).unwrap();
     let p = softmax(logits, 0);
-    let composite = conv(x.clone(), mix.forward(w.clone(), p.clone()));
+    let composite = conv(x.clone(), mix.forward(w.clone(), p.clone(), Hold::Off));
     let pv = vals(p.clone());
     let explicit = mix
         .quantizers
@@ -67,7 +67,7 @@ fn the_composite_convolution_is_the_weighted_sum_of_the_per_bit_convolutions() {
     }
     // One-hot probabilities pick that width's quantized weight.
     let one = Tensor::<1>::from_floats([0.0, 1.0, 0.0], &d);
-    let picked = vals(mix.forward(w.clone(), one));
+    let picked = vals(mix.forward(w.clone(), one, Hold::Off));
     assert_eq!(picked, vals(mix.quantizers[1].forward(w)));
     assert!(
         (vals(mix.expected_bits(p))[0] - (2.0 * pv[0] + 4.0 * pv[1] + 8.0 * pv[2])).abs() < 1e-5
@@ -175,7 +175,7 @@ fn the_hinge_penalty_is_zero_under_the_target_and_linear_over_it() {
 fn a_searched_site_at_a_one_hot_width_is_the_site_built_at_that_width() {
     use qdarts_genotypes::Primitive;
     use qdarts_ops::candidates::{
-        BitProbs, CandidateOp, ConvShape, Ctx, OpBits, QConv, QTensor, quantize_site,
+        BitProbs, CandidateOp, ConvShape, Ctx, OpBits, Pass, QConv, QTensor, quantize_site,
     };
     use qdarts_ops::qconfig::{QuantConfig, Site};
     let d = Device::flex();
@@ -203,7 +203,7 @@ fn a_searched_site_at_a_one_hot_width_is_the_site_built_at_that_width() {
         let (f, s) = (conv(fixed), conv(search));
         let diff = max_diff(
             vals(f.forward(x.clone())),
-            vals(s.forward_mixed(x.clone(), Some(&hot(wc, wb)))),
+            vals(s.forward_mixed(x.clone(), Pass::mixing(Some(&hot(wc, wb))))),
         );
         assert!(diff < 1e-5, "conv w{wb}: max difference {diff}");
         let eight = conv(OpBits::Config);
@@ -213,8 +213,8 @@ fn a_searched_site_at_a_one_hot_width_is_the_site_built_at_that_width() {
         let (q, m) = (ctx(fixed).quantizer(Site::Act, "act", 1).unwrap(), ctx(search));
         let mix = m.bit_mix(Site::Act, "act", 1).unwrap();
         assert!(m.quantizer(Site::Act, "act", 1).unwrap().is_none(), "the mix replaces it");
-        let a = quantize_site(&q, &None, x.clone(), None).value;
-        let b = quantize_site(&None, &mix, x.clone(), Some(&hot(ac, ab))).value;
+        let a = quantize_site(&q, &None, x.clone(), Pass::default()).value;
+        let b = quantize_site(&None, &mix, x.clone(), Pass::mixing(Some(&hot(ac, ab)))).value;
         assert!(max_diff(vals(a), vals(b)) < 1e-6, "act a{ab}");
         // The whole op where no bias is folded.
         let op = |bits| {
@@ -225,7 +225,7 @@ fn a_searched_site_at_a_one_hot_width_is_the_site_built_at_that_width() {
         };
         let probs = BitProbs { weight: hot(wc, wb), act: hot(ac, ab) };
         let a = op(fixed).forward(QTensor::float(x.clone())).value;
-        let b = op(search).forward_bits(QTensor::float(x.clone()), Some(&probs)).value;
+        let b = op(search).forward_in(QTensor::float(x.clone()), Pass::mixing(Some(&probs))).value;
         assert!(max_diff(vals(a), vals(b)) < 1e-5, "FactorizedReduce w{wb}a{ab}");
     }
 }

@@ -278,7 +278,12 @@ fn mixed_op_sharing_one_relu_is_each_candidate_on_its_own() {
                     Some(acc) => acc.add(y.mul(wi)),
                 });
             }
-            let out2 = qdarts_ops::candidates::quantize_opt(&alone.act, sum.unwrap()).value;
+            let out2 = qdarts_ops::candidates::quantize_opt(
+                &alone.act,
+                sum.unwrap(),
+                qdarts_ops::quant::Hold::Off,
+            )
+            .value;
             let g2 = out2.clone().square().sum().backward();
 
             let within = |what: &str, a: Vec<f64>, b: Vec<f64>, rel: f64| {

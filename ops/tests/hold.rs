@@ -1,13 +1,14 @@
-//! Held rounding: after recording at x0, a quantizer returns `x·mask + (out0 − x0·mask)` for
-//! any x of that size (the straight-through surrogate, linear in x, clipped elements constant),
-//! on the recorded grid; `Off` forgets the recording.
+//! Held rounding: after a pass at x0 recorded on a tape, a quantizer returns
+//! `x·mask + (out0 − x0·mask)` for any x of that size in a pass replaying the tape (the
+//! straight-through surrogate, linear in x, clipped elements constant), on the recorded grid; a
+//! pass without the tape quantizes as usual.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
 
 use burn::tensor::{Device, Tensor};
 use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, HoldMode, ObserverKind, QuantSpec, TensorRole,
+    FakeQuantizer, Granularity, Hold, HoldTape, ObserverKind, QuantSpec, TensorRole,
 };
 
 fn vals(t: Tensor<1>) -> Vec<f32> {
@@ -21,15 +22,14 @@ fn a_held_quantizer_is_linear_in_its_input_and_constant_where_it_clipped() {
     let spec = QuantSpec::with(4, true, false, Granularity::PerTensor, fixed).unwrap();
     let q = FakeQuantizer::new(spec, "a", TensorRole::Act, 1, &d).unwrap();
     let x0 = Tensor::<1>::from_floats([0.10, -0.33, 0.52, 3.0], &d);
-    q.set_hold(HoldMode::Record);
-    let (out0, g0) = q.forward_with_grid(x0.clone());
+    let tape = HoldTape::default();
+    let (out0, g0) = q.forward_held(x0.clone(), Hold::Record(&tape));
     let out0 = vals(out0);
     // A move far below one step (1/7.5 here) keeps out0 + δ inside the range and out0 where
     // the value clipped.
     let delta = [1e-3f32, -2e-3, 5e-4, -1e-3];
     let x1 = x0.clone().add(Tensor::from_floats(delta, &d));
-    q.set_hold(HoldMode::Replay);
-    let (out1, g1) = q.forward_with_grid(x1.clone());
+    let (out1, g1) = q.forward_held(x1.clone(), Hold::Replay(&tape));
     let out1 = vals(out1);
     for i in 0..3 {
         assert!((out1[i] - (out0[i] + delta[i])).abs() < 1e-6, "{i}: {} vs {}", out1[i], out0[i]);
@@ -38,7 +38,6 @@ fn a_held_quantizer_is_linear_in_its_input_and_constant_where_it_clipped() {
     assert_eq!(vals(g1.step), vals(g0.step));
     // Quantized as usual, the same small move changes nothing (no element crosses a rounding
     // boundary): what the central difference would divide by 2ε.
-    q.set_hold(HoldMode::Off);
     assert_eq!(vals(q.forward(x1)), out0);
 }
 
@@ -64,13 +63,11 @@ fn held_plane_on(
     let x0: [f32; 9] = [0.02, 0.30, 0.30, -0.5, 0.14, 0.05, 0.9, 0.9, -0.03];
     let delta: [f32; 9] = [0.01, 0.0, 0.05, 0.0, -0.2, 0.0, 0.0, 0.01, 0.0];
     let x0t = Tensor::<1>::from_floats(x0, &d).reshape([1, 1, 3, 3]);
-    q.set_hold(HoldMode::Record);
-    let (out0, _) = q.forward_with_grid(x0t.clone());
+    let tape = HoldTape::default();
+    let (out0, _) = q.forward_held(x0t.clone(), Hold::Record(&tape));
     let at_w = vals(out0.reshape([-1]));
     let x1 = x0t.add(Tensor::<1>::from_floats(delta, &d).reshape([1, 1, 3, 3])).require_grad();
-    q.set_hold(HoldMode::Replay);
-    let (out1, held) = q.forward_with_grid(x1.clone());
-    q.set_hold(HoldMode::Off);
+    let (out1, held) = q.forward_held(x1.clone(), Hold::Replay(&tape));
     let (_, unheld) = q.forward_with_grid(x1.clone());
     let now = vals(out1.clone().reshape([-1]));
     (at_w, now, out1, held, unheld, x1)
@@ -183,18 +180,43 @@ fn a_per_channel_held_quantizer_keeps_each_channels_clipping() {
     // 0.8 clips in the first channel (not on a per-tensor grid of ±1), 2.0 and 1.5 in the second.
     q.forward(Tensor::<2>::from_floats([[0.5, -0.5, 0.0, 0.1], [1.0, -1.0, 0.0, 0.1]], &d));
     let x0 = Tensor::<2>::from_floats([[0.1, -0.2, 0.8, 0.3], [2.0, -0.5, 0.25, 1.5]], &d);
-    q.set_hold(HoldMode::Record);
-    let out0 = vals(q.forward(x0.clone()).reshape([8]));
+    let tape = HoldTape::default();
+    let out0 = vals(q.forward_held(x0.clone(), Hold::Record(&tape)).0.reshape([8]));
     let delta = [1e-4f32, -2e-4, 3e-4, 1e-4, -1e-4, 2e-4, -3e-4, 1e-4];
     let x1 = x0.add(Tensor::<1>::from_floats(delta, &d).reshape([2, 4]));
-    q.set_hold(HoldMode::Replay);
     // Replayed twice: the second replay reads what the first derived.
     for _ in 0..2 {
-        let out1 = vals(q.forward(x1.clone()).reshape([8]));
+        let out1 = vals(q.forward_held(x1.clone(), Hold::Replay(&tape)).0.reshape([8]));
         for i in 0..8 {
             let clipped = [2, 4, 7].contains(&i);
             let expected = if clipped { out0[i] } else { out0[i] + delta[i] };
             assert!((out1[i] - expected).abs() < 1e-6, "{i}: {} vs {expected}", out1[i]);
         }
     }
+}
+
+/// The hold is the pass's, not the module's: a recording made through one copy of a quantizer is
+/// replayed through another (the second-order step's copies at `w` and `w±`), a pass without the
+/// tape quantizes as usual on either, and another quantizer finds nothing of it on the tape.
+#[test]
+fn a_recording_belongs_to_the_quantizer_and_the_pass_not_to_a_copy() {
+    let d = Device::flex();
+    let fixed = ObserverKind::Fixed { min: -1.0, max: 1.0 };
+    let spec = QuantSpec::with(4, true, false, Granularity::PerTensor, fixed).unwrap();
+    let q = FakeQuantizer::new(spec, "a", TensorRole::Act, 1, &d).unwrap();
+    let other = FakeQuantizer::new(spec, "a", TensorRole::Act, 1, &d).unwrap();
+    let x0 = Tensor::<1>::from_floats([0.10, -0.33, 0.52, 3.0], &d);
+    // 0.10 lies 0.033 above the boundary half a step (1/15) up: moved by −0.05 it rounds to 0
+    // unheld, and keeps its rounding at w held.
+    let x1 = x0.clone().add(Tensor::from_floats([-0.05f32, 0.0, 0.0, 0.0], &d));
+    let tape = HoldTape::default();
+    let out0 = vals(q.forward_held(x0, Hold::Record(&tape)).0);
+    assert_eq!(tape.len(), 1);
+    let copy = q.clone();
+    let held = vals(copy.forward_held(x1.clone(), Hold::Replay(&tape)).0);
+    assert!((held[0] - (out0[0] - 0.05)).abs() < 1e-6, "the copy replays: {held:?} {out0:?}");
+    let unheld = vals(q.forward(x1.clone()));
+    assert!((unheld[0] - held[0]).abs() > 0.01, "a pass without the tape rounds anew");
+    assert_eq!(vals(other.forward_held(x1.clone(), Hold::Replay(&tape)).0), unheld);
+    assert_eq!(vals(copy.forward(x1)), unheld, "replaying set nothing on the copy");
 }

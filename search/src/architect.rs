@@ -38,8 +38,7 @@ use burn::tensor::{Int, Tensor};
 use qdarts_engine::Sgd;
 use qdarts_engine::grads::{cross_entropy, grad_norm};
 use qdarts_kernels::optim::{Move, Moves};
-use qdarts_ops::candidates::QuantSites;
-use qdarts_ops::quant::{HoldMode, freeze_observers};
+use qdarts_ops::quant::{Hold, HoldTape, freeze_observers};
 
 use crate::supernet::{Alphas, SearchNetwork};
 
@@ -96,23 +95,6 @@ pub fn isolated<M: Module>(module: &M) -> M {
 /// `module`'s running states: pass a copy made with [`isolated`] to keep them apart).
 pub fn axpy<M: Module>(module: &M, grads: &GradientsParams, keep: f32, step: f32) -> M {
     moved(module, grads, Move::Axpy { keep, step }, None)
-}
-
-/// Sets every quantizer's held rounding for a scope, and turns it off on the way out (the
-/// setting is shared by every copy of a quantizer, the real network's included).
-struct Held(SearchNetwork);
-
-impl Held {
-    fn set(net: &SearchNetwork, mode: HoldMode) -> Self {
-        net.set_hold(mode);
-        Held(net.clone())
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.set_hold(HoldMode::Off);
-    }
 }
 
 /// The gradient of α as two tensors `(normal, reduce)`, and of PC-DARTS' β when edges are
@@ -220,20 +202,21 @@ pub fn hessian_vector<M: Module, G>(
 /// One batch: inputs and labels.
 pub type Batch = (Tensor<4>, Tensor<1, Int>);
 
-fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch) -> Tensor<1> {
-    cross_entropy(net.forward_arch(batch.0.clone(), alphas.arch()), batch.1.clone())
+/// The loss of `batch`, the quantizers holding their rounding as `hold` says.
+fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> Tensor<1> {
+    cross_entropy(net.forward_held(batch.0.clone(), alphas.arch(), hold), batch.1.clone())
 }
 
 /// `∇α L`. The weights are taken untracked: backward then skips every weight gradient (about a
 /// third of the backward pass), which only α needs here.
-fn alpha_grad(net: &SearchNetwork, alphas: &Alphas, batch: &Batch) -> AlphaGrads {
-    let mut g = loss_of(&net.clone().no_grad(), alphas, batch).backward();
+fn alpha_grad(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> AlphaGrads {
+    let mut g = loss_of(&net.clone().no_grad(), alphas, batch, hold).backward();
     AlphaGrads::take(&mut g, alphas)
 }
 
 /// First-order architecture gradient.
 pub fn first_order(net: &SearchNetwork, alphas: &Alphas, val: &Batch) -> AlphaGrads {
-    alpha_grad(net, alphas, val)
+    alpha_grad(net, alphas, val, Hold::Off)
 }
 
 /// Second-order (unrolled) architecture gradient: `xi` is the current weight learning rate,
@@ -274,30 +257,28 @@ pub fn second_order_parts_at(
     radius: f64,
 ) -> (AlphaGrads, AlphaGrads) {
     // A copy with its own BatchNorm statistics and observers. At w on the training batch:
-    // ∇w L_trn(w, α), and each quantizer's rounding, held for w±. The copy's observers see this
-    // batch (as pt.darts' network does in this pass, which is how they have a grid at step 1),
-    // then stay frozen.
+    // ∇w L_trn(w, α), and each quantizer's rounding, held for w± on a tape this step owns,
+    // keyed by quantizer, so that the copies made below (frozen, moved to w±) find their own.
+    // The copy's observers see this batch (as pt.darts' network does in this pass, which is
+    // how they have a grid at step 1), then stay frozen.
+    let tape = HoldTape::default();
     let copy = isolated(net);
-    let held = Held::set(&copy, HoldMode::Record);
-    let mut g = loss_of(&copy, alphas, train).backward();
+    let mut g = loss_of(&copy, alphas, train, Hold::Record(&tape)).backward();
     let gw = GradientsParams::from_module(&mut g, &copy);
     let frozen = freeze_observers(copy);
     // w' = w − ξ(μ·v + ∇w L_trn + λw); ∇α and ∇w' of L_val(w', α), quantized as usual.
-    frozen.set_hold(HoldMode::Kept);
     let (momentum, decay) = (w_optim.momentum(), w_optim.weight_decay());
     let virtual_net = moved(&frozen, &gw, Move::Virtual { momentum, decay, xi }, Some(w_optim));
-    let mut g = loss_of(&virtual_net, alphas, val).backward();
+    let mut g = loss_of(&virtual_net, alphas, val, Hold::Off).backward();
     let dw = GradientsParams::from_module(&mut g, &virtual_net);
     let dalpha = AlphaGrads::take(&mut g, alphas);
     // The mixed Hessian times ∇w' L_val at w, with the rounding held.
-    frozen.set_hold(HoldMode::Replay);
     let h = hessian_vector(
         &frozen,
         &dw,
         radius,
-        |m| alpha_grad(m, alphas, train),
+        |m| alpha_grad(m, alphas, train, Hold::Replay(&tape)),
         |a, x, b, y| a.combine(x, b, y),
     );
-    drop(held);
     (dalpha, h)
 }

@@ -14,8 +14,9 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Gradients, Tensor};
 use qdarts_genotypes::Primitive;
-use qdarts_ops::candidates::{CandidateOp, QTensor, QuantSites};
+use qdarts_ops::candidates::{CandidateOp, Pass, QTensor, QuantSites};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
+use qdarts_ops::quant::Hold;
 use qdarts_search::supernet::waves::waves as plan;
 use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell, Slot};
 
@@ -87,11 +88,11 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 /// `batched` on the inputs after `cell`'s preprocessing.
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
-    batched.forward(s0, s1, Tensor::stack(c.weights.clone(), 0), None, 0.0, cell).value
+    batched.forward((s0, s1), Tensor::stack(c.weights.clone(), 0), None, 0.0, cell, Hold::Off).value
 }
 
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
-    let a = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, None).value;
+    let a = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, Pass::default()).value;
     let b = waves(&c.cell, &c.batched, c);
     let ga = a.clone().mul(c.probe.clone()).sum().backward();
     let gb = b.clone().mul(c.probe.clone()).sum().backward();
@@ -237,7 +238,7 @@ fn a_batched_cell_written_back_is_the_per_edge_cell_it_computes() {
             assert_eq!(u, v, "{what}: tensor {i} of the round trip");
         }
         // (After the round trip: a forward pass moves the running statistics of both.)
-        let a = fresh.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, None).value;
+        let a = fresh.forward(q(&c.s0), q(&c.s1), &c.weights, None, 0.0, Pass::default()).value;
         let b = waves(&c.cell, &batched, &c);
         close(a, b, 1e-5, &format!("{what}: output after the write-back"));
     }
@@ -363,11 +364,14 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
                 batched.set_recording(step == 1);
                 // Each graph its own product (a backward consumes the nodes it reaches).
                 let s0 = || a.s0.clone().mul_scalar(1.0 + step as f32);
-                let ya = a.cell.forward(q(&s0()), q(&a.s1), &a.weights, None, 0.0, None).value;
+                let ya = a
+                    .cell
+                    .forward(q(&s0()), q(&a.s1), &a.weights, None, 0.0, Pass::default())
+                    .value;
                 let (p0, p1) =
                     (b.cell.preproc0.forward(q(&s0())), b.cell.preproc1.forward(q(&a.s1)));
                 let w = Tensor::stack(a.weights.clone(), 0);
-                let yb = batched.forward(p0, p1, w, None, 0.0, &b.cell).value;
+                let yb = batched.forward((p0, p1), w, None, 0.0, &b.cell, Hold::Off).value;
                 assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
                 let ga = ya.mul(a.probe.clone()).sum().backward();
                 let gb = yb.mul(a.probe.clone()).sum().backward();
@@ -424,10 +428,11 @@ fn against_the_per_edge_cell(cases: &[(Preset, CellShape)], edges: bool, aux: f3
         });
         let rows: Vec<Tensor<1>> = (0..14).map(|i| e.clone().slice(i..i + 1)).collect();
         let rows = edges.then_some(rows.as_slice());
-        let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, None).value;
+        let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, Pass::default()).value;
         let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
         let w = Tensor::stack(c.weights.clone(), 0);
-        let yb = batched.forward(p0, p1, w, edges.then(|| e.clone()), aux, &b.cell).value;
+        let yb =
+            batched.forward((p0, p1), w, edges.then(|| e.clone()), aux, &b.cell, Hold::Off).value;
         if preset == Preset::Float {
             close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
         } else {

@@ -10,8 +10,9 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::launches::counted_by_kernel;
-use qdarts_ops::candidates::QTensor;
+use qdarts_ops::candidates::{Pass, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
+use qdarts_ops::quant::Hold;
 use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell};
 
 use super::timing::{Timing, settle, write_csv};
@@ -73,10 +74,11 @@ pub fn cell_rows(
         let batched = BatchedCell::from_cell(&cell, &prims)?;
         // The network gives the waves its `[edges, K]` weights whole, as here: stacked once.
         let stacked = Tensor::stack::<2>(weights.clone(), 0);
-        let edges = |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, None).value;
+        let edges =
+            |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, Pass::default()).value;
         let waves = |a: QTensor, b: QTensor| {
             let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
-            batched.forward(a, b, stacked.clone(), None, 0.0, &cell).value
+            batched.forward((a, b), stacked.clone(), None, 0.0, &cell, Hold::Off).value
         };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {

@@ -18,11 +18,11 @@ use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_genotypes::Genotype;
 use qdarts_ops::arith::{QAdd, QConcat};
 use qdarts_ops::candidates::{
-    CandidateOp, ConvShape, Ctx, OpBits, QBatchNorm, QConv, QStdConv, QTensor, QuantSites,
+    CandidateOp, ConvShape, Ctx, OpBits, Pass, QBatchNorm, QConv, QStdConv, QTensor, QuantSites,
     quantize_opt,
 };
 use qdarts_ops::qconfig::{QuantConfig, Site};
-use qdarts_ops::quant::{FakeQuantizer, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, Hold, SpecError};
 
 use qdarts_data::Rng;
 use qdarts_ops::network::{Preprocess, QLinear, is_reduction};
@@ -315,9 +315,13 @@ impl EvalNetwork {
         mut drop: Option<(f64, &mut Rng)>,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let training = drop.is_some();
-        let x = quantize_opt(&self.input_act, x);
-        let (y, unit) = self.stem.forward_unit(x.value, x.grid.as_ref(), None);
-        let s = quantize_opt(&self.stem_act, self.stem_bn.forward_biased(y, unit));
+        let x = quantize_opt(&self.input_act, x, Hold::Off);
+        let (y, unit) = self.stem.forward_unit(x.value, x.grid.as_ref(), Pass::default());
+        let s = quantize_opt(
+            &self.stem_act,
+            self.stem_bn.forward_biased(y, unit, Hold::Off),
+            Hold::Off,
+        );
         let (mut s0, mut s1) = (s.clone(), s);
         let mut aux_logits = None;
         for (i, cell) in self.cells.iter().enumerate() {
@@ -339,7 +343,7 @@ impl EvalNetwork {
             }
             None => (pooled, None),
         };
-        (self.classifier.forward_q(pooled, grid.as_ref()), aux_logits)
+        (self.classifier.forward_q(pooled, grid.as_ref(), Hold::Off), aux_logits)
     }
 
     /// Inference logits (no drop-path, no auxiliary head).

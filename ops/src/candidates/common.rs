@@ -5,7 +5,7 @@ use burn::module::{Flag, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, Tensor};
 
 use crate::qconfig::{QuantConfig, Site};
-use crate::quant::hold::relu_held;
+use crate::quant::hold::{Hold, relu_held};
 use crate::quant::{BitMix, FakeQuantizer, Grid, QuantError, SpecError, TensorRole};
 
 /// An activation and the grid its values lie on (`None`: float).
@@ -35,28 +35,88 @@ impl QTensor {
     }
 }
 
-/// Applies an optional quantizer; `None` leaves the tensor float.
-pub fn quantize_opt(q: &Option<FakeQuantizer>, x: Tensor<4>) -> QTensor {
+/// Applies an optional quantizer, holding its rounding as `hold` says; `None` leaves the
+/// tensor float.
+pub fn quantize_opt(q: &Option<FakeQuantizer>, x: Tensor<4>, hold: Hold) -> QTensor {
     match q {
         Some(q) => {
-            let (value, grid) = q.forward_with_grid(x);
+            let (value, grid) = q.forward_held(x, hold);
             QTensor { value, grid: Some(grid) }
         }
         None => QTensor::float(x),
     }
 }
 
-/// A site quantized at one width or mixed over several (a bit-width search): with `probs`
-/// (the softmax over the mix's widths) the mix runs and the result lies on no single grid.
+/// A site quantized at one width or mixed over several (a bit-width search): with the pass's
+/// widths (the softmax over the mix's widths) the mix runs and the result lies on no single
+/// grid.
 pub fn quantize_site(
     q: &Option<FakeQuantizer>,
     mix: &Option<BitMix>,
     x: Tensor<4>,
-    probs: Option<&Tensor<1>>,
+    pass: Pass<Tensor<1>>,
 ) -> QTensor {
-    match (mix, probs) {
-        (Some(m), Some(p)) => QTensor::float(m.forward(x, p.clone())),
-        _ => quantize_opt(q, x),
+    match (mix, pass.bits) {
+        (Some(m), Some(p)) => QTensor::float(m.forward(x, p.clone(), pass.hold)),
+        _ => quantize_opt(q, x, pass.hold),
+    }
+}
+
+/// What one forward pass carries besides its tensors: how its quantizers hold their rounding
+/// (the second-order step's passes at `w` and `w±`) and, under a bit-width search, the
+/// softmaxes over the candidate widths (`B`: a network's, an edge's or an op's). Passed through
+/// `forward`, so that nothing of a pass is set on a module and shared by its copies.
+#[derive(Debug)]
+pub struct Pass<'a, B = BitProbs> {
+    /// What the quantizers do with their rounding.
+    pub hold: Hold<'a>,
+    /// The bit-width softmaxes, with a bit-width search.
+    pub bits: Option<&'a B>,
+}
+
+impl<B> Clone for Pass<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Pass<'_, B> {}
+
+impl<B> Default for Pass<'_, B> {
+    fn default() -> Self {
+        Pass { hold: Hold::Off, bits: None }
+    }
+}
+
+impl<'a, B> Pass<'a, B> {
+    /// A pass whose quantizers hold their rounding as `hold` says, without bit widths to mix.
+    pub fn held(hold: Hold<'a>) -> Self {
+        Pass { hold, bits: None }
+    }
+
+    /// A pass mixing the widths `bits`, its rounding unheld.
+    pub fn mixing(bits: Option<&'a B>) -> Self {
+        Pass { hold: Hold::Off, bits }
+    }
+
+    /// This pass, one level down: the same hold with that level's bit widths.
+    pub fn with_bits<'b, C>(self, bits: Option<&'b C>) -> Pass<'b, C>
+    where
+        'a: 'b,
+    {
+        Pass { hold: self.hold, bits }
+    }
+}
+
+impl<'a> Pass<'a> {
+    /// The pass for an op's weights: the softmax over the weight widths.
+    pub fn weight(self) -> Pass<'a, Tensor<1>> {
+        self.with_bits(self.bits.map(|b| &b.weight))
+    }
+
+    /// The pass for an op's activations: the softmax over the activation widths.
+    pub fn act(self) -> Pass<'a, Tensor<1>> {
+        self.with_bits(self.bits.map(|b| &b.act))
     }
 }
 
@@ -192,13 +252,6 @@ impl<'a> Ctx<'a> {
 pub trait QuantSites {
     /// Every quantizer of the module, in a stable order.
     fn quantizers(&self) -> Vec<&FakeQuantizer>;
-
-    /// Sets what every quantizer does with its rounding (see [`crate::quant::hold`]).
-    fn set_hold(&self, mode: crate::quant::HoldMode) {
-        for q in self.quantizers() {
-            q.set_hold(mode);
-        }
-    }
 
     /// Turns error recording on or off for every quantizer.
     fn set_recording(&self, on: bool) {

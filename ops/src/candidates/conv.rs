@@ -5,9 +5,9 @@ use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Distribution, Tensor};
 
-use super::common::{Ctx, QuantSites};
+use super::common::{Ctx, Pass, QuantSites};
 use crate::qconfig::Site;
-use crate::quant::hold::relu_held;
+use crate::quant::hold::{Hold, relu_held};
 use crate::quant::{BitMix, FakeQuantizer, Grid, RoundMode, SpecError};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading_relu, direct_available};
@@ -122,8 +122,14 @@ impl QConv {
 
     /// The weight as the forward pass uses it (fake-quantized when quantized).
     pub fn effective_weight(&self) -> Tensor<4> {
+        self.weight_held(Hold::Off)
+    }
+
+    /// [`effective_weight`](Self::effective_weight) in a pass that holds its rounding as
+    /// `hold` says.
+    fn weight_held(&self, hold: Hold) -> Tensor<4> {
         match &self.wq {
-            Some(q) => q.forward(self.weight.val()),
+            Some(q) => q.forward_held(self.weight.val(), hold).0,
             None => self.weight.val(),
         }
     }
@@ -140,15 +146,15 @@ impl QConv {
         conv2d(x, self.effective_weight(), self.options())
     }
 
-    /// [`forward`](Self::forward) under a bit-width search: with `probs` (softmax over the
-    /// candidate weight widths), EdMIPS' composite convolution, one convolution of the mixed
-    /// quantized weight.
-    pub fn forward_mixed(&self, x: Tensor<4>, probs: Option<&Tensor<1>>) -> Tensor<4> {
-        match (&self.wmix, probs) {
+    /// [`forward`](Self::forward) in the pass `pass`: under a bit-width search, with the
+    /// softmax over the candidate weight widths, EdMIPS' composite convolution, one
+    /// convolution of the mixed quantized weight.
+    pub fn forward_mixed(&self, x: Tensor<4>, pass: Pass<Tensor<1>>) -> Tensor<4> {
+        match (&self.wmix, pass.bits) {
             (Some(m), Some(p)) => {
-                conv2d(x, m.forward(self.weight.val(), p.clone()), self.options())
+                conv2d(x, m.forward(self.weight.val(), p.clone(), pass.hold), self.options())
             }
-            _ => self.forward(x),
+            _ => conv2d(x, self.weight_held(pass.hold), self.options()),
         }
     }
 
@@ -170,14 +176,15 @@ impl QConv {
     /// [`forward`](Self::forward) of an input on the grid `input`, also returning the value of
     /// one accumulator unit per output channel, `s_in·s_w,c` (detached), when both the input
     /// and the weight are quantized: the derived scale of a bias added to this conv's output.
-    /// Under a bit-width search (`probs`) there is no single weight grid and no unit.
+    /// Under a bit-width search (the pass's widths) there is no single weight grid and no
+    /// unit.
     pub fn forward_unit(
         &self,
         x: Tensor<4>,
         input: Option<&Grid>,
-        probs: Option<&Tensor<1>>,
+        pass: Pass<Tensor<1>>,
     ) -> (Tensor<4>, Option<Bias>) {
-        self.unit_with(x, input, probs, false)
+        self.unit_with(x, input, pass, false)
     }
 
     /// [`forward_unit`](Self::forward_unit) of `relu(x)` as [`relu_held`] takes it on the
@@ -188,14 +195,14 @@ impl QConv {
         &self,
         x: Tensor<4>,
         input: Option<&Grid>,
-        probs: Option<&Tensor<1>>,
+        pass: Pass<Tensor<1>>,
     ) -> (Tensor<4>, Option<Bias>) {
         let held = input.is_some_and(Grid::is_held);
-        let mixed = self.wmix.is_some() && probs.is_some();
+        let mixed = self.wmix.is_some() && pass.bits.is_some();
         if held || mixed || !direct_available(&x.device(), x.dtype()) {
-            return self.forward_unit(relu_held(x, input), input, probs);
+            return self.forward_unit(relu_held(x, input), input, pass);
         }
-        self.unit_with(x, input, probs, true)
+        self.unit_with(x, input, pass, true)
     }
 
     /// [`forward_unit`](Self::forward_unit), of `relu(x)` taken on read with `relu`.
@@ -203,7 +210,7 @@ impl QConv {
         &self,
         x: Tensor<4>,
         input: Option<&Grid>,
-        probs: Option<&Tensor<1>>,
+        pass: Pass<Tensor<1>>,
         relu: bool,
     ) -> (Tensor<4>, Option<Bias>) {
         let conv = |x, w| match relu {
@@ -212,7 +219,7 @@ impl QConv {
         };
         match (&self.wq, input) {
             (Some(q), Some(ig)) => {
-                let (w, g) = q.forward_with_grid(self.weight.val());
+                let (w, g) = q.forward_held(self.weight.val(), pass.hold);
                 let held = g.is_held() || ig.is_held();
                 // `s_w·s_in`, multiplied where it is used.
                 let factors = vec![g.step.detach(), ig.step.clone().detach()];
@@ -220,8 +227,8 @@ impl QConv {
                 let bias = (!held).then(|| Bias { factors, round: q.spec().round() });
                 (y, bias)
             }
-            _ if relu => (conv(x, self.effective_weight()), None),
-            _ => (self.forward_mixed(x, probs), None),
+            _ if relu => (conv(x, self.weight_held(pass.hold)), None),
+            _ => (self.forward_mixed(x, pass), None),
         }
     }
 }

@@ -4,7 +4,7 @@
 use burn::module::Module;
 
 use super::bn::QBatchNorm;
-use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
+use super::common::{Ctx, Pass, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{ConvChain, ConvShape, QConv};
 use crate::qconfig::Site;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
@@ -72,21 +72,22 @@ impl QDilConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_bits(x, None)
+        self.forward_in(x, Pass::default())
     }
 
-    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
-    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        self.forward_relued(x.relu(), bits)
+    /// [`forward`](Self::forward) in the pass `pass` (held rounding, the candidate widths of a
+    /// bit-width search).
+    pub fn forward_in(&self, x: QTensor, pass: Pass) -> QTensor {
+        self.forward_relued(x.relu(), pass)
     }
 
-    /// [`forward_bits`](Self::forward_bits) from the ReLU of its input ([`QTensor::relu`]).
-    pub fn forward_relued(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
+    /// [`forward_in`](Self::forward_in) from the ReLU of its input ([`QTensor::relu`]).
+    pub fn forward_relued(&self, x: QTensor, pass: Pass) -> QTensor {
+        let (wp, ap) = (pass.weight(), pass.act());
         let y = self.dw.forward_mixed(x.value, wp);
         let y = quantize_site(&self.dw_act, &self.dw_act_mix, y, ap);
         let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref(), wp);
-        let y = self.bn.forward_biased(y, unit);
+        let y = self.bn.forward_biased(y, unit, pass.hold);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }

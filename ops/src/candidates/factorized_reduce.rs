@@ -4,7 +4,7 @@
 use burn::module::Module;
 
 use super::bn::QBatchNorm;
-use super::common::{BitProbs, Ctx, QTensor, QuantSites, mixes, quantize_site, sites};
+use super::common::{Ctx, Pass, QTensor, QuantSites, mixes, quantize_site, sites};
 use super::conv::{Bias, ConvShape, QConv};
 use crate::qconfig::Site;
 use crate::quant::{BitMix, FakeQuantizer, SpecError};
@@ -42,7 +42,7 @@ impl QFactorizedReduce {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`, H and W even; output: `[N, c_out, H/2, W/2]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_bits(x, None)
+        self.forward_in(x, Pass::default())
     }
 
     /// Multiply-accumulates per image on an `h×w` input, and the output's `(h, w)`.
@@ -57,14 +57,15 @@ impl QFactorizedReduce {
         self.conv1.params() + self.conv2.params()
     }
 
-    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
-    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        self.forward_relued(x.relu(), bits)
+    /// [`forward`](Self::forward) in the pass `pass` (held rounding, the candidate widths of a
+    /// bit-width search).
+    pub fn forward_in(&self, x: QTensor, pass: Pass) -> QTensor {
+        self.forward_relued(x.relu(), pass)
     }
 
-    /// [`forward_bits`](Self::forward_bits) from the ReLU of its input ([`QTensor::relu`]).
-    pub fn forward_relued(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        let (wp, ap) = (bits.map(|b| &b.weight), bits.map(|b| &b.act));
+    /// [`forward_in`](Self::forward_in) from the ReLU of its input ([`QTensor::relu`]).
+    pub fn forward_relued(&self, x: QTensor, pass: Pass) -> QTensor {
+        let (wp, ap) = (pass.weight(), pass.act());
         let grid = x.grid.as_ref();
         let x = x.value;
         let [_, _, h, w] = x.dims();
@@ -78,7 +79,7 @@ impl QFactorizedReduce {
             }
             _ => None,
         };
-        let y = self.bn.forward_biased(cat(vec![y1, y2], 1), unit);
+        let y = self.bn.forward_biased(cat(vec![y1, y2], 1), unit, pass.hold);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }

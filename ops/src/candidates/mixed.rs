@@ -17,7 +17,7 @@ use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 
 use super::CandidateOp;
-use super::common::{BitProbs, Ctx, OpBits, QTensor, QuantSites, quantize_opt, sites};
+use super::common::{BitProbs, Ctx, OpBits, Pass, QTensor, QuantSites, quantize_opt, sites};
 use crate::qconfig::{QuantConfig, Site};
 use crate::quant::hold::{max_pool2d_held, narrow_channels};
 use crate::quant::{FakeQuantizer, SpecError};
@@ -104,17 +104,18 @@ impl QMixedOp {
     /// - x: `[N, C, H, W]`; weights: `[K]` (one per candidate, e.g. softmax(α));
     ///   output: `[N, C, H/s, W/s]`.
     pub fn forward(&self, x: QTensor, weights: Tensor<1>) -> QTensor {
-        self.forward_bits(x, weights, None)
+        self.forward_in(x, weights, Pass::default())
     }
 
-    /// [`forward`](Self::forward) with each candidate mixing its widths (a bit-width search).
+    /// [`forward`](Self::forward) in the pass `pass`: its held rounding, and under a bit-width
+    /// search each candidate mixing its widths.
     ///
     /// # Shapes
-    /// - bits: `weight` `[K, Bw]`, `act` `[K, Ba]`, one softmax row per candidate.
-    pub fn forward_bits(&self, x: QTensor, weights: Tensor<1>, bits: Option<&EdgeBits>) -> QTensor {
+    /// - the pass's widths: `weight` `[K, Bw]`, `act` `[K, Ba]`, one softmax row per candidate.
+    pub fn forward_in(&self, x: QTensor, weights: Tensor<1>, pass: Pass<EdgeBits>) -> QTensor {
         if self.partial <= 1 {
-            return match self.weighted_sum(x.clone(), weights, bits) {
-                Some(s) => quantize_opt(&self.act, s),
+            return match self.weighted_sum(x.clone(), weights, pass) {
+                Some(s) => quantize_opt(&self.act, s, pass.hold),
                 None => x,
             };
         }
@@ -132,11 +133,11 @@ impl QMixedOp {
             let grid = narrow_channels(x.grid.as_ref(), dims, part, c - part);
             rest = max_pool2d_held(rest, grid.as_ref(), opts);
         }
-        let cat = match self.weighted_sum(head, weights, bits) {
+        let cat = match self.weighted_sum(head, weights, pass) {
             Some(y) => cat(vec![y, rest], 1),
             None => return QTensor::float(rest),
         };
-        quantize_opt(&self.act, channel_shuffle(cat, self.partial))
+        quantize_opt(&self.act, channel_shuffle(cat, self.partial), pass.hold)
     }
 
     /// `Σ_i w_i · op_i(x)` with the mixing weights fake-quantized (`None` without candidates);
@@ -145,17 +146,17 @@ impl QMixedOp {
         &self,
         x: QTensor,
         weights: Tensor<1>,
-        bits: Option<&EdgeBits>,
+        pass: Pass<EdgeBits>,
     ) -> Option<Tensor<4>> {
         let w = match &self.mix {
-            Some(q) => q.forward(weights),
+            Some(q) => q.forward_held(weights, pass.hold).0,
             None => weights,
         };
         let mut sum: Option<Tensor<4>> = None;
         let mut relued = None;
         for (i, op) in self.ops.iter().enumerate() {
-            let probs = bits.map(|b| b.op(i));
-            let y = op.forward_shared(&x, &mut relued, probs.as_ref()).value;
+            let probs = pass.bits.map(|b| b.op(i));
+            let y = op.forward_shared(&x, &mut relued, pass.with_bits(probs.as_ref())).value;
             // `sum + y · w[i]`: one launch on the CubeCL backends, no slice of `w`.
             sum = Some(qdarts_kernels::scale::add_scaled(sum, y, w.clone(), i));
         }

@@ -20,8 +20,8 @@ use qdarts_genotypes::Primitive;
 pub use bn::QBatchNorm;
 pub use bn::{quantize_bias, quantize_bias_with};
 pub use common::{
-    BitProbs, Ctx, OpBits, QTensor, QuantSites, check_quant_sites, quantize_opt, quantize_site,
-    visited_quantizers,
+    BitProbs, Ctx, OpBits, Pass, QTensor, QuantSites, check_quant_sites, quantize_opt,
+    quantize_site, visited_quantizers,
 };
 pub use conv::{Bias, ConvChain, ConvShape, QConv};
 pub use dil_conv::{DilShape, QDilConv};
@@ -147,34 +147,29 @@ impl CandidateOp {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: `[N, C, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_bits(x, None)
+        self.forward_in(x, Pass::default())
     }
 
-    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search (ignored
-    /// by ops without convolutions).
-    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        self.forward_shared(&x, &mut None, bits)
+    /// [`forward`](Self::forward) in the pass `pass`: its held rounding, and the candidate
+    /// widths of a bit-width search (ignored by ops without convolutions).
+    pub fn forward_in(&self, x: QTensor, pass: Pass) -> QTensor {
+        self.forward_shared(&x, &mut None, pass)
     }
 
-    /// [`forward_bits`](Self::forward_bits) for a candidate of an edge whose candidates share
+    /// [`forward_in`](Self::forward_in) for a candidate of an edge whose candidates share
     /// `relued`, the ReLU of `x` computed by the first one that starts with it (as the
     /// separable, dilated and factorized convolutions do): the same values as
-    /// [`forward_bits`](Self::forward_bits), one ReLU (and one ReLU backward) per edge rather
+    /// [`forward_in`](Self::forward_in), one ReLU (and one ReLU backward) per edge rather
     /// than one per candidate, and one ReLU output kept for the backward.
-    pub fn forward_shared(
-        &self,
-        x: &QTensor,
-        relued: &mut Option<QTensor>,
-        bits: Option<&BitProbs>,
-    ) -> QTensor {
+    pub fn forward_shared(&self, x: &QTensor, relued: &mut Option<QTensor>, pass: Pass) -> QTensor {
         let mut relu = || relued.get_or_insert_with(|| x.clone().relu()).clone();
         match self {
-            CandidateOp::Reduce(op) => op.forward_relued(relu(), bits),
-            CandidateOp::Sep(op) => op.forward_relued(relu(), bits),
-            CandidateOp::Dil(op) => op.forward_relued(relu(), bits),
-            CandidateOp::Fac(op) => op.forward_relued(relu(), bits),
-            CandidateOp::Zero(op) => op.forward(x.clone()),
-            CandidateOp::Pool(op) => op.forward(x.clone()),
+            CandidateOp::Reduce(op) => op.forward_relued(relu(), pass),
+            CandidateOp::Sep(op) => op.forward_relued(relu(), pass),
+            CandidateOp::Dil(op) => op.forward_relued(relu(), pass),
+            CandidateOp::Fac(op) => op.forward_relued(relu(), pass),
+            CandidateOp::Zero(op) => op.forward_held(x.clone(), pass.hold),
+            CandidateOp::Pool(op) => op.forward_held(x.clone(), pass.hold),
             CandidateOp::Identity(op) => op.forward(x.clone()),
         }
     }

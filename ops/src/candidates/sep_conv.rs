@@ -3,7 +3,7 @@
 
 use burn::module::Module;
 
-use super::common::{BitProbs, Ctx, QTensor, QuantSites};
+use super::common::{Ctx, Pass, QTensor, QuantSites};
 use super::conv::{ConvChain, QConv};
 use super::dil_conv::{DilShape, QDilConv};
 use crate::quant::{FakeQuantizer, SpecError};
@@ -39,17 +39,18 @@ impl QSepConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_bits(x, None)
+        self.forward_in(x, Pass::default())
     }
 
-    /// [`forward`](Self::forward) mixing the candidate widths of a bit-width search.
-    pub fn forward_bits(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        self.forward_relued(x.relu(), bits)
+    /// [`forward`](Self::forward) in the pass `pass` (held rounding, the candidate widths of a
+    /// bit-width search).
+    pub fn forward_in(&self, x: QTensor, pass: Pass) -> QTensor {
+        self.forward_relued(x.relu(), pass)
     }
 
-    /// [`forward_bits`](Self::forward_bits) from the ReLU of its input ([`QTensor::relu`]).
-    pub fn forward_relued(&self, x: QTensor, bits: Option<&BitProbs>) -> QTensor {
-        self.op2.forward_bits(self.op1.forward_relued(x, bits), bits)
+    /// [`forward_in`](Self::forward_in) from the ReLU of its input ([`QTensor::relu`]).
+    pub fn forward_relued(&self, x: QTensor, pass: Pass) -> QTensor {
+        self.op2.forward_in(self.op1.forward_relued(x, pass), pass)
     }
 }
 

@@ -4,9 +4,10 @@
 use burn::module::Module;
 
 use super::bn::QBatchNorm;
-use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
+use super::common::{Ctx, Pass, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::{ConvShape, QConv};
 use crate::qconfig::Site;
+use crate::quant::Hold;
 use crate::quant::{FakeQuantizer, SpecError};
 
 /// ReLU – Conv – BN, output fake-quantized.
@@ -33,9 +34,15 @@ impl QStdConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]` (with "same" padding).
     pub fn forward(&self, x: QTensor) -> QTensor {
-        let (y, unit) = self.conv.forward_unit_relu(x.value, x.grid.as_ref(), None);
-        let y = self.bn.forward_biased(y, unit);
-        quantize_opt(&self.act, y)
+        self.forward_held(x, Hold::Off)
+    }
+
+    /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
+    /// says.
+    pub fn forward_held(&self, x: QTensor, hold: Hold) -> QTensor {
+        let (y, unit) = self.conv.forward_unit_relu(x.value, x.grid.as_ref(), Pass::held(hold));
+        let y = self.bn.forward_biased(y, unit, hold);
+        quantize_opt(&self.act, y, hold)
     }
 }
 

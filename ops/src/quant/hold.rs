@@ -26,7 +26,9 @@
 //! [`Grid::held`]: that is the piece autograd differentiates at `w`, and the central difference
 //! then agrees with the exact Hessian-vector product of that piece (double backward).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::tensor::module::max_pool2d_with_indices;
 use burn::tensor::ops::MaxPoolOptions;
@@ -39,19 +41,40 @@ use qdarts_kernels::relu::relu;
 use super::fake_quant::{Grid, quantize};
 use super::spec::RoundMode;
 
-/// What a quantizer does with its rounding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HoldMode {
-    /// Quantize as usual.
+/// What the quantizers of one forward pass do with their rounding: passed through `forward`,
+/// never set on a module, so two passes over copies of one network cannot see each other's
+/// setting.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Hold<'a> {
+    /// Quantize as usual (whatever a tape holds stays there).
     #[default]
     Off,
-    /// Quantize as usual and keep the in-range mask, the offset and the grid.
-    Record,
-    /// Quantize as usual, keeping what was recorded (passes between recording and replay).
-    Kept,
-    /// Return `x·mask + offset` on the recorded grid (as usual if nothing was recorded for a
-    /// tensor of this size).
-    Replay,
+    /// Quantize as usual and keep each quantizer's output, input and grid on the tape.
+    Record(&'a HoldTape),
+    /// Return `x·mask + offset` on the grid the tape holds for the quantizer (as usual where it
+    /// holds nothing for a tensor of this size).
+    Replay(&'a HoldTape),
+}
+
+impl Hold<'_> {
+    /// Whether the pass replays a recording.
+    pub fn replays(&self) -> bool {
+        matches!(self, Hold::Replay(_))
+    }
+}
+
+/// Which quantizer a recording belongs to: drawn once per quantizer and kept by its copies
+/// (`clone`, `valid`, `train`, a mapper's new module), so that a recording made through one copy
+/// is replayed through another, as the second-order step's passes at `w` and `w±` need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HoldKey(u64);
+
+impl HoldKey {
+    /// A key no other quantizer of this process has.
+    pub fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        HoldKey(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 /// What a quantizer kept at `w`: its output there, flattened, and the grid, with its input in
@@ -75,44 +98,36 @@ enum Input {
     Masked(Box<(Tensor<1, Bool>, Tensor<1>)>),
 }
 
+/// The roundings one second-order step holds: what each quantizer kept in the pass at `w`,
+/// owned by the step and dropped with it.
 #[derive(Debug, Default)]
-struct Held {
-    mode: HoldMode,
-    kept: Option<Kept>,
+pub struct HoldTape {
+    kept: RefCell<HashMap<HoldKey, Kept>>,
 }
 
-/// The held rounding of one quantizer, shared by the copies of its module.
-#[derive(Debug, Clone, Default)]
-pub struct Hold {
-    state: Arc<Mutex<Held>>,
+impl HoldTape {
+    /// How many quantizers have a recording.
+    pub fn len(&self) -> usize {
+        self.kept.borrow().len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
-impl Hold {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Sets the mode; `Off` forgets what was recorded.
-    pub fn set_mode(&self, mode: HoldMode) {
-        let mut h = self.lock();
-        h.mode = mode;
-        if mode == HoldMode::Off {
-            h.kept = None;
-        }
-    }
-
-    /// The mode.
-    pub fn mode(&self) -> HoldMode {
-        self.lock().mode
-    }
-
-    /// In `Record` mode, keeps `x` and `out`, the fake-quantized `x` on `grid` (no launch:
-    /// the mask and offset are derived where they are needed).
-    pub fn record<const D: usize>(&self, x: &Tensor<D>, out: &Tensor<D>, grid: &Grid) {
-        let mut h = self.lock();
-        if h.mode != HoldMode::Record {
-            return;
-        }
+impl Hold<'_> {
+    /// In a `Record` pass, keeps `x` and `out`, the fake-quantized `x` on `grid`, for the
+    /// quantizer `key` (no launch: the mask and offset are derived where they are needed).
+    pub fn record<const D: usize>(
+        &self,
+        key: HoldKey,
+        x: &Tensor<D>,
+        out: &Tensor<D>,
+        grid: &Grid,
+    ) {
+        let Hold::Record(tape) = self else { return };
         // Untracked: `detach` keeps a tensor's `require_grad`, and the values at `w` only
         // decide masks and maxima in the passes at `w±`.
         let untracked = |t: &Tensor<D>| t.clone().detach().set_require_grad(false).reshape([-1]);
@@ -123,21 +138,19 @@ impl Hold {
             zero_point: grid.zero_point.clone().detach(),
             ..grid.clone()
         };
-        h.kept =
-            Some(Kept { at_w: untracked(out), grid, input: Input::AtW(Box::new(untracked(x))) });
+        let kept = Kept { at_w: untracked(out), grid, input: Input::AtW(Box::new(untracked(x))) };
+        tape.kept.borrow_mut().insert(key, kept);
     }
 
-    /// In `Replay` mode with a recording for `x`'s size: `x·mask + offset` and the recorded
-    /// grid, where `mask` is 1 where the input at `w` rounded inside the range and `offset`
-    /// is the output at `w` less the input there times the mask. One launch each way where
-    /// [`hold_available`]; elsewhere the mask and offset are derived at the first replay and
-    /// kept for the next.
-    pub fn replay<const D: usize>(&self, x: &Tensor<D>) -> Option<(Tensor<D>, Grid)> {
-        let mut h = self.lock();
-        if h.mode != HoldMode::Replay {
-            return None;
-        }
-        let kept = h.kept.as_mut()?;
+    /// In a `Replay` pass with a recording of the quantizer `key` for `x`'s size:
+    /// `x·mask + offset` and the recorded grid, where `mask` is 1 where the input at `w` rounded
+    /// inside the range and `offset` is the output at `w` less the input there times the mask.
+    /// One launch each way where [`hold_available`]; elsewhere the mask and offset are derived
+    /// at the first replay and kept for the next.
+    pub fn replay<const D: usize>(&self, key: HoldKey, x: &Tensor<D>) -> Option<(Tensor<D>, Grid)> {
+        let Hold::Replay(tape) = self else { return None };
+        let mut tape = tape.kept.borrow_mut();
+        let kept = tape.get_mut(&key)?;
         let dims = x.dims();
         if kept.at_w.dims()[0] != dims.iter().product::<usize>() {
             return None;

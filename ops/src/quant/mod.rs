@@ -19,7 +19,7 @@ pub use fake_quant::{
     FakeQuantImpl, Grid, LearnableGrid, Quantized, fake_quant, fake_quant_fused,
     fake_quant_learnable, fake_quant_with, fused_available, quantize, round_with,
 };
-pub use hold::HoldMode;
+pub use hold::{Hold, HoldTape};
 pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
 pub use stats::{QuantError, Row, TensorRole};

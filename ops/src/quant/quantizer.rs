@@ -9,7 +9,7 @@ use burn::tensor::{Device, Int, Tensor};
 
 use super::error::SpecError;
 use super::fake_quant::{self, Grid, Quantized};
-use super::hold::{Hold, HoldMode};
+use super::hold::{Hold, HoldKey};
 use super::lsq::LsqParams;
 use super::observer::ObserverState;
 use super::spec::{Granularity, ObserverKind, QuantSpec};
@@ -36,9 +36,9 @@ pub struct FakeQuantizer {
     pub lsq: Option<LsqParams>,
     #[module(skip)]
     monitor: Monitor,
-    /// Held rounding for the second-order architect's finite differences.
+    /// Which quantizer a held rounding belongs to (see [`super::hold`]); kept by copies.
     #[module(skip)]
-    hold: Hold,
+    key: HoldKey,
     /// How the fake quantization computes (fused where the backend has the kernels).
     #[module(skip)]
     imp: fake_quant::FakeQuantImpl,
@@ -84,7 +84,7 @@ impl FakeQuantizer {
             training: Param::from_bool(true),
             lsq,
             monitor: Monitor::default(),
-            hold: Hold::default(),
+            key: HoldKey::fresh(),
             imp: fake_quant::FakeQuantImpl::Fused,
             rows: Vec::new(),
         })
@@ -125,7 +125,7 @@ impl FakeQuantizer {
             observer: Some(ObserverState::stacked(&states)),
             lsq: None,
             monitor: Monitor::default(),
-            hold: Hold::default(),
+            key: HoldKey::fresh(),
             imp: first.imp,
             rows: sites.iter().map(|q| Row::new(q.path.clone())).collect(),
         })
@@ -193,11 +193,6 @@ impl FakeQuantizer {
         self.monitor.set_recording(on);
     }
 
-    /// Sets what the quantizer does with its rounding (see [`super::hold`]).
-    pub fn set_hold(&self, mode: HoldMode) {
-        self.hold.set_mode(mode);
-    }
-
     /// Error statistics of the last tensor quantized while recording was on.
     pub fn last_stats(&self) -> Result<Option<QuantError>, SpecError> {
         self.monitor.read(&self.path, self.role, &self.spec)
@@ -230,16 +225,18 @@ impl FakeQuantizer {
     /// - x: any rank `D`; per-channel specs need `x.dims()[axis] == channels`.
     /// - output: the shape of `x`.
     pub fn try_forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, SpecError> {
-        self.try_forward_with_grid(x).map(|(out, _)| out)
+        self.try_forward_held(x, Hold::Off).map(|(out, _)| out)
     }
 
-    /// [`try_forward`](Self::try_forward), also returning the grid the output lies on.
-    pub fn try_forward_with_grid<const D: usize>(
+    /// [`try_forward`](Self::try_forward) in a pass that holds its rounding as `hold` says
+    /// (see [`super::hold`]), also returning the grid the output lies on.
+    pub fn try_forward_held<const D: usize>(
         &self,
         x: Tensor<D>,
+        hold: Hold,
     ) -> Result<(Tensor<D>, Grid), SpecError> {
         self.check(&x)?;
-        if let Some(held) = self.hold.replay(&x) {
+        if let Some(held) = hold.replay(self.key, &x) {
             return Ok(held);
         }
         let update = self.training.is_enabled();
@@ -258,7 +255,7 @@ impl FakeQuantizer {
             },
         };
         self.monitor.record(&x, &out, qz.as_ref(), &grid, self.row_layout());
-        self.hold.record(&x, &out, &grid);
+        hold.record(self.key, &x, &out, &grid);
         Ok((out, grid))
     }
 
@@ -272,12 +269,13 @@ impl FakeQuantizer {
         let Some(sum) = xs.iter().cloned().reduce(|a, b| a.add(b)) else {
             panic!("quantizer {}: an add needs at least one operand", self.path);
         };
-        self.forward_summed(&xs, sum)
+        self.forward_summed(&xs, sum, Hold::Off)
     }
 
     /// [`forward_sum`](Self::forward_sum) of operands whose float sum, `sum`, the caller has
     /// computed: the gradient goes through `sum` alone, and only the values of `xs` are read
-    /// (they may be detached). `sum` must be `xs` added left to right.
+    /// (they may be detached). `sum` must be `xs` added left to right. `hold`: as
+    /// [`forward_held`](Self::forward_held).
     ///
     /// # Panics
     /// If `xs` is empty, or as [`forward`](Self::forward).
@@ -285,22 +283,23 @@ impl FakeQuantizer {
         &self,
         xs: &[Tensor<D>],
         sum: Tensor<D>,
+        hold: Hold,
     ) -> (Tensor<D>, Grid) {
         assert!(!xs.is_empty(), "quantizer {}: an add needs at least one operand", self.path);
         if self.lsq.is_some() || xs.len() == 1 {
-            return self.forward_with_grid(sum);
+            return self.forward_held(sum, hold);
         }
         if let Err(e) = self.check(&sum) {
             panic!("quantizer {}: {e}", self.path);
         }
-        if let Some(held) = self.hold.replay(&sum) {
+        if let Some(held) = hold.replay(self.key, &sum) {
             return held;
         }
         let grid = self.observe(&sum, self.training.is_enabled());
         let recording = self.monitor.is_recording();
         let (out, qz) = fake_quant::fake_quant_sum_ste(xs, &sum, &grid, recording, self.imp);
         self.monitor.record(&sum, &out, qz.as_ref(), &grid, self.row_layout());
-        self.hold.record(&sum, &out, &grid);
+        hold.record(self.key, &sum, &out, &grid);
         (out, grid)
     }
 
@@ -309,7 +308,16 @@ impl FakeQuantizer {
     /// # Panics
     /// As [`forward`](Self::forward).
     pub fn forward_with_grid<const D: usize>(&self, x: Tensor<D>) -> (Tensor<D>, Grid) {
-        match self.try_forward_with_grid(x) {
+        self.forward_held(x, Hold::Off)
+    }
+
+    /// [`forward_with_grid`](Self::forward_with_grid) in a pass that holds its rounding as
+    /// `hold` says (see [`super::hold`]).
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward).
+    pub fn forward_held<const D: usize>(&self, x: Tensor<D>, hold: Hold) -> (Tensor<D>, Grid) {
+        match self.try_forward_held(x, hold) {
             Ok(r) => r,
             Err(e) => panic!("quantizer {}: {e}", self.path),
         }

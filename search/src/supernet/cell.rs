@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::arith::{QAdd, QConcat};
-use qdarts_ops::candidates::{Ctx, OpBits, QMixedOp, QStdConv, QTensor, QuantSites};
+use qdarts_ops::candidates::{Ctx, OpBits, Pass, QMixedOp, QStdConv, QTensor, QuantSites};
 use qdarts_ops::network::Preprocess;
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_ops::quant::{FakeQuantizer, SpecError};
@@ -112,8 +112,8 @@ impl SearchCell {
     /// `edge`: PC-DARTS' edge weights (one `[1]` per edge), which scale each edge's output
     /// in its node's sum. `aux_skip` is DARTS-' β: when positive, `β·h` joins the node sum
     /// for every stride-1 edge reading state `h` (in a reduction cell, the edges between
-    /// intermediate nodes). `bits`: the softmaxes over each op's candidate widths, with a
-    /// bit-width search.
+    /// intermediate nodes). `pass`: how the quantizers hold their rounding, and with a
+    /// bit-width search the softmaxes over each op's candidate widths.
     ///
     /// # Shapes
     /// - s0, s1: `[N, c_pp, H, W]`, `[N, c_p, H, W]` (s0 at twice the resolution after a
@@ -125,16 +125,17 @@ impl SearchCell {
         weights: &[Tensor<1>],
         edge: Option<&[Tensor<1>]>,
         aux_skip: f32,
-        bits: Option<&BitWeights>,
+        pass: Pass<BitWeights>,
     ) -> QTensor {
-        let s0 = self.preproc0.forward(s0);
-        let mut states = vec![s0, self.preproc1.forward(s1)];
+        let s0 = self.preproc0.forward_held(s0, pass.hold);
+        let mut states = vec![s0, self.preproc1.forward_held(s1, pass.hold)];
         let mut k = 0;
         for add in &self.adds {
             let mut terms: Vec<QTensor> = Vec::with_capacity(2 * states.len());
             for (j, h) in states.iter().enumerate() {
-                let eb = bits.map(|b| b.edge(self.reduction, k));
-                let y = self.edges[k].forward_bits(h.clone(), weights[k].clone(), eb.as_ref());
+                let eb = pass.bits.map(|b| b.edge(self.reduction, k));
+                let edge_pass = pass.with_bits(eb.as_ref());
+                let y = self.edges[k].forward_in(h.clone(), weights[k].clone(), edge_pass);
                 terms.push(match edge {
                     // Off the edge's grid; the node's add requantizes the sum.
                     Some(e) => QTensor::float(qdarts_ops::scale(y.value, e[k].clone())),
@@ -146,9 +147,9 @@ impl SearchCell {
                     terms.push(QTensor::float(h.value.clone().mul_scalar(aux_skip)));
                 }
             }
-            states.push(add.forward(terms));
+            states.push(add.forward_held(terms, pass.hold));
         }
-        self.concat.forward(states.split_off(2))
+        self.concat.forward_held(states.split_off(2), pass.hold)
     }
 }
 

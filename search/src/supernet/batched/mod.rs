@@ -33,7 +33,7 @@ use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::fan_out::fan_out;
 use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
-use qdarts_ops::quant::{FakeQuantizer, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, Hold, SpecError};
 
 use super::cell::SearchCell;
 use super::waves::{Wave, waves};
@@ -117,7 +117,8 @@ impl BatchedCell {
     /// `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
     /// edge weights where edges are normalized, `aux_skip` DARTS-' β (each stride-1 edge adds
     /// its source times β to its node; 0: none), `cell` the cell this one batches (its node
-    /// adds and output concatenation run as they are).
+    /// adds and output concatenation run as they are), `hold` how the quantizers hold their
+    /// rounding.
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
@@ -125,23 +126,25 @@ impl BatchedCell {
     ///   `[N, nodes·C, H', W']`.
     pub fn forward(
         &self,
-        s0: QTensor,
-        s1: QTensor,
+        (s0, s1): (QTensor, QTensor),
         weights: Tensor<2>,
         edge: Option<Tensor<1>>,
         aux_skip: f32,
         cell: &SearchCell,
+        hold: Hold,
     ) -> QTensor {
         let mut states = vec![s0, s1];
         let plan = waves(self.nodes);
         let [edges, k] = weights.dims();
         if self.waves.iter().any(|w| w.edge_act.is_some()) {
             let flat = match &self.mix {
-                Some(q) => q.forward(weights.reshape([1, edges, k])).reshape([edges * k]),
+                Some(q) => {
+                    q.forward_held(weights.reshape([1, edges, k]), hold).0.reshape([edges * k])
+                }
                 None => weights.reshape([edges * k]),
             };
             let extras = (edge, aux_skip);
-            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell);
+            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell, hold);
         }
         // PC-DARTS' edge weights scale each edge's mixing weights (the per-edge cell scales
         // the edge's sum: the same value but for rounding).
@@ -160,7 +163,7 @@ impl BatchedCell {
             if self.partial > 1 {
                 // The candidates on the first C/K channels; the node completed below.
                 let heads = partial::heads(&states, self.partial);
-                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k);
+                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k, hold);
                 let sum = match partial.take() {
                     Some(p) => p.add(t),
                     None => t,
@@ -179,7 +182,7 @@ impl BatchedCell {
                 partial = rest;
                 continue;
             }
-            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k);
+            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k, hold);
             // DARTS-' auxiliary skip: the sources' sum times β, added to every node fed.
             let aux = auxiliary(&states, wave, aux_skip, cell.reduction);
             if let Some(a) = aux.into_iter().flatten().reduce(|a, b| a.add(b)) {
@@ -193,7 +196,7 @@ impl BatchedCell {
             states.push(QTensor::float(node.reshape(shape)));
             partial = rest;
         }
-        cell.concat.forward(states.split_off(2))
+        cell.concat.forward_held(states.split_off(2), hold)
     }
 
     /// Each wave's coefficients where its terms are one product ([`WaveOps::by_product`]),
@@ -245,6 +248,7 @@ impl WaveOps {
         states: &[QTensor],
         (flat, coefficients): (&Tensor<1>, Option<Tensor<3>>),
         k: usize,
+        hold: Hold,
     ) -> (Tensor<3>, [usize; 4]) {
         let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
         // The sources side by side, `[N, S·C, H, W]`, on their grids side by side:
@@ -284,7 +288,7 @@ impl WaveOps {
                 true => Sources::BeforeRelu(value()),
                 false => Sources::AfterRelu(relu_sources.clone().expect("built above")),
             };
-            let (outs, node) = bank.forward(x, per);
+            let (outs, node) = bank.forward(x, per, hold);
             shape = node;
             columns.extend(outs);
             blocks.extend(bank.primitives().into_iter().map(|p| (p, Block::Edges)));
@@ -300,13 +304,13 @@ impl WaveOps {
                         .as_ref()
                         .map(|g| grids::stacked_grid(g, input.dims(), sources, per, 1));
                     let x = stack_sources(r, sources, per, 1);
-                    (reduce.forward(x, grid.as_ref()), Block::Edges)
+                    (reduce.forward(x, grid.as_ref(), hold), Block::Edges)
                 }
                 Slot::Identity => (value(), Block::Sources),
                 Slot::Pool(i) => {
                     let x = QTensor { value: value(), grid: input.grid.clone() };
-                    let pooled = self.pools[*i].pool_bn(x);
-                    (bank::quantize_rows(&self.pool_acts[*i], pooled).0, Block::Sources)
+                    let pooled = self.pools[*i].pool_bn(x, hold);
+                    (bank::quantize_rows(&self.pool_acts[*i], pooled, hold).0, Block::Sources)
                 }
             };
             let cols = match block {
@@ -324,7 +328,7 @@ impl WaveOps {
             // update, and the same error rows (zero signal, noise and clipping), as the whole
             // output would. Written from the host, it is no launch.
             let zeros = TensorData::new(vec![0.0f32; edges], [1, edges, 1]);
-            q.forward(Tensor::<3>::from_data(zeros, &flat.device()));
+            q.forward_held(Tensor::<3>::from_data(zeros, &flat.device()), hold);
         }
         debug_assert_eq!(blocks.len(), self.blocks().len(), "the columns `blocks` names");
         let terms = match coefficients {

@@ -5,7 +5,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, s};
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
 use qdarts_ops::candidates::{Bias, QBatchNorm};
-use qdarts_ops::quant::{FakeQuantizer, Grid};
+use qdarts_ops::quant::{FakeQuantizer, Grid, Hold};
 
 use super::bank;
 use qdarts_kernels::cat::cat;
@@ -28,8 +28,9 @@ pub struct StackedReduce {
 }
 
 impl StackedReduce {
-    /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel).
-    pub(super) fn forward(&self, x: Tensor<4>, grid: Option<&Grid>) -> Tensor<4> {
+    /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel), the
+    /// quantizers holding their rounding as `hold` says.
+    pub(super) fn forward(&self, x: Tensor<4>, grid: Option<&Grid>, hold: Hold) -> Tensor<4> {
         let [n, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
         let e = self.edges;
@@ -37,7 +38,7 @@ impl StackedReduce {
             let x = x.slice(s![.., .., 0..;2, 0..;2]);
             let (wt, g) = match q {
                 Some(q) => {
-                    let (w, g) = q.forward_with_grid(wt.val());
+                    let (w, g) = q.forward_held(wt.val(), hold);
                     (w, Some(g))
                 }
                 None => (wt.val(), None),
@@ -68,7 +69,7 @@ impl StackedReduce {
             }
             _ => None,
         };
-        bank::quantize_rows(act, self.bn.forward_biased(y, bias)).0
+        bank::quantize_rows(act, self.bn.forward_biased(y, bias, hold), hold).0
     }
 }
 
