@@ -132,8 +132,6 @@ impl ModuleVisitor for Collect {
 
 /// Every float parameter and running state of `module`, by path.
 pub fn collect<M: Module>(module: &M) -> Result<TensorMap, RunError> {
-    // A running state keeps its last update per thread until a sync; `valid()` syncs them.
-    drop(module.valid());
     let mut c = Collect { path: Vec::new(), out: Vec::new() };
     module.visit(&mut c);
     c.out.into_iter().map(|(n, t)| t.map(|t| (n, t))).collect()

@@ -6,8 +6,13 @@
 //! launch even for a single thread). A search here runs one forward pass at a time, so a buffer
 //! holds its last value and nothing else. It is saved and loaded exactly as `RunningState` is
 //! (a float parameter with its id, never a gradient target), so checkpoints do not change.
+//!
+//! Unlike `RunningState`, a clone owns its value: a forward pass through a copy moves the
+//! copy's statistics only. Where a pass on a copy must hand its statistics back (the
+//! architecture step's pass on a copy whose weights are untracked), [`adopt_buffers`] says so.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use burn::module::{
     Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper, ModuleVisitor,
@@ -15,13 +20,37 @@ use burn::module::{
 };
 use burn::tensor::{Device, Tensor};
 
-/// A module's non-trainable state tensor, updated in place by the forward pass.
-///
-/// Clones share the value, as module clones share `RunningState`'s.
+/// State a module updates through a shared reference in its forward pass (a forward takes
+/// `&self`): behind a lock, as a module is `Sync`, and owned: a clone starts from the value the
+/// original holds now and keeps its own from then on.
+#[derive(Debug, Default)]
+pub struct Owned<T>(Mutex<T>);
+
+impl<T> Owned<T> {
+    /// `value`, owned.
+    pub fn new(value: T) -> Self {
+        Owned(Mutex::new(value))
+    }
+
+    /// The value, locked (a panic while it was held cannot have left it half-written: every
+    /// writer replaces it whole).
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: Clone> Clone for Owned<T> {
+    fn clone(&self) -> Self {
+        Owned::new(self.lock().clone())
+    }
+}
+
+/// A module's non-trainable state tensor, updated in place by the forward pass; a clone owns
+/// its value ([`Owned`]).
 #[derive(Clone, Debug)]
 pub struct Buffer<const D: usize> {
     id: ParamId,
-    value: Arc<Mutex<Tensor<D>>>,
+    value: Owned<Tensor<D>>,
 }
 
 impl<const D: usize> Buffer<D> {
@@ -32,7 +61,7 @@ impl<const D: usize> Buffer<D> {
 
     /// A buffer holding `value` under the record id `id`.
     pub fn with_id(id: ParamId, value: Tensor<D>) -> Self {
-        Self { id, value: Arc::new(Mutex::new(value)) }
+        Self { id, value: Owned::new(value) }
     }
 
     /// The current value.
@@ -46,8 +75,7 @@ impl<const D: usize> Buffer<D> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Tensor<D>> {
-        // A panic while the lock was held cannot leave a tensor half-written.
-        self.value.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.value.lock()
     }
 
     fn replace(self, f: impl FnOnce(Tensor<D>) -> Tensor<D>) -> Self {
@@ -113,6 +141,41 @@ impl<const D: usize> Module for Buffer<D> {
 
     fn train(self) -> Self {
         Self::with_id(self.id, Tensor::from_inner(self.value()))
+    }
+}
+
+/// `into` with the buffers of `from`, a copy of `into` that ran forward passes: each buffer's
+/// value as `from` holds it, every parameter as `into` holds it. A buffer is told from a
+/// parameter by its gradient flag in `into` (a buffer never requires a gradient); a parameter
+/// that does not either is taken from `from` too, where a forward pass left it as it was.
+pub fn adopt_buffers<M: Module>(into: M, from: &M) -> M {
+    let mut values = Values(HashMap::new());
+    from.visit(&mut values);
+    into.map(&mut Adopt(values.0))
+}
+
+/// Every float tensor of a module by id, flattened.
+struct Values(HashMap<ParamId, Tensor<1>>);
+
+impl ModuleVisitor for Values {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0.insert(param.id, param.val().reshape([-1]));
+    }
+}
+
+/// Replaces each untracked float tensor by the one [`Values`] holds for its id.
+struct Adopt(HashMap<ParamId, Tensor<1>>);
+
+impl ModuleMapper for Adopt {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let tracked = param.val().is_require_grad();
+        match self.0.remove(&param.id) {
+            Some(value) if !tracked => {
+                let dims = param.val().dims();
+                param.map(|_| value.reshape(dims))
+            }
+            _ => param,
+        }
     }
 }
 
@@ -183,12 +246,14 @@ mod tests {
     }
 
     #[test]
-    fn clones_share_the_value_and_valid_copies_it_without_autodiff() {
+    fn a_clone_owns_its_value_and_valid_copies_it_without_autodiff() {
         let ad = Device::flex().autodiff();
         let ours = Ours { stat: Buffer::new(tensor(&[1.0], &ad)) };
         let clone = ours.clone();
         clone.stat.set(tensor(&[2.0], &ad));
-        assert_eq!(vals(ours.stat.value()), [2.0]);
+        assert_eq!(vals(ours.stat.value()), [1.0], "a clone wrote into the original");
+        assert_eq!(vals(clone.stat.value()), [2.0]);
+        ours.stat.set(tensor(&[2.0], &ad));
 
         let valid = ours.valid();
         assert!(!valid.stat.value().is_autodiff());
@@ -206,5 +271,26 @@ mod tests {
         assert!(!ours.stat.value().is_require_grad());
         let moved = ours.to_device(&ad);
         assert_eq!(moved.devices(), vec![ad]);
+    }
+
+    #[derive(Module, Debug)]
+    struct Layer {
+        weight: Param<Tensor<1>>,
+        stat: Buffer<1>,
+    }
+
+    #[test]
+    fn a_copy_hands_back_its_buffers_and_keeps_the_parameters_where_they_were() {
+        let ad = Device::flex().autodiff();
+        let layer = Layer {
+            weight: Param::from_tensor(tensor(&[1.0, 2.0], &ad)),
+            stat: Buffer::new(tensor(&[0.5], &ad)),
+        };
+        let copy = layer.clone().no_grad();
+        copy.stat.set(tensor(&[7.0], &ad));
+        let adopted = adopt_buffers(layer, &copy);
+        assert_eq!(vals(adopted.stat.value()), [7.0]);
+        assert!(adopted.weight.val().is_require_grad(), "a trained parameter lost its gradient");
+        assert_eq!(vals(adopted.weight.val()), [1.0, 2.0]);
     }
 }

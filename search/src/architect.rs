@@ -38,6 +38,7 @@ use burn::tensor::{Int, Tensor};
 use qdarts_engine::Sgd;
 use qdarts_engine::grads::{cross_entropy, grad_norm};
 use qdarts_kernels::optim::{Move, Moves};
+use qdarts_ops::buffer::adopt_buffers;
 use qdarts_ops::quant::{Hold, HoldTape, freeze_observers};
 
 use crate::supernet::{Alphas, SearchNetwork};
@@ -85,14 +86,9 @@ fn moved<M: Module>(module: &M, grads: &GradientsParams, rule: Move, optim: Opti
     module.clone().map(&mut Apply { moves, index })
 }
 
-/// A copy of `module` with fresh BatchNorm statistics and observer state (same values), so that
-/// forwards through it do not touch the original.
-pub fn isolated<M: Module>(module: &M) -> M {
-    module.valid().train()
-}
-
-/// `keep·w + step·g` for every parameter that has a gradient, as a new module (sharing
-/// `module`'s running states: pass a copy made with [`isolated`] to keep them apart).
+/// `keep·w + step·g` for every parameter that has a gradient, as a new module (with its own
+/// copy of `module`'s BatchNorm statistics and observer state: a clone owns its
+/// [`Buffer`](qdarts_ops::buffer::Buffer)s).
 pub fn axpy<M: Module>(module: &M, grads: &GradientsParams, keep: f32, step: f32) -> M {
     moved(module, grads, Move::Axpy { keep, step }, None)
 }
@@ -207,16 +203,22 @@ fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> T
     cross_entropy(net.forward_held(batch.0.clone(), alphas.arch(), hold), batch.1.clone())
 }
 
-/// `∇α L`. The weights are taken untracked: backward then skips every weight gradient (about a
-/// third of the backward pass), which only α needs here.
-fn alpha_grad(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> AlphaGrads {
-    let mut g = loss_of(&net.clone().no_grad(), alphas, batch, hold).backward();
+/// `∇α L` through `untracked`, a copy of a network with its weights untracked
+/// (`no_grad`): backward then skips every weight gradient (about a third of the backward
+/// pass), which only α needs here.
+fn alpha_grad(untracked: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> AlphaGrads {
+    let mut g = loss_of(untracked, alphas, batch, hold).backward();
     AlphaGrads::take(&mut g, alphas)
 }
 
-/// First-order architecture gradient.
-pub fn first_order(net: &SearchNetwork, alphas: &Alphas, val: &Batch) -> AlphaGrads {
-    alpha_grad(net, alphas, val, Hold::Off)
+/// First-order architecture gradient. The pass runs on a copy of `net` with its weights
+/// untracked; its BatchNorm statistics and observer state, which saw the validation batch, are
+/// handed back to `net` (as pt.darts' network sees that batch in this pass).
+pub fn first_order(net: &mut SearchNetwork, alphas: &Alphas, val: &Batch) -> AlphaGrads {
+    let copy = net.clone().no_grad();
+    let grads = alpha_grad(&copy, alphas, val, Hold::Off);
+    *net = adopt_buffers(net.clone(), &copy);
+    grads
 }
 
 /// Second-order (unrolled) architecture gradient: `xi` is the current weight learning rate,
@@ -256,13 +258,13 @@ pub fn second_order_parts_at(
     w_optim: &Sgd,
     radius: f64,
 ) -> (AlphaGrads, AlphaGrads) {
-    // A copy with its own BatchNorm statistics and observers. At w on the training batch:
-    // ∇w L_trn(w, α), and each quantizer's rounding, held for w± on a tape this step owns,
-    // keyed by quantizer, so that the copies made below (frozen, moved to w±) find their own.
-    // The copy's observers see this batch (as pt.darts' network does in this pass, which is
-    // how they have a grid at step 1), then stay frozen.
+    // A copy with its own BatchNorm statistics and observers (a clone owns them). At w on the
+    // training batch: ∇w L_trn(w, α), and each quantizer's rounding, held for w± on a tape
+    // this step owns, keyed by quantizer, so that the copies made below (frozen, moved to w±)
+    // find their own. The copy's observers see this batch (as pt.darts' network does in this
+    // pass, which is how they have a grid at step 1), then stay frozen.
     let tape = HoldTape::default();
-    let copy = isolated(net);
+    let copy = net.clone();
     let mut g = loss_of(&copy, alphas, train, Hold::Record(&tape)).backward();
     let gw = GradientsParams::from_module(&mut g, &copy);
     let frozen = freeze_observers(copy);
@@ -277,7 +279,7 @@ pub fn second_order_parts_at(
         &frozen,
         &dw,
         radius,
-        |m| alpha_grad(m, alphas, train, Hold::Replay(&tape)),
+        |m| alpha_grad(&m.clone().no_grad(), alphas, train, Hold::Replay(&tape)),
         |a, x, b, y| a.combine(x, b, y),
     );
     (dalpha, h)

@@ -311,7 +311,7 @@ fn grads(g: &AlphaGrads, prefix: &str) -> Result<TensorMap, RunError> {
 /// (α after Adam), `loss` (the weight step's training loss) and `net_after.<path>` (every
 /// network tensor after SGD, running states included).
 pub fn compute(spec: &StepSpec, st: StepState) -> Result<TensorMap, RunError> {
-    let StepState { net, alphas, mut w_optim, train, val } = st;
+    let StepState { mut net, alphas, mut w_optim, train, val } = st;
     let s = spec.search();
     let mut out = TensorMap::new();
     // The second-order gradient runs on copies: the network stays as it is for the step below.
@@ -321,7 +321,7 @@ pub fn compute(spec: &StepSpec, st: StepState) -> Result<TensorMap, RunError> {
     out.extend(grads(&h, "second.hessian.")?);
     out.extend(grads(&total, "second.total.")?);
     // One first-order search step.
-    let first = crate::architect::first_order(&net, &alphas, &val);
+    let first = crate::architect::first_order(&mut net, &alphas, &val);
     out.extend(grads(&first, "first.")?);
     let (_, mut a_optim) = build_optimizers(&s);
     let g = first.into_params(&alphas);

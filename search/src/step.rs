@@ -36,7 +36,7 @@ pub fn build_optimizers(s: &SearchConfig) -> (Sgd, ModuleOptimizer) {
 /// 0: off): the gradient of `λ·`[`beta_decay_loss`] is added to α's.
 #[allow(clippy::too_many_arguments)]
 pub fn arch_step(
-    net: &SearchNetwork,
+    net: &mut SearchNetwork,
     alphas: Alphas,
     (optim, w_optim): (&mut ModuleOptimizer, &Sgd),
     (train, val): (&Batch, &Batch),

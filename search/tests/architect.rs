@@ -88,7 +88,7 @@ fn first_order_alpha_gradient_skips_weights_without_changing_alpha_or_the_networ
     let d = dev();
     let shape = tiny_shape(2);
     // Float: stateful observers would see two different batches histories between the calls.
-    let (net, alphas, x) = qdarts_ops::seeded(&d, 19, || {
+    let (mut net, alphas, x) = qdarts_ops::seeded(&d, 19, || {
         let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
         let alphas = Alphas::new(2, 8, &d);
         let x = Tensor::<4>::random([4, 1, 12, 12], Distribution::Normal(0.0, 1.0), &d);
@@ -103,7 +103,7 @@ fn first_order_alpha_gradient_skips_weights_without_changing_alpha_or_the_networ
     };
     let mut plain = loss(&net).backward();
     let want = GradientsParams::from_module(&mut plain, &alphas);
-    let got = first_order(&net, &alphas, &(x.clone(), y.clone()));
+    let got = first_order(&mut net, &alphas, &(x.clone(), y.clone()));
     let normal: Tensor<2> = want.get(alphas.normal.id).unwrap();
     let a = vals(normal.reshape([-1]));
     let b = vals(got.normal.reshape([-1]));

@@ -11,7 +11,7 @@ use std::path::Path;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_engine::config::Experiment;
 use qdarts_genotypes::{Genotype, Primitive};
-use qdarts_ops::candidates::QTensor;
+use qdarts_ops::candidates::{Pass, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
 use qdarts_search::config::{ExperimentConfig, GuardConfig};
 use qdarts_search::run_search;
@@ -52,8 +52,8 @@ fn unit_weights() -> Vec<Tensor<1>> {
 fn skip_cell(reduction: bool, beta: f32) -> (Tensor<4>, Tensor<4>, Tensor<4>, Tensor<4>) {
     let (cell, s0, s1) = skip_only_cell(reduction, 3);
     let w = unit_weights();
-    let plain = cell.forward(q(&s0), q(&s1), &w, None, 0.0, None).value;
-    let aux = cell.forward(q(&s0), q(&s1), &w, None, beta, None).value;
+    let plain = cell.forward(q(&s0), q(&s1), &w, None, 0.0, Pass::default()).value;
+    let aux = cell.forward(q(&s0), q(&s1), &w, None, beta, Pass::default()).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
     let p1 = cell.preproc1.forward(q(&s1)).value;
     (plain, aux, p0, p1)
@@ -185,7 +185,8 @@ fn edge_weights_scale_each_edge_in_its_node_sum() {
     let (cell, s0, s1) = skip_only_cell(false, 8);
     let e = [0.3f32, 0.7, 0.2, 0.5, 0.3];
     let edge: Vec<Tensor<1>> = e.iter().map(|&v| Tensor::<1>::from_floats([v], &d)).collect();
-    let out = cell.forward(q(&s0), q(&s1), &unit_weights(), Some(&edge), 0.0, None).value;
+    let out =
+        cell.forward(q(&s0), q(&s1), &unit_weights(), Some(&edge), 0.0, Pass::default()).value;
     let p0 = cell.preproc0.forward(q(&s0)).value;
     let p1 = cell.preproc1.forward(q(&s1)).value;
     let n2 = p0.clone().mul_scalar(e[0]).add(p1.clone().mul_scalar(e[1]));
@@ -202,7 +203,7 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
 
     let d = Device::flex().autodiff();
     let shape = tiny_shape(1);
-    let (net, alphas, x) = qdarts_ops::seeded(&d, 21, || {
+    let (mut net, alphas, x) = qdarts_ops::seeded(&d, 21, || {
         let net = SearchNetwork::new(&shape, &QuantConfig::float(), &d).unwrap();
         let alphas = Alphas::new(2, 8, &d).with_edge_normalization(&d);
         // β away from 0, so that the node softmaxes are not flat.
@@ -214,7 +215,7 @@ fn the_edge_weight_gradient_matches_a_finite_difference() {
     let y = Tensor::<1, Int>::from_ints([1, 3, 5, 7], &d);
     // BatchNorm normalizes with the batch's statistics (training mode): for one batch the
     // loss is a smooth function of β alone.
-    let g = first_order(&net, &alphas, &(x.clone(), y.clone()));
+    let g = first_order(&mut net, &alphas, &(x.clone(), y.clone()));
     let ge: Vec<f32> = g
         .edge_normal
         .expect("β gradient")

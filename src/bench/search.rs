@@ -177,9 +177,17 @@ fn time_steps_here(
         )
     };
     let (tb, vb) = (batch(), batch());
-    let mut step = |net: SearchNetwork, alphas: Alphas| {
-        let a =
-            arch_step(&net, alphas, (&mut a_optim, &w_optim), (&tb, &vb), s.w_lr, &s, None, 0.0);
+    let mut step = |mut net: SearchNetwork, alphas: Alphas| {
+        let a = arch_step(
+            &mut net,
+            alphas,
+            (&mut a_optim, &w_optim),
+            (&tb, &vb),
+            s.w_lr,
+            &s,
+            None,
+            0.0,
+        );
         let (n, _loss) = weight_step(net, &a, &mut w_optim, &tb, s.w_lr, &s);
         settle_alphas(&a);
         (a, n)

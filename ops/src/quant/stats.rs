@@ -3,8 +3,6 @@
 //! Recording is off by default. When on, the quantizer keeps a handful of scalar tensors on the
 //! device (no host sync in the training step); [`Monitor::read`] brings them back on request.
 
-use std::sync::{Arc, Mutex};
-
 use burn::tensor::Tensor;
 use qdarts_kernels::reduce::sum_all;
 pub use qdarts_record::{QuantError, TensorRole};
@@ -12,6 +10,7 @@ pub use qdarts_record::{QuantError, TensorRole};
 use super::error::SpecError;
 use super::fake_quant::{Grid, Quantized, quantize};
 use super::spec::QuantSpec;
+use crate::buffer::Owned;
 
 /// SQNR reported when the quantization is exact (zero noise), and its negative when there is
 /// noise but no signal: the value stays finite so plots and CSV readers never see inf or NaN.
@@ -82,29 +81,27 @@ impl RowLayout {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct MonitorState {
     recording: bool,
     last: Option<Recorded>,
 }
 
-/// Shared recording switch and last statistics of a quantizer.
+/// The recording switch and last statistics of a quantizer (a clone's are its own).
 #[derive(Debug, Clone, Default)]
 pub struct Monitor {
-    state: Arc<Mutex<MonitorState>>,
+    state: Owned<MonitorState>,
 }
 
 impl Monitor {
     /// Turns recording on or off.
     pub fn set_recording(&self, on: bool) {
-        if let Ok(mut s) = self.state.lock() {
-            s.recording = on;
-        }
+        self.state.lock().recording = on;
     }
 
     /// Whether recording is on.
     pub fn is_recording(&self) -> bool {
-        self.state.lock().map(|s| s.recording).unwrap_or(false)
+        self.state.lock().recording
     }
 
     /// Keeps the error of `out` against `x` (device tensors only) when recording. Without `qz`
@@ -118,7 +115,7 @@ impl Monitor {
         grid: &Grid,
         rows: Option<RowLayout>,
     ) {
-        let Ok(mut s) = self.state.lock() else { return };
+        let mut s = self.state.lock();
         if !s.recording {
             return;
         }
@@ -158,7 +155,7 @@ impl Monitor {
         role: TensorRole,
         spec: &QuantSpec,
     ) -> Result<Vec<QuantError>, SpecError> {
-        let Some(last) = self.state.lock().ok().and_then(|s| s.last.clone()) else {
+        let Some(last) = self.state.lock().last.clone() else {
             return Ok(Vec::new());
         };
         let what = rows.first().map_or("", |r| r.path.as_str());

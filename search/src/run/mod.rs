@@ -129,7 +129,7 @@ impl EpochTask for SearchTask<'_> {
         let cost = self.cost.as_ref();
         let beta = s.guards.beta_decay_at(input.epoch.min(s.epochs), s.epochs);
         let alphas = self.alphas.clone();
-        self.alphas = arch_step(&self.net, alphas, optims, batches, input.lr, s, cost, beta);
+        self.alphas = arch_step(&mut self.net, alphas, optims, batches, input.lr, s, cost, beta);
 
         // SDARTS-RS: the weight step sees α's softmax with random noise.
         let eps = s.guards.smoothing_at(input.epoch.min(s.epochs), s.epochs);

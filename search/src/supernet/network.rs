@@ -134,8 +134,6 @@ impl SearchNetwork {
     /// A copy whose per-edge cells hold the batched cells' current weights and statistics, the
     /// batched cells kept: what a checkpoint saves, so that every tensor in it is current.
     pub fn with_cells_synced(&self) -> Self {
-        // A running state keeps its last update per thread until a sync; `valid()` syncs them.
-        drop(self.valid());
         let mut net = self.clone();
         for (cell, b) in net.cells.iter_mut().zip(&self.batched) {
             b.write_into(cell);

@@ -12,8 +12,6 @@
 //! | `MinMax` | running min, max | torch.ao `calculate_qparams` |
 //! | `MovingAverageMinMax { c }` | moving min, max | torch.ao `calculate_qparams` |
 
-use std::sync::{Arc, Mutex};
-
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
@@ -21,7 +19,7 @@ use super::fake_quant::Grid;
 use super::range::min_max;
 pub use super::range::{abs_max, channel_rows, qparams_from_min_max};
 use super::spec::{ObserverKind, QuantSpec};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, Owned};
 use qdarts_kernels::cat::cat;
 use qdarts_kernels::observe::observe_available;
 
@@ -67,7 +65,7 @@ impl FixedRange {
 
     /// The grid of `c` channels on `device`, derived once per device and channel count.
     fn grid(&self, spec: &QuantSpec, c: usize, axis: Option<usize>, device: &Device) -> Grid {
-        let mut cached = self.grid.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cached = self.grid.0.lock();
         if let Some((d, n, g)) = &*cached
             && d == device
             && *n == c
@@ -83,10 +81,10 @@ impl FixedRange {
     }
 }
 
-/// [`FixedRange`]'s derived grid with the device and channel count it is for; shared by the
-/// module's clones (the same range and spec give the same grid).
+/// [`FixedRange`]'s derived grid with the device and channel count it is for (a clone starts
+/// from the original's).
 #[derive(Debug, Clone, Default)]
-struct FixedGrid(Arc<Mutex<Option<(Device, usize, Grid)>>>);
+struct FixedGrid(Owned<Option<(Device, usize, Grid)>>);
 
 /// The threshold of the last tensor seen.
 #[derive(Module, Debug)]
