@@ -22,14 +22,15 @@ use burn::tensor::{Device, Tensor};
 
 /// State a module updates through a shared reference in its forward pass (a forward takes
 /// `&self`): behind a lock, as a module is `Sync`, and owned: a clone starts from the value the
-/// original holds now and keeps its own from then on.
+/// original holds now and keeps its own from then on. Boxed: a tensor is large, and a module
+/// holds many.
 #[derive(Debug, Default)]
-pub struct Owned<T>(Mutex<T>);
+pub struct Owned<T>(Box<Mutex<T>>);
 
 impl<T> Owned<T> {
     /// `value`, owned.
     pub fn new(value: T) -> Self {
-        Owned(Mutex::new(value))
+        Owned(Box::new(Mutex::new(value)))
     }
 
     /// The value, locked (a panic while it was held cannot have left it half-written: every
