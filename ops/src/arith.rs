@@ -10,7 +10,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::candidates::{Ctx, QTensor, QuantSites};
 use crate::qconfig::Site;
-use crate::quant::{FakeQuantizer, Hold, SpecError};
+use crate::quant::{FakeQuantizer, QuantPass, SpecError};
 use qdarts_kernels::cat::cat;
 
 /// `Σ x_i`, requantized onto the output grid.
@@ -32,22 +32,22 @@ impl QAdd {
     /// # Panics
     /// If `xs` is empty.
     pub fn forward(&self, xs: Vec<QTensor>) -> QTensor {
-        self.forward_held(xs, Hold::Off)
+        self.forward_in(xs, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
     ///
     /// # Panics
     /// If `xs` is empty.
-    pub fn forward_held(&self, xs: Vec<QTensor>, hold: Hold) -> QTensor {
+    pub fn forward_in(&self, xs: Vec<QTensor>, qp: QuantPass) -> QTensor {
         let values: Vec<Tensor<4>> = xs.into_iter().map(|x| x.value).collect();
         let Some(sum) = values.iter().cloned().reduce(|a, b| a.add(b)) else {
             panic!("QAdd needs at least one operand");
         };
-        self.forward_summed(&values, sum, hold)
+        self.forward_summed(&values, sum, qp)
     }
 
-    /// [`forward_held`](Self::forward_held) of operands whose float sum the caller has
+    /// [`forward_in`](Self::forward_in) of operands whose float sum the caller has
     /// computed (`xs` added left to right): the gradient goes through `sum` alone, and only the
     /// values of `xs` are read (they may be detached).
     ///
@@ -56,10 +56,10 @@ impl QAdd {
     ///
     /// # Panics
     /// If `xs` is empty.
-    pub fn forward_summed(&self, xs: &[Tensor<4>], sum: Tensor<4>, hold: Hold) -> QTensor {
+    pub fn forward_summed(&self, xs: &[Tensor<4>], sum: Tensor<4>, qp: QuantPass) -> QTensor {
         match &self.act {
             Some(q) => {
-                let (value, grid) = q.forward_summed(xs, sum, hold);
+                let (value, grid) = q.forward_summed(xs, sum, qp);
                 QTensor { value, grid: Some(grid) }
             }
             None => {
@@ -95,13 +95,13 @@ impl QConcat {
     /// # Shapes
     /// - xs: `[N, C_i, H, W]`; output: `[N, ΣC_i, H, W]`.
     pub fn forward(&self, xs: Vec<QTensor>) -> QTensor {
-        self.forward_held(xs, Hold::Off)
+        self.forward_in(xs, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
-    pub fn forward_held(&self, xs: Vec<QTensor>, hold: Hold) -> QTensor {
+    pub fn forward_in(&self, xs: Vec<QTensor>, qp: QuantPass) -> QTensor {
         let cat = cat(xs.into_iter().map(|x| x.value).collect(), 1);
-        crate::candidates::quantize_opt(&self.act, cat, hold)
+        crate::candidates::quantize_opt(&self.act, cat, qp)
     }
 }
 

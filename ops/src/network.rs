@@ -10,7 +10,7 @@ use crate::candidates::{
     ConvShape, Ctx, Pass, QFactorizedReduce, QStdConv, QTensor, QuantSites, quantize_bias,
 };
 use crate::qconfig::{QuantConfig, Site};
-use crate::quant::{FakeQuantizer, Grid, Hold, SpecError};
+use crate::quant::{FakeQuantizer, Grid, QuantPass, SpecError};
 
 /// Whether cell `i` of `layers` reduces: at 1/3 and 2/3 depth (pt.darts, DARTS).
 pub fn is_reduction(i: usize, layers: usize) -> bool {
@@ -54,15 +54,15 @@ impl Preprocess {
     /// # Shapes
     /// - x: `[N, C_pp, H, W]`; output `[N, C, H/r, W/r]` (r = 2 after a reduction cell).
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_held(x, Hold::Off)
+        self.forward_in(x, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
     /// says.
-    pub fn forward_held(&self, x: QTensor, hold: Hold) -> QTensor {
+    pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
         match self {
-            Preprocess::Reduce(op) => op.forward_in(x, Pass::held(hold)),
-            Preprocess::Conv(op) => op.forward_held(x, hold),
+            Preprocess::Reduce(op) => op.forward_in(x, Pass::quantizing(qp)),
+            Preprocess::Conv(op) => op.forward_in(x, qp),
         }
     }
 }
@@ -104,23 +104,23 @@ impl QLinear {
     /// # Shapes
     /// - x: `[N, in]`; output: `[N, out]`.
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        self.forward_q(x, None, Hold::Off)
+        self.forward_q(x, None, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) of an input on the grid `input`: with a quantized weight the
     /// bias is fake-quantized to int32 at the derived scale `s_in·s_w,c`. `hold`: how the
     /// weight's quantizer holds its rounding.
-    pub fn forward_q(&self, x: Tensor<2>, input: Option<&Grid>, hold: Hold) -> Tensor<2> {
+    pub fn forward_q(&self, x: Tensor<2>, input: Option<&Grid>, qp: QuantPass) -> Tensor<2> {
         let c = self.bias.val().dims()[0];
         let (w, bias) = match (&self.wq, input) {
             (Some(q), Some(ig)) => {
-                let (w, g) = q.forward_held(self.weight.val(), hold);
+                let (w, g) = q.forward_in(self.weight.val(), qp);
                 let unit = Tensor::<1>::ones([c], &w.device())
                     .mul(g.step.detach())
                     .mul(ig.step.clone().detach());
                 (w, quantize_bias(self.bias.val(), unit, q.spec().round()))
             }
-            (Some(q), None) => (q.forward_held(self.weight.val(), hold).0, self.bias.val()),
+            (Some(q), None) => (q.forward_in(self.weight.val(), qp).0, self.bias.val()),
             (None, _) => (self.weight.val(), self.bias.val()),
         };
         x.matmul(w.transpose()).add(bias.reshape([1, c]))

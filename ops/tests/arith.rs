@@ -7,7 +7,7 @@ use burn::tensor::{Device, Distribution, Tensor, TensorData};
 use qdarts_ops::arith::{QAdd, QConcat, int_softmax, quantized_softmax};
 use qdarts_ops::candidates::{Ctx, QTensor, QuantSites};
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::QuantSpec;
+use qdarts_ops::quant::{ErrorTape, QuantPass, QuantSpec};
 
 fn dev() -> Device {
     Device::flex()
@@ -63,12 +63,12 @@ fn add_passes_the_gradient_to_every_operand_where_the_sum_is_in_range() {
 fn concat_puts_every_operand_on_one_grid() {
     let cfg = cfg_fixed_act();
     let cat = QConcat::new(&Ctx::new(&cfg, "cat", "cat", &dev())).unwrap();
-    cat.set_recording(true);
-    let out = cat.forward(vec![q1(&[0.123]), q1(&[-0.456])]);
+    let tape = ErrorTape::default();
+    let out = cat.forward_in(vec![q1(&[0.123]), q1(&[-0.456])], QuantPass::recording(Some(&tape)));
     assert_eq!(out.dims(), [1, 2, 1, 1]);
     let v = vals(out.value);
     assert!((v[0] - 0.12).abs() < 1e-6 && (v[1] + 0.46).abs() < 1e-6, "{v:?}");
-    assert_eq!(cat.quant_stats().unwrap().len(), 1);
+    assert_eq!(cat.quant_stats(&tape).unwrap().len(), 1);
 }
 
 #[test]

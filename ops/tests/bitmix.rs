@@ -9,7 +9,7 @@ use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_ops::cost::{Penalty, expected_cost};
-use qdarts_ops::quant::{BitMix, Granularity, Hold, ObserverKind, QuantSpec, TensorRole};
+use qdarts_ops::quant::{BitMix, Granularity, ObserverKind, QuantPass, QuantSpec, TensorRole};
 
 fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()
@@ -42,7 +42,7 @@ fn the_composite_convolution_is_the_weighted_sum_of_the_per_bit_convolutions() {
     });
     let mix = BitMix::new(weight_spec(), &[2, 4, 8], "e.conv", TensorRole::Weight, 6, &d).unwrap();
     let p = softmax(logits, 0);
-    let composite = conv(x.clone(), mix.forward(w.clone(), p.clone(), Hold::Off));
+    let composite = conv(x.clone(), mix.forward(w.clone(), p.clone(), QuantPass::OFF));
     let pv = vals(p.clone());
     let explicit = mix
         .quantizers
@@ -67,7 +67,7 @@ fn the_composite_convolution_is_the_weighted_sum_of_the_per_bit_convolutions() {
     }
     // One-hot probabilities pick that width's quantized weight.
     let one = Tensor::<1>::from_floats([0.0, 1.0, 0.0], &d);
-    let picked = vals(mix.forward(w.clone(), one, Hold::Off));
+    let picked = vals(mix.forward(w.clone(), one, QuantPass::OFF));
     assert_eq!(picked, vals(mix.quantizers[1].forward(w)));
     assert!(
         (vals(mix.expected_bits(p))[0] - (2.0 * pv[0] + 4.0 * pv[1] + 8.0 * pv[2])).abs() < 1e-5

@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Device, Distribution, Gradients, Tensor, TensorData};
 use qdarts_genotypes::Primitive;
-use qdarts_ops::candidates::{CandidateOp, QMixedOp, QTensor, QuantSites};
+use qdarts_ops::candidates::{CandidateOp, Pass, QMixedOp, QTensor, QuantSites};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
+use qdarts_ops::quant::{ErrorTape, QuantPass};
 use reference::{Nd, batch_norm, cat, conv2d, pool3, relu, shift};
 
 fn dev() -> Device {
@@ -195,16 +196,17 @@ fn all_zero_inputs_give_no_nan_in_forward_backward_or_error_reports() {
         for preset in [Preset::Tensorrt, Preset::Paddle, Preset::Lsq, Preset::OnnxQdq] {
             let cfg = QuantConfig::preset(preset);
             let m = QMixedOp::new(&Primitive::DARTS, 4, 2, &cfg, "cells.1.edges.0", &ad).unwrap();
-            m.set_recording(true);
+            let tape = ErrorTape::default();
             let x = Tensor::<4>::zeros([2, 4, 8, 8], &ad).require_grad();
             let w = Tensor::<1>::full([8], 0.125, &ad).require_grad();
-            let out = m.forward(QTensor::float(x.clone()), w.clone()).value;
+            let rec = Pass::quantizing(QuantPass::recording(Some(&tape)));
+            let out = m.forward_in(QTensor::float(x.clone()), w.clone(), rec).value;
             assert!(nd(out.clone()).iter().all(|v| v.is_finite()), "{preset:?}: forward");
             let grads = out.sum().backward();
             check_grads(&m, &grads, &format!("{preset:?}"));
             assert!(nd(x.grad(&grads).unwrap()).iter().all(|v| v.is_finite()));
             assert!(nd(w.grad(&grads).unwrap()).iter().all(|v| v.is_finite()));
-            let rows = m.quant_stats().unwrap();
+            let rows = m.quant_stats(&tape).unwrap();
             assert!(!rows.is_empty());
             for r in rows {
                 for v in [r.mse, r.sqnr_db, r.clip_frac, r.scale, r.zero_point] {
@@ -281,7 +283,7 @@ fn mixed_op_sharing_one_relu_is_each_candidate_on_its_own() {
             let out2 = qdarts_ops::candidates::quantize_opt(
                 &alone.act,
                 sum.unwrap(),
-                qdarts_ops::quant::Hold::Off,
+                qdarts_ops::quant::QuantPass::OFF,
             )
             .value;
             let g2 = out2.clone().square().sum().backward();
@@ -329,9 +331,11 @@ fn every_quantizer_reports_under_a_unique_stable_path() {
     seeded(|| {
         let cfg = QuantConfig::preset(Preset::Tensorrt);
         let m = QMixedOp::new(&Primitive::DARTS, 4, 1, &cfg, "cells.3.edges.5", &dev()).unwrap();
-        m.set_recording(true);
-        m.forward(QTensor::float(input([2, 4, 8, 8], &dev())), Tensor::full([8], 0.125, &dev()));
-        let rows = m.quant_stats().unwrap();
+        let tape = ErrorTape::default();
+        let rec = Pass::quantizing(QuantPass::recording(Some(&tape)));
+        let x = QTensor::float(input([2, 4, 8, 8], &dev()));
+        m.forward_in(x, Tensor::full([8], 0.125, &dev()), rec);
+        let rows = m.quant_stats(&tape).unwrap();
         let paths: BTreeSet<&str> = rows.iter().map(|r| r.layer.as_str()).collect();
         assert_eq!(paths.len(), rows.len(), "duplicate paths");
         assert_eq!(rows.len(), m.quantizers().len(), "a quantizer did not report");

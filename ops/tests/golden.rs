@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{
-    FakeQuantImpl, FakeQuantizer, Granularity, Grid, LearnableGrid, ObserverKind, QuantSpec,
-    RawQuantSpec, RoundMode, TensorRole, fake_quant_learnable, fake_quant_with, quantize,
+    FakeQuantImpl, FakeQuantizer, Granularity, Grid, LearnableGrid, ObserverKind, QuantPass,
+    QuantSpec, RawQuantSpec, RoundMode, TensorRole, fake_quant_learnable, fake_quant_with,
+    quantize,
 };
 use serde_json::Value;
 
@@ -229,7 +230,7 @@ fn paddle_spec(
 /// Runs one training-mode step of a Paddle quantizer and checks threshold, integers and
 /// dequantized values.
 fn paddle_step(
-    fq: &FakeQuantizer,
+    (fq, imp): (&FakeQuantizer, FakeQuantImpl),
     step: &Value,
     shp: &[usize],
     axis: Option<usize>,
@@ -237,7 +238,8 @@ fn paddle_step(
 ) -> Check {
     let dev = device();
     let (x, _) = tensor4(&floats(step, "input")?, shp, axis, &dev)?;
-    let out = fq.try_forward(x.clone()).map_err(|e| e.to_string())?;
+    let qp = QuantPass { imp, ..QuantPass::OFF };
+    let (out, _) = fq.try_forward_in(x.clone(), qp).map_err(|e| e.to_string())?;
     let threshold =
         fq.observer.as_ref().and_then(ObserverState::threshold).ok_or("no threshold")?;
     close(scale_key, &to_vec(threshold), &floats(step, scale_key)?)?;
@@ -249,9 +251,8 @@ fn paddle_step(
 fn paddle_abs_max(v: &Value, imp: FakeQuantImpl) -> Check {
     let spec = paddle_spec(&v["params"], ObserverKind::AbsMax, Granularity::PerTensor)?;
     let fq = FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &device())
-        .map_err(|e| e.to_string())?
-        .with_impl(imp);
-    paddle_step(&fq, v, &shape(v)?, None, "out_scale")
+        .map_err(|e| e.to_string())?;
+    paddle_step((&fq, imp), v, &shape(v)?, None, "out_scale")
 }
 
 fn paddle_channel_wise(v: &Value, imp: FakeQuantImpl) -> Check {
@@ -262,9 +263,8 @@ fn paddle_channel_wise(v: &Value, imp: FakeQuantImpl) -> Check {
     let spec =
         paddle_spec(p, ObserverKind::ChannelWiseAbsMax, Granularity::PerChannel { axis: 1 })?;
     let fq = FakeQuantizer::new(spec, "golden", TensorRole::Weight, channels, &device())
-        .map_err(|e| e.to_string())?
-        .with_impl(imp);
-    paddle_step(&fq, v, &shp, Some(axis), "out_scales")
+        .map_err(|e| e.to_string())?;
+    paddle_step((&fq, imp), v, &shp, Some(axis), "out_scales")
 }
 
 fn paddle_moving_average(v: &Value, imp: FakeQuantImpl) -> Check {
@@ -273,9 +273,8 @@ fn paddle_moving_average(v: &Value, imp: FakeQuantImpl) -> Check {
     let rate = num(p, "moving_rate")? as f32;
     let spec = paddle_spec(p, ObserverKind::MovingAverageAbsMax { rate }, Granularity::PerTensor)?;
     let dev = device();
-    let fq = FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &dev)
-        .map_err(|e| e.to_string())?
-        .with_impl(imp);
+    let fq =
+        FakeQuantizer::new(spec, "golden", TensorRole::Act, 1, &dev).map_err(|e| e.to_string())?;
     let Some(ObserverState::MovingAverageAbsMax(s)) = &fq.observer else {
         return Err("moving-average spec built another observer".into());
     };
@@ -283,7 +282,8 @@ fn paddle_moving_average(v: &Value, imp: FakeQuantImpl) -> Check {
     s.accum.set(Tensor::from_floats([num(p, "in_accum")? as f32], &dev));
     let steps = v.get("steps").and_then(Value::as_array).ok_or("missing `steps`")?;
     for (i, step) in steps.iter().enumerate() {
-        paddle_step(&fq, step, &shp, None, "out_scale").map_err(|e| format!("step {i}: {e}"))?;
+        paddle_step((&fq, imp), step, &shp, None, "out_scale")
+            .map_err(|e| format!("step {i}: {e}"))?;
         close("out_state", &to_vec(s.state.value()), &[num(step, "out_state")? as f32])
             .map_err(|e| format!("step {i}: {e}"))?;
         close("out_accum", &to_vec(s.accum.value()), &[num(step, "out_accum")? as f32])

@@ -8,7 +8,7 @@
 
 use burn::tensor::{Device, Tensor};
 use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, Hold, HoldTape, ObserverKind, QuantSpec, TensorRole,
+    FakeQuantizer, Granularity, Hold, HoldTape, ObserverKind, QuantPass, QuantSpec, TensorRole,
 };
 
 fn vals(t: Tensor<1>) -> Vec<f32> {
@@ -23,13 +23,13 @@ fn a_held_quantizer_is_linear_in_its_input_and_constant_where_it_clipped() {
     let q = FakeQuantizer::new(spec, "a", TensorRole::Act, 1, &d).unwrap();
     let x0 = Tensor::<1>::from_floats([0.10, -0.33, 0.52, 3.0], &d);
     let tape = HoldTape::default();
-    let (out0, g0) = q.forward_held(x0.clone(), Hold::Record(&tape));
+    let (out0, g0) = q.forward_in(x0.clone(), QuantPass::held(Hold::Record(&tape)));
     let out0 = vals(out0);
     // A move far below one step (1/7.5 here) keeps out0 + δ inside the range and out0 where
     // the value clipped.
     let delta = [1e-3f32, -2e-3, 5e-4, -1e-3];
     let x1 = x0.clone().add(Tensor::from_floats(delta, &d));
-    let (out1, g1) = q.forward_held(x1.clone(), Hold::Replay(&tape));
+    let (out1, g1) = q.forward_in(x1.clone(), QuantPass::held(Hold::Replay(&tape)));
     let out1 = vals(out1);
     for i in 0..3 {
         assert!((out1[i] - (out0[i] + delta[i])).abs() < 1e-6, "{i}: {} vs {}", out1[i], out0[i]);
@@ -64,10 +64,10 @@ fn held_plane_on(
     let delta: [f32; 9] = [0.01, 0.0, 0.05, 0.0, -0.2, 0.0, 0.0, 0.01, 0.0];
     let x0t = Tensor::<1>::from_floats(x0, &d).reshape([1, 1, 3, 3]);
     let tape = HoldTape::default();
-    let (out0, _) = q.forward_held(x0t.clone(), Hold::Record(&tape));
+    let (out0, _) = q.forward_in(x0t.clone(), QuantPass::held(Hold::Record(&tape)));
     let at_w = vals(out0.reshape([-1]));
     let x1 = x0t.add(Tensor::<1>::from_floats(delta, &d).reshape([1, 1, 3, 3])).require_grad();
-    let (out1, held) = q.forward_held(x1.clone(), Hold::Replay(&tape));
+    let (out1, held) = q.forward_in(x1.clone(), QuantPass::held(Hold::Replay(&tape)));
     let (_, unheld) = q.forward_with_grid(x1.clone());
     let now = vals(out1.clone().reshape([-1]));
     (at_w, now, out1, held, unheld, x1)
@@ -181,12 +181,13 @@ fn a_per_channel_held_quantizer_keeps_each_channels_clipping() {
     q.forward(Tensor::<2>::from_floats([[0.5, -0.5, 0.0, 0.1], [1.0, -1.0, 0.0, 0.1]], &d));
     let x0 = Tensor::<2>::from_floats([[0.1, -0.2, 0.8, 0.3], [2.0, -0.5, 0.25, 1.5]], &d);
     let tape = HoldTape::default();
-    let out0 = vals(q.forward_held(x0.clone(), Hold::Record(&tape)).0.reshape([8]));
+    let out0 = vals(q.forward_in(x0.clone(), QuantPass::held(Hold::Record(&tape))).0.reshape([8]));
     let delta = [1e-4f32, -2e-4, 3e-4, 1e-4, -1e-4, 2e-4, -3e-4, 1e-4];
     let x1 = x0.add(Tensor::<1>::from_floats(delta, &d).reshape([2, 4]));
     // Replayed twice: the second replay reads what the first derived.
     for _ in 0..2 {
-        let out1 = vals(q.forward_held(x1.clone(), Hold::Replay(&tape)).0.reshape([8]));
+        let out1 =
+            vals(q.forward_in(x1.clone(), QuantPass::held(Hold::Replay(&tape))).0.reshape([8]));
         for i in 0..8 {
             let clipped = [2, 4, 7].contains(&i);
             let expected = if clipped { out0[i] } else { out0[i] + delta[i] };
@@ -210,13 +211,13 @@ fn a_recording_belongs_to_the_quantizer_and_the_pass_not_to_a_copy() {
     // unheld, and keeps its rounding at w held.
     let x1 = x0.clone().add(Tensor::from_floats([-0.05f32, 0.0, 0.0, 0.0], &d));
     let tape = HoldTape::default();
-    let out0 = vals(q.forward_held(x0, Hold::Record(&tape)).0);
+    let out0 = vals(q.forward_in(x0, QuantPass::held(Hold::Record(&tape))).0);
     assert_eq!(tape.len(), 1);
     let copy = q.clone();
-    let held = vals(copy.forward_held(x1.clone(), Hold::Replay(&tape)).0);
+    let held = vals(copy.forward_in(x1.clone(), QuantPass::held(Hold::Replay(&tape))).0);
     assert!((held[0] - (out0[0] - 0.05)).abs() < 1e-6, "the copy replays: {held:?} {out0:?}");
     let unheld = vals(q.forward(x1.clone()));
     assert!((unheld[0] - held[0]).abs() > 0.01, "a pass without the tape rounds anew");
-    assert_eq!(vals(other.forward_held(x1.clone(), Hold::Replay(&tape)).0), unheld);
+    assert_eq!(vals(other.forward_in(x1.clone(), QuantPass::held(Hold::Replay(&tape))).0), unheld);
     assert_eq!(vals(copy.forward(x1)), unheld, "replaying set nothing on the copy");
 }

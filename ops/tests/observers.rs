@@ -5,7 +5,8 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use qdarts_ops::quant::observer::ObserverState;
 use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, ObserverKind, QuantSpec, RoundMode, TensorRole,
+    ErrorTape, FakeQuantizer, Granularity, ObserverKind, QuantPass, QuantSpec, RoundMode,
+    TensorRole,
 };
 
 fn dev() -> Device {
@@ -168,9 +169,9 @@ fn all_zero_tensors_give_finite_scales_zero_output_and_finite_gradients() {
     for (obs, symmetric, gran) in every_observer() {
         let s = spec(obs, true, symmetric, gran);
         let fq = FakeQuantizer::new(s, "zero", TensorRole::Act, 3, &ad).unwrap();
-        fq.set_recording(true);
+        let tape = ErrorTape::default();
         let x = Tensor::<4>::zeros([2, 3, 4, 4], &ad).require_grad();
-        let out = fq.forward(x.clone());
+        let (out, _) = fq.forward_in(x.clone(), QuantPass::recording(Some(&tape)));
         let o = vals(out.clone());
         assert!(o.iter().all(|&v| v == 0.0), "{obs:?}: non-zero output {o:?}");
         let grads = out.sum().backward();
@@ -186,7 +187,7 @@ fn all_zero_tensors_give_finite_scales_zero_output_and_finite_gradients() {
         }
         // torch.ao gives an affine int8 all-zero tensor the zero point qmin (-128).
         assert!(vals(g.zero_point).iter().all(|v| v.is_finite()), "{obs:?}");
-        let st = fq.last_stats().unwrap().expect("recorded");
+        let st = fq.last_stats(&tape).unwrap().expect("recorded");
         for v in [st.mse, st.sqnr_db, st.clip_frac, st.scale, st.zero_point] {
             assert!(v.is_finite(), "{obs:?}: stats {st:?}");
         }
@@ -201,9 +202,9 @@ fn error_statistics_match_a_hand_computation() {
     // 0.3·127 = 38.1 -> 38, -0.5·127 = -63.5 -> -64 (ties to even).
     let s = spec(ObserverKind::AbsMax, true, true, Granularity::PerTensor);
     let fq = FakeQuantizer::new(s, "layer.act", TensorRole::Act, 1, &dev()).unwrap();
-    fq.set_recording(true);
-    fq.forward(t1(&[1.0, 0.3, -0.5, 0.0]));
-    let st = fq.last_stats().unwrap().unwrap();
+    let tape = ErrorTape::default();
+    fq.forward_in(t1(&[1.0, 0.3, -0.5, 0.0]), QuantPass::recording(Some(&tape)));
+    let st = fq.last_stats(&tape).unwrap().unwrap();
     let e1 = 0.3f64 - 38.0 / 127.0;
     let e2 = -0.5f64 + 64.0 / 127.0;
     let noise = e1 * e1 + e2 * e2;
@@ -217,9 +218,9 @@ fn error_statistics_match_a_hand_computation() {
 
     // Frozen at T = 1, a value of 3 clips: one element of four.
     let frozen = fq.valid();
-    frozen.set_recording(true);
-    frozen.forward(t1(&[3.0, 0.5, 0.0, -0.25]));
-    assert_eq!(frozen.last_stats().unwrap().unwrap().clip_frac, 0.25);
+    let tape = ErrorTape::default();
+    frozen.forward_in(t1(&[3.0, 0.5, 0.0, -0.25]), QuantPass::recording(Some(&tape)));
+    assert_eq!(frozen.last_stats(&tape).unwrap().unwrap().clip_frac, 0.25);
 }
 
 #[test]

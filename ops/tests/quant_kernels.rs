@@ -1008,7 +1008,7 @@ fn many_sites_are_each_sites_forward_bit_for_bit() {
                     .map(|(k, (q, w))| (q, input(k, w)))
                     .collect();
                 let (outs, launches) = counted(&ad, || match together {
-                    true => FakeQuantizer::forward_many(xs, qdarts_ops::quant::Hold::Off),
+                    true => FakeQuantizer::forward_many(xs, qdarts_ops::quant::QuantPass::OFF),
                     false => xs.into_iter().map(|(q, x)| q.forward_with_grid(x)).collect(),
                 });
                 let r = Tensor::<1>::from_floats(normal(4096, 77).as_slice(), &ad);

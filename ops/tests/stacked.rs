@@ -9,7 +9,8 @@
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Tensor};
 use qdarts_ops::quant::{
-    FakeQuantizer, Granularity, ObserverKind, QuantSpec, RoundMode, SpecError, TensorRole,
+    ErrorTape, FakeQuantizer, Granularity, ObserverKind, QuantPass, QuantSpec, RoundMode,
+    SpecError, TensorRole,
 };
 
 mod common;
@@ -60,21 +61,22 @@ fn stacked_activation_quantizers_are_the_sites_bit_for_bit_step_after_step() {
         let ad = device.clone().autodiff();
         for spec in act_specs() {
             let (qs, stacked) = quantizers(spec, TensorRole::Act, r, 1, &ad);
-            stacked.set_recording(true);
-            qs.iter().for_each(|q| q.set_recording(true));
             for step in 0..3 {
+                let tape = ErrorTape::default();
+                let rec = QuantPass::recording(Some(&tape));
                 let x: Tensor<4> =
                     Tensor::random([n, r * c, h, w], Distribution::Normal(0.3, 2.0), &ad)
                         .mul_scalar(1.0 + step as f32)
                         .detach()
                         .require_grad();
                 // Each site on its own slice.
-                let parts: Vec<Tensor<4>> =
-                    (0..r).map(|i| qs[i].forward(x.clone().narrow(1, i * c, c))).collect();
+                let parts: Vec<Tensor<4>> = (0..r)
+                    .map(|i| qs[i].forward_in(x.clone().narrow(1, i * c, c), rec).0)
+                    .collect();
                 let each = Tensor::cat(parts, 1);
                 // The rows: `[N, R, C·H·W]`, one channel per site.
-                let y =
-                    stacked.forward(x.clone().reshape([n, r, c * h * w])).reshape([n, r * c, h, w]);
+                let rows = x.clone().reshape([n, r, c * h * w]);
+                let y = stacked.forward_in(rows, rec).0.reshape([n, r * c, h, w]);
                 assert_eq!(floats(y.clone()), floats(each.clone()), "{name} {spec:?} step {step}");
                 // The straight-through gradient, weighted so that every value counts.
                 let weights = Tensor::random([n, r * c, h, w], Distribution::Default, &ad).detach();
@@ -83,10 +85,10 @@ fn stacked_activation_quantizers_are_the_sites_bit_for_bit_step_after_step() {
                 let (a, b) = (x.grad(&g_each).unwrap(), x.grad(&g_rows).unwrap());
                 assert_eq!(floats(a), floats(b), "{name} {spec:?} step {step}: gradient");
                 // Each row's error statistics are its site's.
-                let rows = stacked.error_rows().unwrap();
+                let rows = stacked.error_rows(&tape).unwrap();
                 assert_eq!(rows.len(), r);
                 for (i, row) in rows.iter().enumerate() {
-                    let own = qs[i].last_stats().unwrap().expect("recorded");
+                    let own = qs[i].last_stats(&tape).unwrap().expect("recorded");
                     assert_eq!(row.layer, own.layer);
                     assert_eq!((row.scale, row.zero_point), (own.scale, own.zero_point));
                     assert_eq!(row.clip_frac, own.clip_frac, "{name} {spec:?}");
@@ -124,20 +126,20 @@ fn stacked_weight_quantizers_are_each_edge_per_channel() {
         let ad = device.clone().autodiff();
         let (qs, stacked) = quantizers(spec, TensorRole::Weight, r, c, &ad);
         let stacked = stacked.with_row_numel(1, 7);
-        stacked.set_recording(true);
-        qs.iter().for_each(|q| q.set_recording(true));
+        let tape = ErrorTape::default();
+        let rec = QuantPass::recording(Some(&tape));
         let w: Tensor<4> = Tensor::random([r * c, 1, k, k], Distribution::Normal(0.0, 0.5), &ad)
             .detach()
             .require_grad();
         let parts: Vec<Tensor<4>> =
-            (0..r).map(|i| qs[i].forward(w.clone().narrow(0, i * c, c))).collect();
+            (0..r).map(|i| qs[i].forward_in(w.clone().narrow(0, i * c, c), rec).0).collect();
         let each = Tensor::cat(parts, 0);
-        let y = stacked.forward(w.clone());
+        let y = stacked.forward_in(w.clone(), rec).0;
         assert_eq!(floats(y.clone()), floats(each.clone()), "{name}");
         let (a, b) = (each.sum().backward(), y.sum().backward());
         assert_eq!(floats(w.grad(&a).unwrap()), floats(w.grad(&b).unwrap()), "{name}");
-        let rows = stacked.error_rows().unwrap();
-        let own = qs[1].last_stats().unwrap().unwrap();
+        let rows = stacked.error_rows(&tape).unwrap();
+        let own = qs[1].last_stats(&tape).unwrap().unwrap();
         // Row 1 counts 7 values instead of its run's 36: its mean error is over them.
         let expected = own.mse * (c * k * k) as f64 / 7.0;
         assert!((rows[1].mse - expected).abs() <= 1e-5 * expected, "{name}: {rows:?}");

@@ -39,7 +39,7 @@ use qdarts_engine::Sgd;
 use qdarts_engine::grads::{cross_entropy, grad_norm};
 use qdarts_kernels::optim::{Move, Moves};
 use qdarts_ops::buffer::adopt_buffers;
-use qdarts_ops::quant::{Hold, HoldTape, freeze_observers};
+use qdarts_ops::quant::{Hold, HoldTape, QuantPass, freeze_observers};
 
 use crate::supernet::{Alphas, SearchNetwork};
 
@@ -199,15 +199,20 @@ pub fn hessian_vector<M: Module, G>(
 pub type Batch = (Tensor<4>, Tensor<1, Int>);
 
 /// The loss of `batch`, the quantizers holding their rounding as `hold` says.
-fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> Tensor<1> {
-    cross_entropy(net.forward_held(batch.0.clone(), alphas.arch(), hold), batch.1.clone())
+fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, qp: QuantPass) -> Tensor<1> {
+    cross_entropy(net.forward_in(batch.0.clone(), alphas.arch(), qp), batch.1.clone())
 }
 
 /// `∇α L` through `untracked`, a copy of a network with its weights untracked
 /// (`no_grad`): backward then skips every weight gradient (about a third of the backward
 /// pass), which only α needs here.
-fn alpha_grad(untracked: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: Hold) -> AlphaGrads {
-    let mut g = loss_of(untracked, alphas, batch, hold).backward();
+fn alpha_grad(
+    untracked: &SearchNetwork,
+    alphas: &Alphas,
+    batch: &Batch,
+    qp: QuantPass,
+) -> AlphaGrads {
+    let mut g = loss_of(untracked, alphas, batch, qp).backward();
     AlphaGrads::take(&mut g, alphas)
 }
 
@@ -216,7 +221,7 @@ fn alpha_grad(untracked: &SearchNetwork, alphas: &Alphas, batch: &Batch, hold: H
 /// handed back to `net` (as pt.darts' network sees that batch in this pass).
 pub fn first_order(net: &mut SearchNetwork, alphas: &Alphas, val: &Batch) -> AlphaGrads {
     let copy = net.clone().no_grad();
-    let grads = alpha_grad(&copy, alphas, val, Hold::Off);
+    let grads = alpha_grad(&copy, alphas, val, QuantPass::OFF);
     *net = adopt_buffers(net.clone(), &copy);
     grads
 }
@@ -265,13 +270,13 @@ pub fn second_order_parts_at(
     // pass, which is how they have a grid at step 1), then stay frozen.
     let tape = HoldTape::default();
     let copy = net.clone();
-    let mut g = loss_of(&copy, alphas, train, Hold::Record(&tape)).backward();
+    let mut g = loss_of(&copy, alphas, train, QuantPass::held(Hold::Record(&tape))).backward();
     let gw = GradientsParams::from_module(&mut g, &copy);
     let frozen = freeze_observers(copy);
     // w' = w − ξ(μ·v + ∇w L_trn + λw); ∇α and ∇w' of L_val(w', α), quantized as usual.
     let (momentum, decay) = (w_optim.momentum(), w_optim.weight_decay());
     let virtual_net = moved(&frozen, &gw, Move::Virtual { momentum, decay, xi }, Some(w_optim));
-    let mut g = loss_of(&virtual_net, alphas, val, Hold::Off).backward();
+    let mut g = loss_of(&virtual_net, alphas, val, QuantPass::OFF).backward();
     let dw = GradientsParams::from_module(&mut g, &virtual_net);
     let dalpha = AlphaGrads::take(&mut g, alphas);
     // The mixed Hessian times ∇w' L_val at w, with the rounding held.
@@ -279,7 +284,10 @@ pub fn second_order_parts_at(
         &frozen,
         &dw,
         radius,
-        |m| alpha_grad(&m.clone().no_grad(), alphas, train, Hold::Replay(&tape)),
+        |m| {
+            let replay = QuantPass::held(Hold::Replay(&tape));
+            alpha_grad(&m.clone().no_grad(), alphas, train, replay)
+        },
         |a, x, b, y| a.combine(x, b, y),
     );
     (dalpha, h)

@@ -327,7 +327,7 @@ pub fn compute(spec: &StepSpec, st: StepState) -> Result<TensorMap, RunError> {
     let g = first.into_params(&alphas);
     let alphas = a_optim.step(s.alpha_lr, alphas, g);
     out.extend(alpha_map(alphas.normal.val(), alphas.reduce.val(), "alphas_after.")?);
-    let (back, _) = weight_backward(&net, &alphas, &train, None, &s, None);
+    let (back, _) = weight_backward(&net, &alphas, &train, None, &s, None, None);
     let net = qdarts_ops::quant::lsq::apply_init(net);
     let mut net = w_optim.step(spec.lr, net, back.grads);
     // Batched cells ([`batch_inputs`]): their weights are reported under the per-edge names.

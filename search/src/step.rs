@@ -7,7 +7,7 @@ use burn::optim::{AdamConfig, ModuleOptimizer};
 use burn::tensor::Tensor;
 use qdarts_engine::grads::{Backward, cross_entropy, guarded_backward};
 use qdarts_engine::{InjectSite, Sgd};
-use qdarts_ops::quant::lsq;
+use qdarts_ops::quant::{ErrorTape, QuantPass, lsq};
 
 use crate::architect::{self, AlphaGrads, Batch};
 use crate::config::{CostCharge, Order, SearchConfig};
@@ -80,6 +80,7 @@ pub fn beta_decay_loss(alphas: &Alphas) -> Tensor<1> {
 /// The weight step's forward and guarded backward on a training batch (α detached): the
 /// clipped gradients, the loss, any non-finite loss or gradient, and the logits. `arch`:
 /// the architecture weights to use instead of `alphas.arch()` (SDARTS-RS' smoothed ones).
+/// `errors`: where the quantizers record their error statistics, if anywhere.
 pub fn weight_backward(
     net: &SearchNetwork,
     alphas: &Alphas,
@@ -87,9 +88,10 @@ pub fn weight_backward(
     inject: Option<InjectSite>,
     s: &SearchConfig,
     arch: Option<ArchWeights>,
+    errors: Option<&ErrorTape>,
 ) -> (Backward, Tensor<2>) {
     let arch = arch.unwrap_or_else(|| alphas.arch()).detach();
-    let logits = net.forward_arch(train.0.clone(), arch);
+    let logits = net.forward_in(train.0.clone(), arch, QuantPass::recording(errors));
     let loss = cross_entropy(logits.clone(), train.1.clone());
     (guarded_backward(net, loss, inject, s.w_grad_clip), logits)
 }
@@ -104,7 +106,7 @@ pub fn weight_step(
     lr: f64,
     s: &SearchConfig,
 ) -> (SearchNetwork, f64) {
-    let (back, _) = weight_backward(&net, alphas, train, None, s, None);
+    let (back, _) = weight_backward(&net, alphas, train, None, s, None, None);
     let net = lsq::apply_init(net);
     (optim.step(lr, net, back.grads), back.loss)
 }

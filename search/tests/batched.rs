@@ -16,7 +16,7 @@ use burn::tensor::{Device, Distribution, Gradients, Tensor};
 use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, Pass, QTensor, QuantSites};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
-use qdarts_ops::quant::Hold;
+use qdarts_ops::quant::{ErrorTape, QuantPass};
 use qdarts_search::supernet::waves::waves as plan;
 use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell, Slot};
 
@@ -88,7 +88,9 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 /// `batched` on the inputs after `cell`'s preprocessing.
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
-    batched.forward((s0, s1), Tensor::stack(c.weights.clone(), 0), None, 0.0, cell, Hold::Off).value
+    batched
+        .forward((s0, s1), Tensor::stack(c.weights.clone(), 0), None, 0.0, cell, QuantPass::OFF)
+        .value
 }
 
 fn run(c: &Case) -> (Tensor<4>, Gradients, Tensor<4>, Gradients) {
@@ -358,20 +360,19 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
             let a = case_with(&cfg, reduction, reduction_prev, 5);
             let mut b = case_with(&cfg, reduction, reduction_prev, 5);
             let batched = BatchedCell::from_cell(&b.cell, &PRIMS).unwrap();
+            // The error rows of the second step, each cell's on its own tape.
+            let (tape_a, tape_b) = (ErrorTape::default(), ErrorTape::default());
             for step in 0..2 {
-                a.cell.set_recording(step == 1);
-                b.cell.set_recording(step == 1);
-                batched.set_recording(step == 1);
+                let rec = |tape| QuantPass::recording((step == 1).then_some(tape));
+                let (rec_a, rec_b) = (rec(&tape_a), rec(&tape_b));
                 // Each graph its own product (a backward consumes the nodes it reaches).
                 let s0 = || a.s0.clone().mul_scalar(1.0 + step as f32);
-                let ya = a
-                    .cell
-                    .forward(q(&s0()), q(&a.s1), &a.weights, None, 0.0, Pass::default())
-                    .value;
-                let (p0, p1) =
-                    (b.cell.preproc0.forward(q(&s0())), b.cell.preproc1.forward(q(&a.s1)));
+                let pass = Pass::quantizing(rec_a);
+                let ya = a.cell.forward(q(&s0()), q(&a.s1), &a.weights, None, 0.0, pass).value;
+                let p0 = b.cell.preproc0.forward_in(q(&s0()), rec_b);
+                let p1 = b.cell.preproc1.forward_in(q(&a.s1), rec_b);
                 let w = Tensor::stack(a.weights.clone(), 0);
-                let yb = batched.forward((p0, p1), w, None, 0.0, &b.cell, Hold::Off).value;
+                let yb = batched.forward((p0, p1), w, None, 0.0, &b.cell, rec_b).value;
                 assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
                 let ga = ya.mul(a.probe.clone()).sum().backward();
                 let gb = yb.mul(a.probe.clone()).sum().backward();
@@ -384,9 +385,9 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
             }
             // Each site's error row (the sites of the per-edge cell that ran in waves are
             // the batched cell's rows).
-            let mut rows_a = a.cell.quant_stats().unwrap();
-            let mut rows_b = b.cell.quant_stats().unwrap();
-            rows_b.extend(batched.quant_stats().unwrap());
+            let mut rows_a = a.cell.quant_stats(&tape_a).unwrap();
+            let mut rows_b = b.cell.quant_stats(&tape_b).unwrap();
+            rows_b.extend(batched.quant_stats(&tape_b).unwrap());
             rows_a.sort_by(|x, y| x.layer.cmp(&y.layer));
             rows_b.sort_by(|x, y| x.layer.cmp(&y.layer));
             let names =
@@ -431,8 +432,9 @@ fn against_the_per_edge_cell(cases: &[(Preset, CellShape)], edges: bool, aux: f3
         let ya = c.cell.forward(q(&c.s0), q(&c.s1), &c.weights, rows, aux, Pass::default()).value;
         let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
         let w = Tensor::stack(c.weights.clone(), 0);
-        let yb =
-            batched.forward((p0, p1), w, edges.then(|| e.clone()), aux, &b.cell, Hold::Off).value;
+        let yb = batched
+            .forward((p0, p1), w, edges.then(|| e.clone()), aux, &b.cell, QuantPass::OFF)
+            .value;
         if preset == Preset::Float {
             close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
         } else {

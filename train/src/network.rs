@@ -22,7 +22,7 @@ use qdarts_ops::candidates::{
     quantize_opt,
 };
 use qdarts_ops::qconfig::{QuantConfig, Site};
-use qdarts_ops::quant::{FakeQuantizer, Hold, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, QuantPass, SpecError};
 
 use qdarts_data::Rng;
 use qdarts_ops::network::{Preprocess, QLinear, is_reduction};
@@ -154,15 +154,20 @@ impl EvalCell {
 
     /// # Shapes
     /// - s0, s1: `[N, C_pp, H, W]`, `[N, C_p, H', W']`; output `[N, |concat|·C, H'/r, W'/r]`.
-    pub fn forward(&self, s0: QTensor, s1: QTensor, drop: &mut Option<(f64, &mut Rng)>) -> QTensor {
-        let s0 = self.preproc0.forward(s0);
-        let mut states = vec![s0, self.preproc1.forward(s1)];
+    pub fn forward(
+        &self,
+        (s0, s1): (QTensor, QTensor),
+        drop: &mut Option<(f64, &mut Rng)>,
+        qp: QuantPass,
+    ) -> QTensor {
+        let s0 = self.preproc0.forward_in(s0, qp);
+        let mut states = vec![s0, self.preproc1.forward_in(s1, qp)];
         let mut k = 0;
         for (add, &n) in self.adds.iter().zip(&self.per_node) {
             let mut terms = Vec::with_capacity(n);
             for _ in 0..n {
                 let op = &self.ops[k];
-                let mut y = op.forward(states[self.inputs[k]].clone());
+                let mut y = op.forward_in(states[self.inputs[k]].clone(), Pass::quantizing(qp));
                 if let Some((p, rng)) = drop.as_mut()
                     && *p > 0.0
                     && !matches!(op, CandidateOp::Identity(_))
@@ -172,9 +177,10 @@ impl EvalCell {
                 terms.push(y);
                 k += 1;
             }
-            states.push(add.forward(terms));
+            states.push(add.forward_in(terms, qp));
         }
-        self.concat.forward(self.concat_idx.iter().map(|&i| states[i].clone()).collect())
+        let out = self.concat_idx.iter().map(|&i| states[i].clone()).collect();
+        self.concat.forward_in(out, qp)
     }
 }
 
@@ -305,7 +311,8 @@ impl EvalNetwork {
     }
 
     /// Logits, and the auxiliary head's logits when it exists and `drop` is given (training).
-    /// `drop`: drop-path probability and the generator of its masks (training only).
+    /// `drop`: drop-path probability and the generator of its masks (training only); `qp`: what
+    /// the quantizers do besides quantizing (record their errors).
     ///
     /// # Shapes
     /// - x: `[N, C_in, H, W]` (normalized); output `[N, classes]`.
@@ -313,19 +320,16 @@ impl EvalNetwork {
         &self,
         x: Tensor<4>,
         mut drop: Option<(f64, &mut Rng)>,
+        qp: QuantPass,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let training = drop.is_some();
-        let x = quantize_opt(&self.input_act, x, Hold::Off);
-        let (y, unit) = self.stem.forward_unit(x.value, x.grid.as_ref(), Pass::default());
-        let s = quantize_opt(
-            &self.stem_act,
-            self.stem_bn.forward_biased(y, unit, Hold::Off),
-            Hold::Off,
-        );
+        let x = quantize_opt(&self.input_act, x, qp);
+        let (y, unit) = self.stem.forward_unit(x.value, x.grid.as_ref(), Pass::quantizing(qp));
+        let s = quantize_opt(&self.stem_act, self.stem_bn.forward_biased(y, unit, qp), qp);
         let (mut s0, mut s1) = (s.clone(), s);
         let mut aux_logits = None;
         for (i, cell) in self.cells.iter().enumerate() {
-            let out = cell.forward(s0, s1.clone(), &mut drop);
+            let out = cell.forward((s0, s1.clone()), &mut drop, qp);
             (s0, s1) = (s1, out);
             if i == self.aux_pos
                 && training
@@ -338,17 +342,17 @@ impl EvalNetwork {
         let pooled = s1.value.mean_dim(3).mean_dim(2).reshape([n, c]);
         let (pooled, grid) = match &self.gap_act {
             Some(q) => {
-                let (v, g) = q.forward_with_grid(pooled);
+                let (v, g) = q.forward_in(pooled, qp);
                 (v, Some(g))
             }
             None => (pooled, None),
         };
-        (self.classifier.forward_q(pooled, grid.as_ref(), Hold::Off), aux_logits)
+        (self.classifier.forward_q(pooled, grid.as_ref(), qp), aux_logits)
     }
 
     /// Inference logits (no drop-path, no auxiliary head).
     pub fn forward(&self, x: Tensor<4>) -> Tensor<2> {
-        self.forward_train(x, None).0
+        self.forward_train(x, None, QuantPass::OFF).0
     }
 }
 

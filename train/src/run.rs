@@ -22,7 +22,7 @@ use qdarts_engine::{
 };
 use qdarts_genotypes::Genotype;
 use qdarts_ops::candidates::QuantSites;
-use qdarts_ops::quant::lsq;
+use qdarts_ops::quant::{ErrorTape, QuantPass, lsq};
 use qdarts_record::{CheckpointPart, Plan, RunDir, RunLayout, read_plan, write_atomic, write_plan};
 
 use crate::config::TrainConfig;
@@ -177,15 +177,16 @@ impl EpochTask for TrainTask<'_> {
             cut,
             &self.ad,
         );
-        self.net.set_recording(input.record_quant);
-        let (logits, aux) = self.net.forward_train(x, Some((drop_prob, &mut *input.rng)));
+        // The quantizers' error statistics, on the steps that record them.
+        let errors = ErrorTape::default();
+        let qp = QuantPass::recording(input.record_quant.then_some(&errors));
+        let (logits, aux) = self.net.forward_train(x, Some((drop_prob, &mut *input.rng)), qp);
         let mut loss = cross_entropy(logits.clone(), y.clone());
         if let Some(aux) = aux {
             loss = loss.add(cross_entropy(aux, y.clone()).mul_scalar(cfg.model.auxiliary_weight));
         }
         let back = guarded_backward(&self.net, loss, input.inject, cfg.train.grad_clip);
-        let quant = if input.record_quant { self.net.quant_stats()? } else { Vec::new() };
-        self.net.set_recording(false);
+        let quant = if input.record_quant { self.net.quant_stats(&errors)? } else { Vec::new() };
         self.pending = Some(back.grads);
         Ok(StepOutcome {
             loss: back.loss,

@@ -18,7 +18,7 @@ use burn::tensor::Tensor;
 use super::common::{Ctx, QuantSites};
 use super::conv::Bias;
 use crate::buffer::Buffer;
-use crate::quant::Hold;
+use crate::quant::QuantPass;
 use crate::quant::{FakeQuantizer, SpecError};
 use crate::quant::{RoundMode, round_with};
 use qdarts_kernels::batch_norm::{
@@ -90,18 +90,18 @@ impl QBatchNorm {
     /// The per-channel weight `γ/sqrt(σ² + ε)` and bias `β − μ·w` that the BN applies,
     /// with the weight fake-quantized.
     pub fn folded(&self, x: &Tensor<4>) -> (Tensor<1>, Tensor<1>) {
-        self.folded_held(x, Hold::Off)
+        self.folded_held(x, QuantPass::OFF)
     }
 
     /// [`folded`](Self::folded) in a pass that holds the weight's rounding as `hold` says.
-    fn folded_held(&self, x: &Tensor<4>, hold: Hold) -> (Tensor<1>, Tensor<1>) {
+    fn folded_held(&self, x: &Tensor<4>, qp: QuantPass) -> (Tensor<1>, Tensor<1>) {
         let m = self.statistics(x);
         let mut w = rstd(m.clone(), EPSILON);
         if let Some(g) = &self.gamma {
             w = w.mul(g.val());
         }
         let w = match &self.wq {
-            Some(q) => q.forward_held(w, hold).0,
+            Some(q) => q.forward_in(w, qp).0,
             None => w,
         };
         let mut b = shift(m, w.clone());
@@ -114,14 +114,14 @@ impl QBatchNorm {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: the same.
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        self.forward_biased(x, None, Hold::Off)
+        self.forward_biased(x, None, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) on an integer accumulator whose unit is `bias.unit`: the folded
     /// bias is fake-quantized at the derived scale `unit·w` (int32, straight-through), as the
     /// frozen model stores it, so that freeze changes no value. `hold`: how the weight's
     /// quantizer holds its rounding.
-    pub fn forward_biased(&self, x: Tensor<4>, bias: Option<Bias>, hold: Hold) -> Tensor<4> {
+    pub fn forward_biased(&self, x: Tensor<4>, bias: Option<Bias>, qp: QuantPass) -> Tensor<4> {
         if self.training.is_enabled()
             && self.wq.is_none()
             && self.gamma.is_none()
@@ -155,7 +155,7 @@ impl QBatchNorm {
             };
             return normalize(x, m, w, b);
         }
-        let (w, b) = self.folded_held(&x, hold);
+        let (w, b) = self.folded_held(&x, qp);
         let b = match bias {
             Some(bias) => {
                 let unit = bias.unit(b.dims()[0]);

@@ -5,8 +5,10 @@ use burn::module::{Flag, Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Device, Tensor};
 
 use crate::qconfig::{QuantConfig, Site};
-use crate::quant::hold::{Hold, relu_held};
-use crate::quant::{BitMix, FakeQuantizer, Grid, QuantError, SpecError, TensorRole};
+use crate::quant::hold::relu_held;
+use crate::quant::{
+    BitMix, ErrorTape, FakeQuantizer, Grid, QuantError, QuantPass, SpecError, TensorRole,
+};
 
 /// An activation and the grid its values lie on (`None`: float).
 #[derive(Debug, Clone)]
@@ -37,10 +39,10 @@ impl QTensor {
 
 /// Applies an optional quantizer, holding its rounding as `hold` says; `None` leaves the
 /// tensor float.
-pub fn quantize_opt(q: &Option<FakeQuantizer>, x: Tensor<4>, hold: Hold) -> QTensor {
+pub fn quantize_opt(q: &Option<FakeQuantizer>, x: Tensor<4>, qp: QuantPass) -> QTensor {
     match q {
         Some(q) => {
-            let (value, grid) = q.forward_held(x, hold);
+            let (value, grid) = q.forward_in(x, qp);
             QTensor { value, grid: Some(grid) }
         }
         None => QTensor::float(x),
@@ -57,19 +59,20 @@ pub fn quantize_site(
     pass: Pass<Tensor<1>>,
 ) -> QTensor {
     match (mix, pass.bits) {
-        (Some(m), Some(p)) => QTensor::float(m.forward(x, p.clone(), pass.hold)),
-        _ => quantize_opt(q, x, pass.hold),
+        (Some(m), Some(p)) => QTensor::float(m.forward(x, p.clone(), pass.quant)),
+        _ => quantize_opt(q, x, pass.quant),
     }
 }
 
-/// What one forward pass carries besides its tensors: how its quantizers hold their rounding
-/// (the second-order step's passes at `w` and `w±`) and, under a bit-width search, the
-/// softmaxes over the candidate widths (`B`: a network's, an edge's or an op's). Passed through
-/// `forward`, so that nothing of a pass is set on a module and shared by its copies.
+/// What one forward pass carries besides its tensors: what its quantizers do besides
+/// quantizing ([`QuantPass`]: held rounding, error statistics, the kernel) and, under a
+/// bit-width search, the softmaxes over the candidate widths (`B`: a network's, an edge's or an
+/// op's). Passed through `forward`, so that nothing of a pass is set on a module and shared by
+/// its copies.
 #[derive(Debug)]
 pub struct Pass<'a, B = BitProbs> {
-    /// What the quantizers do with their rounding.
-    pub hold: Hold<'a>,
+    /// What the quantizers do besides quantizing.
+    pub quant: QuantPass<'a>,
     /// The bit-width softmaxes, with a bit-width search.
     pub bits: Option<&'a B>,
 }
@@ -84,27 +87,27 @@ impl<B> Copy for Pass<'_, B> {}
 
 impl<B> Default for Pass<'_, B> {
     fn default() -> Self {
-        Pass { hold: Hold::Off, bits: None }
+        Pass { quant: QuantPass::OFF, bits: None }
     }
 }
 
 impl<'a, B> Pass<'a, B> {
-    /// A pass whose quantizers hold their rounding as `hold` says, without bit widths to mix.
-    pub fn held(hold: Hold<'a>) -> Self {
-        Pass { hold, bits: None }
+    /// A pass whose quantizers do as `quant` says, without bit widths to mix.
+    pub fn quantizing(quant: QuantPass<'a>) -> Self {
+        Pass { quant, bits: None }
     }
 
-    /// A pass mixing the widths `bits`, its rounding unheld.
+    /// A pass mixing the widths `bits`, its quantizers doing nothing else.
     pub fn mixing(bits: Option<&'a B>) -> Self {
-        Pass { hold: Hold::Off, bits }
+        Pass { quant: QuantPass::OFF, bits }
     }
 
-    /// This pass, one level down: the same hold with that level's bit widths.
+    /// This pass, one level down: the same quantizer pass with that level's bit widths.
     pub fn with_bits<'b, C>(self, bits: Option<&'b C>) -> Pass<'b, C>
     where
         'a: 'b,
     {
-        Pass { hold: self.hold, bits }
+        Pass { quant: self.quant, bits }
     }
 }
 
@@ -253,18 +256,12 @@ pub trait QuantSites {
     /// Every quantizer of the module, in a stable order.
     fn quantizers(&self) -> Vec<&FakeQuantizer>;
 
-    /// Turns error recording on or off for every quantizer.
-    fn set_recording(&self, on: bool) {
-        for q in self.quantizers() {
-            q.set_recording(on);
-        }
-    }
-
-    /// The error rows of every quantizer that recorded a tensor.
-    fn quant_stats(&self) -> Result<Vec<QuantError>, SpecError> {
+    /// The error rows of every quantizer that recorded a tensor on `tape`, in the stable
+    /// order.
+    fn quant_stats(&self, tape: &ErrorTape) -> Result<Vec<QuantError>, SpecError> {
         let mut rows = Vec::new();
         for q in self.quantizers() {
-            rows.extend(q.error_rows()?);
+            rows.extend(q.error_rows(tape)?);
         }
         Ok(rows)
     }
@@ -274,7 +271,7 @@ pub trait QuantSites {
 /// the id of its `training` flag, in traversal order.
 ///
 /// [`QuantSites`] impls are written by hand, so a quantizer left out of one would silently
-/// miss hold mode, recording and LSQ initialisation; [`check_quant_sites`] holds an impl to
+/// miss its error rows and LSQ initialisation; [`check_quant_sites`] holds an impl to
 /// this list.
 pub fn visited_quantizers<M: Module>(m: &M) -> Vec<ParamId> {
     struct Visitor {

@@ -7,7 +7,8 @@ use burn::tensor::{Distribution, Tensor};
 
 use super::common::{Ctx, Pass, QuantSites};
 use crate::qconfig::Site;
-use crate::quant::hold::{Hold, relu_held};
+use crate::quant::QuantPass;
+use crate::quant::hold::relu_held;
 use crate::quant::{BitMix, FakeQuantizer, Grid, RoundMode, SpecError};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading_relu, direct_available};
@@ -122,14 +123,14 @@ impl QConv {
 
     /// The weight as the forward pass uses it (fake-quantized when quantized).
     pub fn effective_weight(&self) -> Tensor<4> {
-        self.weight_held(Hold::Off)
+        self.weight_held(QuantPass::OFF)
     }
 
     /// [`effective_weight`](Self::effective_weight) in a pass that holds its rounding as
     /// `hold` says.
-    fn weight_held(&self, hold: Hold) -> Tensor<4> {
+    fn weight_held(&self, qp: QuantPass) -> Tensor<4> {
         match &self.wq {
-            Some(q) => q.forward_held(self.weight.val(), hold).0,
+            Some(q) => q.forward_in(self.weight.val(), qp).0,
             None => self.weight.val(),
         }
     }
@@ -152,9 +153,9 @@ impl QConv {
     pub fn forward_mixed(&self, x: Tensor<4>, pass: Pass<Tensor<1>>) -> Tensor<4> {
         match (&self.wmix, pass.bits) {
             (Some(m), Some(p)) => {
-                conv2d(x, m.forward(self.weight.val(), p.clone(), pass.hold), self.options())
+                conv2d(x, m.forward(self.weight.val(), p.clone(), pass.quant), self.options())
             }
-            _ => conv2d(x, self.weight_held(pass.hold), self.options()),
+            _ => conv2d(x, self.weight_held(pass.quant), self.options()),
         }
     }
 
@@ -219,7 +220,7 @@ impl QConv {
         };
         match (&self.wq, input) {
             (Some(q), Some(ig)) => {
-                let (w, g) = q.forward_held(self.weight.val(), pass.hold);
+                let (w, g) = q.forward_in(self.weight.val(), pass.quant);
                 let held = g.is_held() || ig.is_held();
                 // `s_w·s_in`, multiplied where it is used.
                 let factors = vec![g.step.detach(), ig.step.clone().detach()];
@@ -227,7 +228,7 @@ impl QConv {
                 let bias = (!held).then(|| Bias { factors, round: q.spec().round() });
                 (y, bias)
             }
-            _ if relu => (conv(x, self.weight_held(pass.hold)), None),
+            _ if relu => (conv(x, self.weight_held(pass.quant)), None),
             _ => (self.forward_mixed(x, pass), None),
         }
     }

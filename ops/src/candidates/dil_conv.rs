@@ -87,7 +87,7 @@ impl QDilConv {
         let y = self.dw.forward_mixed(x.value, wp);
         let y = quantize_site(&self.dw_act, &self.dw_act_mix, y, ap);
         let (y, unit) = self.pw.forward_unit(y.value, y.grid.as_ref(), wp);
-        let y = self.bn.forward_biased(y, unit, pass.hold);
+        let y = self.bn.forward_biased(y, unit, pass.quant);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }

@@ -90,7 +90,7 @@ impl QFacConv {
         let y = self.conv1.forward_mixed(x.value, wp);
         let y = quantize_site(&self.mid, &self.mid_mix, y, ap);
         let (y, unit) = self.conv2.forward_unit(y.value, y.grid.as_ref(), wp);
-        let y = self.bn.forward_biased(y, unit, pass.hold);
+        let y = self.bn.forward_biased(y, unit, pass.quant);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }

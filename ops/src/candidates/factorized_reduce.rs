@@ -79,7 +79,7 @@ impl QFactorizedReduce {
             }
             _ => None,
         };
-        let y = self.bn.forward_biased(cat(vec![y1, y2], 1), unit, pass.hold);
+        let y = self.bn.forward_biased(cat(vec![y1, y2], 1), unit, pass.quant);
         quantize_site(&self.act, &self.act_mix, y, ap)
     }
 }

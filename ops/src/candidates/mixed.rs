@@ -115,7 +115,7 @@ impl QMixedOp {
     pub fn forward_in(&self, x: QTensor, weights: Tensor<1>, pass: Pass<EdgeBits>) -> QTensor {
         if self.partial <= 1 {
             return match self.weighted_sum(x.clone(), weights, pass) {
-                Some(s) => quantize_opt(&self.act, s, pass.hold),
+                Some(s) => quantize_opt(&self.act, s, pass.quant),
                 None => x,
             };
         }
@@ -137,7 +137,7 @@ impl QMixedOp {
             Some(y) => cat(vec![y, rest], 1),
             None => return QTensor::float(rest),
         };
-        quantize_opt(&self.act, channel_shuffle(cat, self.partial), pass.hold)
+        quantize_opt(&self.act, channel_shuffle(cat, self.partial), pass.quant)
     }
 
     /// `Σ_i w_i · op_i(x)` with the mixing weights fake-quantized (`None` without candidates);
@@ -149,7 +149,7 @@ impl QMixedOp {
         pass: Pass<EdgeBits>,
     ) -> Option<Tensor<4>> {
         let w = match &self.mix {
-            Some(q) => q.forward_held(weights, pass.hold).0,
+            Some(q) => q.forward_in(weights, pass.quant).0,
             None => weights,
         };
         let mut sum: Option<Tensor<4>> = None;

@@ -168,8 +168,8 @@ impl CandidateOp {
             CandidateOp::Sep(op) => op.forward_relued(relu(), pass),
             CandidateOp::Dil(op) => op.forward_relued(relu(), pass),
             CandidateOp::Fac(op) => op.forward_relued(relu(), pass),
-            CandidateOp::Zero(op) => op.forward_held(x.clone(), pass.hold),
-            CandidateOp::Pool(op) => op.forward_held(x.clone(), pass.hold),
+            CandidateOp::Zero(op) => op.forward_in(x.clone(), pass.quant),
+            CandidateOp::Pool(op) => op.forward_in(x.clone(), pass.quant),
             CandidateOp::Identity(op) => op.forward(x.clone()),
         }
     }

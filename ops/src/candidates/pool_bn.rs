@@ -12,7 +12,7 @@ use super::bn::QBatchNorm;
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::Bias;
 use crate::qconfig::Site;
-use crate::quant::Hold;
+use crate::quant::QuantPass;
 use crate::quant::fake_quant::broadcast_param;
 use crate::quant::hold::max_pool2d_held;
 use crate::quant::{FakeQuantizer, RoundMode, SpecError, round_with};
@@ -65,19 +65,19 @@ impl QPoolBN {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_held(x, Hold::Off)
+        self.forward_in(x, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
     /// says.
-    pub fn forward_held(&self, x: QTensor, hold: Hold) -> QTensor {
-        quantize_opt(&self.act, self.pool_bn(x, hold), hold)
+    pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
+        quantize_opt(&self.act, self.pool_bn(x, qp), qp)
     }
 
-    /// [`forward_held`](Self::forward_held) but for the output quantizer: the pool and the BN
+    /// [`forward_in`](Self::forward_in) but for the output quantizer: the pool and the BN
     /// (whose bias is rounded on the input's grid), for a caller that quantizes the output
     /// itself.
-    pub fn pool_bn(&self, x: QTensor, hold: Hold) -> Tensor<4> {
+    pub fn pool_bn(&self, x: QTensor, qp: QuantPass) -> Tensor<4> {
         let s = [self.stride; 2];
         // The pooled values stay on the input's grid: one accumulator unit is its step.
         let unit = x
@@ -113,7 +113,7 @@ impl QPoolBN {
                             })
                             .flatten();
                         if let Some(y) = pass {
-                            return self.bn.forward_biased(y, unit, hold);
+                            return self.bn.forward_biased(y, unit, qp);
                         }
                         let mult = broadcast_param::<4>(grid.mult.clone().detach(), grid.axis);
                         let step = broadcast_param::<4>(grid.step.clone().detach(), grid.axis);
@@ -126,7 +126,7 @@ impl QPoolBN {
                 }
             }
         };
-        self.bn.forward_biased(pooled, unit, hold)
+        self.bn.forward_biased(pooled, unit, qp)
     }
 }
 

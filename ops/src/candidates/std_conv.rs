@@ -7,7 +7,7 @@ use super::bn::QBatchNorm;
 use super::common::{Ctx, Pass, QTensor, QuantSites, quantize_opt, sites};
 use super::conv::{ConvShape, QConv};
 use crate::qconfig::Site;
-use crate::quant::Hold;
+use crate::quant::QuantPass;
 use crate::quant::{FakeQuantizer, SpecError};
 
 /// ReLU – Conv – BN, output fake-quantized.
@@ -34,15 +34,15 @@ impl QStdConv {
     /// # Shapes
     /// - x: `[N, c_in, H, W]`; output: `[N, c_out, H/s, W/s]` (with "same" padding).
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_held(x, Hold::Off)
+        self.forward_in(x, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
     /// says.
-    pub fn forward_held(&self, x: QTensor, hold: Hold) -> QTensor {
-        let (y, unit) = self.conv.forward_unit_relu(x.value, x.grid.as_ref(), Pass::held(hold));
-        let y = self.bn.forward_biased(y, unit, hold);
-        quantize_opt(&self.act, y, hold)
+    pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
+        let (y, unit) = self.conv.forward_unit_relu(x.value, x.grid.as_ref(), Pass::quantizing(qp));
+        let y = self.bn.forward_biased(y, unit, qp);
+        quantize_opt(&self.act, y, qp)
     }
 }
 

@@ -8,7 +8,7 @@ use burn::tensor::Tensor;
 
 use super::common::{Ctx, QTensor, QuantSites, quantize_opt, sites};
 use crate::qconfig::Site;
-use crate::quant::Hold;
+use crate::quant::QuantPass;
 use crate::quant::{FakeQuantizer, SpecError};
 
 /// Zeros at the op's output resolution.
@@ -33,15 +33,15 @@ impl QZero {
     /// # Shapes
     /// - x: `[N, C, H, W]`; output: zeros `[N, C, ⌈H/s⌉, ⌈W/s⌉]`.
     pub fn forward(&self, x: QTensor) -> QTensor {
-        self.forward_held(x, Hold::Off)
+        self.forward_in(x, QuantPass::OFF)
     }
 
     /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
-    pub fn forward_held(&self, x: QTensor, hold: Hold) -> QTensor {
+    pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
         let [n, c, h, w] = x.dims();
         let s = self.stride;
         let zeros = Tensor::<4>::zeros([n, c, h.div_ceil(s), w.div_ceil(s)], &x.value.device());
-        quantize_opt(&self.act, zeros, hold)
+        quantize_opt(&self.act, zeros, qp)
     }
 }
 

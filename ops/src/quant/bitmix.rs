@@ -12,7 +12,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 
 use super::SpecError;
-use super::hold::Hold;
+use super::pass::QuantPass;
 use super::quantizer::FakeQuantizer;
 use super::spec::QuantSpec;
 use super::stats::TensorRole;
@@ -60,11 +60,16 @@ impl BitMix {
     ///
     /// # Shapes
     /// - x: any; probs: `[B]`, one per bit width (a softmax); output: as x.
-    pub fn forward<const D: usize>(&self, x: Tensor<D>, probs: Tensor<1>, hold: Hold) -> Tensor<D> {
+    pub fn forward<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        probs: Tensor<1>,
+        qp: QuantPass,
+    ) -> Tensor<D> {
         let mut out: Option<Tensor<D>> = None;
         for (i, q) in self.quantizers.iter().enumerate() {
             let p = probs.clone().slice(i..i + 1).reshape([1usize; D]);
-            let y = q.forward_held(x.clone(), hold).0.mul(p);
+            let y = q.forward_in(x.clone(), qp).0.mul(p);
             out = Some(match out {
                 Some(acc) => acc.add(y),
                 None => y,

@@ -28,7 +28,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::tensor::module::max_pool2d_with_indices;
 use burn::tensor::ops::MaxPoolOptions;
@@ -39,6 +38,7 @@ use qdarts_kernels::pool2d::max_pool2d;
 use qdarts_kernels::relu::relu;
 
 use super::fake_quant::{Grid, quantize};
+use super::pass::SiteKey;
 use super::spec::RoundMode;
 
 /// What the quantizers of one forward pass do with their rounding: passed through `forward`,
@@ -60,20 +60,6 @@ impl Hold<'_> {
     /// Whether the pass replays a recording.
     pub fn replays(&self) -> bool {
         matches!(self, Hold::Replay(_))
-    }
-}
-
-/// Which quantizer a recording belongs to: drawn once per quantizer and kept by its copies
-/// (`clone`, `valid`, `train`, a mapper's new module), so that a recording made through one copy
-/// is replayed through another, as the second-order step's passes at `w` and `w±` need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct HoldKey(u64);
-
-impl HoldKey {
-    /// A key no other quantizer of this process has.
-    pub fn fresh() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        HoldKey(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -102,7 +88,7 @@ enum Input {
 /// owned by the step and dropped with it.
 #[derive(Debug, Default)]
 pub struct HoldTape {
-    kept: RefCell<HashMap<HoldKey, Kept>>,
+    kept: RefCell<HashMap<SiteKey, Kept>>,
 }
 
 impl HoldTape {
@@ -122,7 +108,7 @@ impl Hold<'_> {
     /// quantizer `key` (no launch: the mask and offset are derived where they are needed).
     pub fn record<const D: usize>(
         &self,
-        key: HoldKey,
+        key: SiteKey,
         x: &Tensor<D>,
         out: &Tensor<D>,
         grid: &Grid,
@@ -147,7 +133,7 @@ impl Hold<'_> {
     /// inside the range and `offset` is the output at `w` less the input there times the mask.
     /// One launch each way where [`hold_available`]; elsewhere the mask and offset are derived
     /// at the first replay and kept for the next.
-    pub fn replay<const D: usize>(&self, key: HoldKey, x: &Tensor<D>) -> Option<(Tensor<D>, Grid)> {
+    pub fn replay<const D: usize>(&self, key: SiteKey, x: &Tensor<D>) -> Option<(Tensor<D>, Grid)> {
         let Hold::Replay(tape) = self else { return None };
         let mut tape = tape.kept.borrow_mut();
         let kept = tape.get_mut(&key)?;

@@ -8,6 +8,7 @@ pub mod hold;
 pub mod lsq;
 pub mod observer;
 mod observer_kind;
+pub mod pass;
 pub mod quantizer;
 mod range;
 pub mod spec;
@@ -20,6 +21,7 @@ pub use fake_quant::{
     fake_quant_learnable, fake_quant_with, fused_available, quantize, round_with,
 };
 pub use hold::{Hold, HoldTape};
+pub use pass::{QuantPass, SiteKey};
 pub use quantizer::{FakeQuantizer, IntTensor, freeze_observers};
 pub use spec::{Granularity, ObserverKind, QuantSpec, RawQuantSpec, RoundMode};
-pub use stats::{QuantError, Row, TensorRole};
+pub use stats::{ErrorTape, QuantError, Row, TensorRole};

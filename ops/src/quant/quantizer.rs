@@ -1,23 +1,24 @@
 //! `FakeQuantizer`: one quantization site (a weight or an activation) as a Burn module.
 //!
 //! It owns its observer state (checkpointed with the model), its LSQ parameters, a training flag
-//! (`valid()` freezes the observer), a stable layer path, and a monitor that keeps the error
-//! statistics of the last tensor it quantized while recording is on.
+//! (`valid()` freezes the observer) and a stable layer path. What one forward pass asks of it
+//! beyond quantizing (held rounding, error statistics, the kernel) comes with the pass
+//! ([`QuantPass`]), and what it keeps for the pass goes on the pass's tapes, by its key.
 
 use burn::module::{Flag, Module, Param};
 use burn::tensor::{Device, Int, Tensor};
 
 use super::error::SpecError;
 use super::fake_quant::{self, Grid, Quantized};
-use super::hold::{Hold, HoldKey};
 use super::lsq::LsqParams;
 use super::observer::ObserverState;
+use super::pass::{QuantPass, SiteKey};
 use super::spec::{Granularity, ObserverKind, QuantSpec};
-use super::stats::{Monitor, QuantError, Row, RowLayout, TensorRole};
+use super::stats::{ErrorTape, QuantError, Row, RowLayout, TensorRole};
 
 mod many;
 
-/// A fake quantizer: observer (or LSQ step) + fake-quant kernel + error monitor.
+/// A fake quantizer: observer (or LSQ step) + fake-quant kernel.
 #[derive(Module, Debug)]
 pub struct FakeQuantizer {
     #[module(skip)]
@@ -34,14 +35,10 @@ pub struct FakeQuantizer {
     pub observer: Option<ObserverState>,
     /// LSQ parameters, for `observer = lsq`.
     pub lsq: Option<LsqParams>,
+    /// Which quantizer a tape's entry belongs to (held rounding, error statistics); kept by
+    /// copies.
     #[module(skip)]
-    monitor: Monitor,
-    /// Which quantizer a held rounding belongs to (see [`super::hold`]); kept by copies.
-    #[module(skip)]
-    key: HoldKey,
-    /// How the fake quantization computes (fused where the backend has the kernels).
-    #[module(skip)]
-    imp: fake_quant::FakeQuantImpl,
+    key: SiteKey,
     /// The sites this quantizer stands for when it quantizes several side by side
     /// ([`FakeQuantizer::stacked`]); empty for a quantizer of one site.
     #[module(skip)]
@@ -83,9 +80,7 @@ impl FakeQuantizer {
             channels,
             training: Param::from_bool(true),
             lsq,
-            monitor: Monitor::default(),
-            key: HoldKey::fresh(),
-            imp: fake_quant::FakeQuantImpl::Fused,
+            key: SiteKey::fresh(),
             rows: Vec::new(),
         })
     }
@@ -124,9 +119,7 @@ impl FakeQuantizer {
             training: Param::from_bool(first.training.is_enabled()),
             observer: Some(ObserverState::stacked(&states)),
             lsq: None,
-            monitor: Monitor::default(),
-            key: HoldKey::fresh(),
-            imp: first.imp,
+            key: SiteKey::fresh(),
             rows: sites.iter().map(|q| Row::new(q.path.clone())).collect(),
         })
     }
@@ -161,16 +154,24 @@ impl FakeQuantizer {
         }
     }
 
+    /// On `qp`'s error tape, the error of `out` against `x` (see [`ErrorTape::record`]).
+    pub(crate) fn record_error<const D: usize>(
+        &self,
+        qp: QuantPass,
+        x: &Tensor<D>,
+        out: &Tensor<D>,
+        qz: Option<&Quantized<D>>,
+        grid: &Grid,
+    ) {
+        if let Some(tape) = qp.errors {
+            tape.record(self.key, x, out, qz, grid, self.row_layout());
+        }
+    }
+
     /// Where the rows lie in the tensors this quantizer sees (none for one site).
     fn row_layout(&self) -> Option<RowLayout> {
         let axis = self.spec.granularity().axis()?;
         (!self.rows.is_empty()).then_some(RowLayout { axis, rows: self.rows.len() })
-    }
-
-    /// The same quantizer computing by `imp` (fused by default; both give the same values and
-    /// gradients, the composite one on every backend).
-    pub fn with_impl(self, imp: fake_quant::FakeQuantImpl) -> Self {
-        FakeQuantizer { imp, ..self }
     }
 
     /// The spec.
@@ -188,23 +189,21 @@ impl FakeQuantizer {
         self.role
     }
 
-    /// Turns recording of error statistics on or off (off by default: it costs reductions).
-    pub fn set_recording(&self, on: bool) {
-        self.monitor.set_recording(on);
+    /// Error statistics of the last tensor this quantizer quantized in a pass recording on
+    /// `tape`.
+    pub fn last_stats(&self, tape: &ErrorTape) -> Result<Option<QuantError>, SpecError> {
+        let row = [Row::new(self.path.clone())];
+        Ok(tape.read_rows(self.key, &row, self.role, &self.spec)?.pop())
     }
 
-    /// Error statistics of the last tensor quantized while recording was on.
-    pub fn last_stats(&self) -> Result<Option<QuantError>, SpecError> {
-        self.monitor.read(&self.path, self.role, &self.spec)
-    }
-
-    /// The error rows of the last tensor quantized while recording was on: one, or one per
-    /// site of a stacked quantizer ([`stacked`](Self::stacked)); none if nothing was recorded.
-    pub fn error_rows(&self) -> Result<Vec<QuantError>, SpecError> {
+    /// The error rows of the last tensor this quantizer quantized in a pass recording on
+    /// `tape`: one, or one per site of a stacked quantizer ([`stacked`](Self::stacked)); none
+    /// if it recorded nothing there.
+    pub fn error_rows(&self, tape: &ErrorTape) -> Result<Vec<QuantError>, SpecError> {
         if self.rows.is_empty() {
-            return Ok(self.last_stats()?.into_iter().collect());
+            return Ok(self.last_stats(tape)?.into_iter().collect());
         }
-        self.monitor.read_rows(&self.rows, self.role, &self.spec)
+        tape.read_rows(self.key, &self.rows, self.role, &self.spec)
     }
 
     fn check<const D: usize>(&self, x: &Tensor<D>) -> Result<(), SpecError> {
@@ -225,18 +224,18 @@ impl FakeQuantizer {
     /// - x: any rank `D`; per-channel specs need `x.dims()[axis] == channels`.
     /// - output: the shape of `x`.
     pub fn try_forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, SpecError> {
-        self.try_forward_held(x, Hold::Off).map(|(out, _)| out)
+        self.try_forward_in(x, QuantPass::OFF).map(|(out, _)| out)
     }
 
     /// [`try_forward`](Self::try_forward) in a pass that holds its rounding as `hold` says
     /// (see [`super::hold`]), also returning the grid the output lies on.
-    pub fn try_forward_held<const D: usize>(
+    pub fn try_forward_in<const D: usize>(
         &self,
         x: Tensor<D>,
-        hold: Hold,
+        qp: QuantPass,
     ) -> Result<(Tensor<D>, Grid), SpecError> {
         self.check(&x)?;
-        if let Some(held) = hold.replay(self.key, &x) {
+        if let Some(held) = qp.hold.replay(self.key, &x) {
             return Ok(held);
         }
         let update = self.training.is_enabled();
@@ -246,16 +245,16 @@ impl FakeQuantizer {
                 let (out, qz) = fake_quant::fake_quant_learnable(x.clone(), &lg);
                 (out, Some(qz), lg.forward_grid())
             }
-            None => match self.observe_fake_quant(&x, update) {
+            None => match self.observe_fake_quant(&x, update, qp) {
                 Some((out, grid)) => (out, None, grid),
                 None => {
                     let grid = self.observe(&x, update);
-                    (fake_quant::fake_quant_with(x.clone(), &grid, self.imp), None, grid)
+                    (fake_quant::fake_quant_with(x.clone(), &grid, qp.imp), None, grid)
                 }
             },
         };
-        self.monitor.record(&x, &out, qz.as_ref(), &grid, self.row_layout());
-        hold.record(self.key, &x, &out, &grid);
+        self.record_error(qp, &x, &out, qz.as_ref(), &grid);
+        qp.hold.record(self.key, &x, &out, &grid);
         Ok((out, grid))
     }
 
@@ -269,13 +268,13 @@ impl FakeQuantizer {
         let Some(sum) = xs.iter().cloned().reduce(|a, b| a.add(b)) else {
             panic!("quantizer {}: an add needs at least one operand", self.path);
         };
-        self.forward_summed(&xs, sum, Hold::Off)
+        self.forward_summed(&xs, sum, QuantPass::OFF)
     }
 
     /// [`forward_sum`](Self::forward_sum) of operands whose float sum, `sum`, the caller has
     /// computed: the gradient goes through `sum` alone, and only the values of `xs` are read
     /// (they may be detached). `sum` must be `xs` added left to right. `hold`: as
-    /// [`forward_held`](Self::forward_held).
+    /// [`forward_in`](Self::forward_in).
     ///
     /// # Panics
     /// If `xs` is empty, or as [`forward`](Self::forward).
@@ -283,23 +282,23 @@ impl FakeQuantizer {
         &self,
         xs: &[Tensor<D>],
         sum: Tensor<D>,
-        hold: Hold,
+        qp: QuantPass,
     ) -> (Tensor<D>, Grid) {
         assert!(!xs.is_empty(), "quantizer {}: an add needs at least one operand", self.path);
         if self.lsq.is_some() || xs.len() == 1 {
-            return self.forward_held(sum, hold);
+            return self.forward_in(sum, qp);
         }
         if let Err(e) = self.check(&sum) {
             panic!("quantizer {}: {e}", self.path);
         }
-        if let Some(held) = hold.replay(self.key, &sum) {
+        if let Some(held) = qp.hold.replay(self.key, &sum) {
             return held;
         }
         let grid = self.observe(&sum, self.training.is_enabled());
-        let recording = self.monitor.is_recording();
-        let (out, qz) = fake_quant::fake_quant_sum_ste(xs, &sum, &grid, recording, self.imp);
-        self.monitor.record(&sum, &out, qz.as_ref(), &grid, self.row_layout());
-        hold.record(self.key, &sum, &out, &grid);
+        let recording = qp.errors.is_some();
+        let (out, qz) = fake_quant::fake_quant_sum_ste(xs, &sum, &grid, recording, qp.imp);
+        self.record_error(qp, &sum, &out, qz.as_ref(), &grid);
+        qp.hold.record(self.key, &sum, &out, &grid);
         (out, grid)
     }
 
@@ -308,7 +307,7 @@ impl FakeQuantizer {
     /// # Panics
     /// As [`forward`](Self::forward).
     pub fn forward_with_grid<const D: usize>(&self, x: Tensor<D>) -> (Tensor<D>, Grid) {
-        self.forward_held(x, Hold::Off)
+        self.forward_in(x, QuantPass::OFF)
     }
 
     /// [`forward_with_grid`](Self::forward_with_grid) in a pass that holds its rounding as
@@ -316,8 +315,8 @@ impl FakeQuantizer {
     ///
     /// # Panics
     /// As [`forward`](Self::forward).
-    pub fn forward_held<const D: usize>(&self, x: Tensor<D>, hold: Hold) -> (Tensor<D>, Grid) {
-        match self.try_forward_held(x, hold) {
+    pub fn forward_in<const D: usize>(&self, x: Tensor<D>, qp: QuantPass) -> (Tensor<D>, Grid) {
+        match self.try_forward_in(x, qp) {
             Ok(r) => r,
             Err(e) => panic!("quantizer {}: {e}", self.path),
         }
@@ -347,8 +346,9 @@ impl FakeQuantizer {
         &self,
         x: &Tensor<D>,
         update: bool,
+        qp: QuantPass,
     ) -> Option<(Tensor<D>, Grid)> {
-        if self.imp != fake_quant::FakeQuantImpl::Fused {
+        if qp.imp != fake_quant::FakeQuantImpl::Fused {
             return None;
         }
         let current = self.role == TensorRole::Weight;

@@ -1,7 +1,11 @@
 //! Quantization error statistics: MSE, SQNR and clip fraction of the last tensor a quantizer saw.
 //!
-//! Recording is off by default. When on, the quantizer keeps a handful of scalar tensors on the
-//! device (no host sync in the training step); [`Monitor::read`] brings them back on request.
+//! Recording is off by default. A pass that records gives its quantizers an [`ErrorTape`]:
+//! each keeps a handful of scalar tensors on it, on the device (no host sync in the training
+//! step), which [`ErrorTape::read_rows`] brings back on request.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 use burn::tensor::Tensor;
 use qdarts_kernels::reduce::sum_all;
@@ -9,8 +13,8 @@ pub use qdarts_record::{QuantError, TensorRole};
 
 use super::error::SpecError;
 use super::fake_quant::{Grid, Quantized, quantize};
+use super::pass::SiteKey;
 use super::spec::QuantSpec;
-use crate::buffer::Owned;
 
 /// SQNR reported when the quantization is exact (zero noise), and its negative when there is
 /// noise but no signal: the value stays finite so plots and CSV readers never see inf or NaN.
@@ -81,47 +85,31 @@ impl RowLayout {
     }
 }
 
-#[derive(Debug, Default, Clone)]
-struct MonitorState {
-    recording: bool,
-    last: Option<Recorded>,
+/// The error statistics of one recorded forward pass: each quantizer's last tensor, kept on the
+/// device (a handful of reductions, no host sync in the training step) until
+/// [`read_rows`](Self::read_rows) brings them back. A pass records on it through its
+/// [`QuantPass`](super::QuantPass); it belongs to the pass's caller, not to a quantizer.
+#[derive(Debug, Default)]
+pub struct ErrorTape {
+    kept: RefCell<HashMap<SiteKey, Recorded>>,
 }
 
-/// The recording switch and last statistics of a quantizer (a clone's are its own).
-#[derive(Debug, Clone, Default)]
-pub struct Monitor {
-    state: Owned<MonitorState>,
-}
-
-impl Monitor {
-    /// Turns recording on or off.
-    pub fn set_recording(&self, on: bool) {
-        self.state.lock().recording = on;
-    }
-
-    /// Whether recording is on.
-    pub fn is_recording(&self) -> bool {
-        self.state.lock().recording
-    }
-
+impl ErrorTape {
     /// Keeps the error of `out` against `x` (device tensors only) when recording. Without `qz`
     /// (the fused kernel keeps no mask), the clip fraction is recomputed from `x` and `grid`.
     /// With `rows`, the energies and clip counts are kept per row.
-    pub fn record<const D: usize>(
+    pub(crate) fn record<const D: usize>(
         &self,
+        key: SiteKey,
         x: &Tensor<D>,
         out: &Tensor<D>,
         qz: Option<&Quantized<D>>,
         grid: &Grid,
         rows: Option<RowLayout>,
     ) {
-        let mut s = self.state.lock();
-        if !s.recording {
-            return;
-        }
         let x = x.clone().detach();
         let noise = x.clone().sub(out.clone().detach());
-        s.last = Some(Recorded {
+        let recorded = Recorded {
             signal: RowLayout::sums(rows, x.clone().square()),
             noise: RowLayout::sums(rows, noise.square()),
             clipped: match qz {
@@ -133,29 +121,22 @@ impl Monitor {
             numel: x.dims().iter().product(),
             step: grid.step.clone().detach(),
             zero_point: grid.zero_point.clone().detach(),
-        });
+        };
+        self.kept.borrow_mut().insert(key, recorded);
     }
 
-    /// Reads the last statistics back to the host (`None`: nothing recorded).
-    pub fn read(
+    /// The statistics the quantizer `key` recorded last, read back to the host: one error row
+    /// for each of `rows`, in order (kept per row where the quantizer stands for several sites,
+    /// [`RowLayout`]; none: nothing recorded). A grid parameter of several values per row (per
+    /// channel) reads as their mean, as one site's does.
+    pub(crate) fn read_rows(
         &self,
-        path: &str,
-        role: TensorRole,
-        spec: &QuantSpec,
-    ) -> Result<Option<QuantError>, SpecError> {
-        Ok(self.read_rows(&[Row::new(path)], role, spec)?.pop())
-    }
-
-    /// [`read`](Self::read) of statistics kept per row ([`RowLayout`]): one error row for
-    /// each of `rows`, in order (none: nothing recorded). A grid parameter of several values
-    /// per row (per channel) reads as their mean, as one site's does.
-    pub fn read_rows(
-        &self,
+        key: SiteKey,
         rows: &[Row],
         role: TensorRole,
         spec: &QuantSpec,
     ) -> Result<Vec<QuantError>, SpecError> {
-        let Some(last) = self.state.lock().last.clone() else {
+        let Some(last) = self.kept.borrow().get(&key).cloned() else {
             return Ok(Vec::new());
         };
         let what = rows.first().map_or("", |r| r.path.as_str());

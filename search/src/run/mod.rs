@@ -21,7 +21,7 @@ use qdarts_engine::{
 };
 use qdarts_genotypes::{Genotype, edge_count, softmax};
 use qdarts_ops::candidates::QuantSites;
-use qdarts_ops::quant::lsq;
+use qdarts_ops::quant::{ErrorTape, lsq};
 use qdarts_record::{
     AlphaRow, CellType, CheckpointPart, GenotypeRow, NanSite, Plan, RunDir, read_plan,
     write_atomic, write_plan,
@@ -134,8 +134,11 @@ impl EpochTask for SearchTask<'_> {
         // SDARTS-RS: the weight step sees α's softmax with random noise.
         let eps = s.guards.smoothing_at(input.epoch.min(s.epochs), s.epochs);
         let arch = if eps > 0.0 { Some(self.alphas.arch_smoothed(eps, rng)?) } else { None };
-        self.net.set_recording(input.record_quant);
-        let (back, logits) = weight_backward(&self.net, &self.alphas, &tb, input.inject, s, arch);
+        // The quantizers' error statistics, on the steps that record them.
+        let errors = ErrorTape::default();
+        let record = input.record_quant.then_some(&errors);
+        let (back, logits) =
+            weight_backward(&self.net, &self.alphas, &tb, input.inject, s, arch, record);
         let mut events = back.events;
         let (an, ar) = self.alphas.to_rows()?;
         let alpha_bad = an.iter().chain(&ar).flatten().any(|v| !v.is_finite());
@@ -143,8 +146,7 @@ impl EpochTask for SearchTask<'_> {
             events.push(Event::new(NanSite::Alpha, "alphas", f64::NAN));
         }
         // Quantizer scales, on the steps whose statistics are recorded.
-        let quant = if input.record_quant { self.net.quant_stats()? } else { Vec::new() };
-        self.net.set_recording(false);
+        let quant = if input.record_quant { self.net.quant_stats(&errors)? } else { Vec::new() };
         self.pending =
             Some(Pending { grads: back.grads, alphas_before: alpha_bad.then_some(alphas_before) });
         Ok(StepOutcome {

@@ -127,8 +127,8 @@ impl SearchCell {
         aux_skip: f32,
         pass: Pass<BitWeights>,
     ) -> QTensor {
-        let s0 = self.preproc0.forward_held(s0, pass.hold);
-        let mut states = vec![s0, self.preproc1.forward_held(s1, pass.hold)];
+        let s0 = self.preproc0.forward_in(s0, pass.quant);
+        let mut states = vec![s0, self.preproc1.forward_in(s1, pass.quant)];
         let mut k = 0;
         for add in &self.adds {
             let mut terms: Vec<QTensor> = Vec::with_capacity(2 * states.len());
@@ -147,9 +147,9 @@ impl SearchCell {
                     terms.push(QTensor::float(h.value.clone().mul_scalar(aux_skip)));
                 }
             }
-            states.push(add.forward_held(terms, pass.hold));
+            states.push(add.forward_in(terms, pass.quant));
         }
-        self.concat.forward_held(states.split_off(2), pass.hold)
+        self.concat.forward_in(states.split_off(2), pass.quant)
     }
 }
 

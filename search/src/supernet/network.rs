@@ -10,7 +10,7 @@ use qdarts_ops::candidates::{
 };
 use qdarts_ops::network::{QLinear, is_reduction};
 use qdarts_ops::qconfig::{QuantConfig, Site};
-use qdarts_ops::quant::{FakeQuantizer, Hold, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, QuantPass, SpecError};
 
 use super::alphas::ArchWeights;
 use super::batched::{BatchError, BatchedCell};
@@ -152,12 +152,12 @@ impl SearchNetwork {
     /// Logits for a batch under the architecture weights `a` (α, and PC-DARTS' edge weights
     /// when present).
     pub fn forward_arch(&self, x: Tensor<4>, a: ArchWeights) -> Tensor<2> {
-        self.forward_held(x, a, Hold::Off)
+        self.forward_in(x, a, QuantPass::OFF)
     }
 
     /// [`forward_arch`](Self::forward_arch) in a pass whose quantizers hold their rounding as
     /// `hold` says (the second-order step's passes at `w` and `w±`).
-    pub fn forward_held(&self, x: Tensor<4>, a: ArchWeights, hold: Hold) -> Tensor<2> {
+    pub fn forward_in(&self, x: Tensor<4>, a: ArchWeights, qp: QuantPass) -> Tensor<2> {
         let rows = |w: Tensor<2>| -> Vec<Tensor<1>> {
             let [e, k] = w.dims();
             (0..e).map(|i| w.clone().slice(i..i + 1).reshape([k])).collect()
@@ -169,31 +169,31 @@ impl SearchNetwork {
         let (e_normal, e_reduce) = (a.edge_normal.clone(), a.edge_reduce.clone());
         let (normal, reduce) = (rows(a.normal), rows(a.reduce));
         let (edge_n, edge_r) = (scalars(a.edge_normal), scalars(a.edge_reduce));
-        let stem = self.stem.forward_mixed(x, Pass::held(hold));
-        let s = quantize_opt(&self.stem_act, self.stem_bn.forward_biased(stem, None, hold), hold);
+        let stem = self.stem.forward_mixed(x, Pass::quantizing(qp));
+        let s = quantize_opt(&self.stem_act, self.stem_bn.forward_biased(stem, None, qp), qp);
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
         for (i, cell) in self.cells.iter().enumerate() {
             if let Some(b) = self.batched.get(i) {
                 let (w, e) =
                     if cell.reduction { (&w_reduce, &e_reduce) } else { (&w_normal, &e_normal) };
-                let p0 = cell.preproc0.forward_held(s0, hold);
-                let p1 = cell.preproc1.forward_held(s1.clone(), hold);
-                let out = b.forward((p0, p1), w.clone(), e.clone(), self.aux_skip, cell, hold);
+                let p0 = cell.preproc0.forward_in(s0, qp);
+                let p1 = cell.preproc1.forward_in(s1.clone(), qp);
+                let out = b.forward((p0, p1), w.clone(), e.clone(), self.aux_skip, cell, qp);
                 (s0, s1) = (s1, out);
                 continue;
             }
             let (w, e) = if cell.reduction { (&reduce, &edge_r) } else { (&normal, &edge_n) };
-            let pass = Pass { hold, bits: a.bits.as_ref() };
+            let pass = Pass { quant: qp, bits: a.bits.as_ref() };
             let out = cell.forward(s0, s1.clone(), w, e.as_deref(), self.aux_skip, pass);
             (s0, s1) = (s1, out);
         }
         let [n, c, _, _] = s1.dims();
         let pooled = s1.value.mean_dim(3).mean_dim(2).reshape([n, c]);
         let pooled = match &self.gap_act {
-            Some(q) => q.forward_held(pooled, hold).0,
+            Some(q) => q.forward_in(pooled, qp).0,
             None => pooled,
         };
-        self.classifier.forward_q(pooled, None, hold)
+        self.classifier.forward_q(pooled, None, qp)
     }
 }
 

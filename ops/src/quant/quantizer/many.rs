@@ -5,8 +5,8 @@ use burn::tensor::Tensor;
 use qdarts_kernels::observe::{GridRule, Rule, many_available, observe_fake_quant_many};
 
 use super::super::fake_quant::{FakeQuantImpl, Grid};
-use super::super::hold::Hold;
 use super::super::observer::KernelPlan;
+use super::super::pass::QuantPass;
 use super::super::spec::RoundMode;
 use super::FakeQuantizer;
 
@@ -21,23 +21,23 @@ impl FakeQuantizer {
     /// abs-max grid; see [`many_available`]), the sites of one rule are observed and
     /// quantized [`ARITY`](qdarts_kernels::cat::ARITY) a launch; the others (LSQ, held
     /// rounding, another observer, another backend) one by one. `hold`: as
-    /// [`forward_held`](Self::forward_held).
+    /// [`forward_in`](Self::forward_in).
     ///
     /// # Panics
     /// As [`forward`](Self::forward).
     pub fn forward_many<const D: usize>(
         sites: Vec<(&FakeQuantizer, Tensor<D>)>,
-        hold: Hold,
+        qp: QuantPass,
     ) -> Vec<(Tensor<D>, Grid)> {
         let mut done: Vec<Option<(Tensor<D>, Grid)>> = sites.iter().map(|_| None).collect();
         let mut groups: Vec<(Key, Vec<(usize, KernelPlan)>)> = Vec::new();
         for (i, (q, x)) in sites.iter().enumerate() {
-            match q.many_plan(x, hold) {
+            match q.many_plan(x, qp) {
                 Some((key, plan)) => match groups.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, members)) => members.push((i, plan)),
                     None => groups.push((key, vec![(i, plan)])),
                 },
-                None => done[i] = Some(q.forward_held(x.clone(), hold)),
+                None => done[i] = Some(q.forward_in(x.clone(), qp)),
             }
         }
         for ((axis, rule, grid, range, ties_away, _), members) in groups {
@@ -53,8 +53,8 @@ impl FakeQuantizer {
                     observed,
                     q.training.is_enabled(),
                 );
-                q.monitor.record(x, &out, None, &grid, q.row_layout());
-                hold.record(q.key, x, &out, &grid);
+                q.record_error(qp, x, &out, None, &grid);
+                qp.hold.record(q.key, x, &out, &grid);
                 done[i] = Some((out, grid));
             }
         }
@@ -63,13 +63,13 @@ impl FakeQuantizer {
 
     /// This quantizer's observer plan for `x` and what it must share with others to run in
     /// one launch; `None` where it quantizes `x` on its own.
-    fn many_plan<const D: usize>(&self, x: &Tensor<D>, hold: Hold) -> Option<(Key, KernelPlan)> {
+    fn many_plan<const D: usize>(&self, x: &Tensor<D>, qp: QuantPass) -> Option<(Key, KernelPlan)> {
         if let Err(e) = self.check(x) {
             panic!("quantizer {}: {e}", self.path);
         }
         if self.lsq.is_some()
-            || self.imp != FakeQuantImpl::Fused
-            || hold.replays()
+            || qp.imp != FakeQuantImpl::Fused
+            || qp.hold.replays()
             || !super::super::fake_quant::fused_available(&x.device(), x.dtype())
         {
             return None;

@@ -33,7 +33,7 @@ use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::fan_out::fan_out;
 use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
-use qdarts_ops::quant::{FakeQuantizer, Hold, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, QuantPass, SpecError};
 
 use super::cell::SearchCell;
 use super::waves::{Wave, waves};
@@ -131,20 +131,18 @@ impl BatchedCell {
         edge: Option<Tensor<1>>,
         aux_skip: f32,
         cell: &SearchCell,
-        hold: Hold,
+        qp: QuantPass,
     ) -> QTensor {
         let mut states = vec![s0, s1];
         let plan = waves(self.nodes);
         let [edges, k] = weights.dims();
         if self.waves.iter().any(|w| w.edge_act.is_some()) {
             let flat = match &self.mix {
-                Some(q) => {
-                    q.forward_held(weights.reshape([1, edges, k]), hold).0.reshape([edges * k])
-                }
+                Some(q) => q.forward_in(weights.reshape([1, edges, k]), qp).0.reshape([edges * k]),
                 None => weights.reshape([edges * k]),
             };
             let extras = (edge, aux_skip);
-            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell, hold);
+            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell, qp);
         }
         // PC-DARTS' edge weights scale each edge's mixing weights (the per-edge cell scales
         // the edge's sum: the same value but for rounding).
@@ -163,7 +161,7 @@ impl BatchedCell {
             if self.partial > 1 {
                 // The candidates on the first C/K channels; the node completed below.
                 let heads = partial::heads(&states, self.partial);
-                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k, hold);
+                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k, qp);
                 let sum = match partial.take() {
                     Some(p) => p.add(t),
                     None => t,
@@ -182,7 +180,7 @@ impl BatchedCell {
                 partial = rest;
                 continue;
             }
-            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k, hold);
+            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k, qp);
             // DARTS-' auxiliary skip: the sources' sum times β, added to every node fed.
             let aux = auxiliary(&states, wave, aux_skip, cell.reduction);
             if let Some(a) = aux.into_iter().flatten().reduce(|a, b| a.add(b)) {
@@ -196,7 +194,7 @@ impl BatchedCell {
             states.push(QTensor::float(node.reshape(shape)));
             partial = rest;
         }
-        cell.concat.forward_held(states.split_off(2), hold)
+        cell.concat.forward_in(states.split_off(2), qp)
     }
 
     /// Each wave's coefficients where its terms are one product ([`WaveOps::by_product`]),
@@ -248,7 +246,7 @@ impl WaveOps {
         states: &[QTensor],
         (flat, coefficients): (&Tensor<1>, Option<Tensor<3>>),
         k: usize,
-        hold: Hold,
+        qp: QuantPass,
     ) -> (Tensor<3>, [usize; 4]) {
         let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
         // The sources side by side, `[N, S·C, H, W]`, on their grids side by side:
@@ -288,7 +286,7 @@ impl WaveOps {
                 true => Sources::BeforeRelu(value()),
                 false => Sources::AfterRelu(relu_sources.clone().expect("built above")),
             };
-            let (outs, node) = bank.forward(x, per, hold);
+            let (outs, node) = bank.forward(x, per, qp);
             shape = node;
             columns.extend(outs);
             blocks.extend(bank.primitives().into_iter().map(|p| (p, Block::Edges)));
@@ -304,13 +302,13 @@ impl WaveOps {
                         .as_ref()
                         .map(|g| grids::stacked_grid(g, input.dims(), sources, per, 1));
                     let x = stack_sources(r, sources, per, 1);
-                    (reduce.forward(x, grid.as_ref(), hold), Block::Edges)
+                    (reduce.forward(x, grid.as_ref(), qp), Block::Edges)
                 }
                 Slot::Identity => (value(), Block::Sources),
                 Slot::Pool(i) => {
                     let x = QTensor { value: value(), grid: input.grid.clone() };
-                    let pooled = self.pools[*i].pool_bn(x, hold);
-                    (bank::quantize_rows(&self.pool_acts[*i], pooled, hold).0, Block::Sources)
+                    let pooled = self.pools[*i].pool_bn(x, qp);
+                    (bank::quantize_rows(&self.pool_acts[*i], pooled, qp).0, Block::Sources)
                 }
             };
             let cols = match block {
@@ -328,7 +326,7 @@ impl WaveOps {
             // update, and the same error rows (zero signal, noise and clipping), as the whole
             // output would. Written from the host, it is no launch.
             let zeros = TensorData::new(vec![0.0f32; edges], [1, edges, 1]);
-            q.forward_held(Tensor::<3>::from_data(zeros, &flat.device()), hold);
+            q.forward_in(Tensor::<3>::from_data(zeros, &flat.device()), qp);
         }
         debug_assert_eq!(blocks.len(), self.blocks().len(), "the columns `blocks` names");
         let terms = match coefficients {

@@ -6,7 +6,7 @@ use burn::tensor::Tensor;
 use qdarts_kernels::pick::pick;
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::QTensor;
-use qdarts_ops::quant::Hold;
+use qdarts_ops::quant::QuantPass;
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
@@ -28,7 +28,7 @@ impl BatchedCell {
         k: usize,
         (edge, aux_skip): (Option<Tensor<1>>, f32),
         cell: &SearchCell,
-        hold: Hold,
+        qp: QuantPass,
     ) -> QTensor {
         // Each node's operands by (edge, 0) for the edge's output on its grid and (edge, 1)
         // for DARTS-' auxiliary term of its source: the per-edge cell's order.
@@ -46,17 +46,17 @@ impl BatchedCell {
         });
         for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
             let (out, shape) = match self.partial {
-                1 => ops.forward(wave, &states, (flat, c), k, hold),
+                1 => ops.forward(wave, &states, (flat, c), k, qp),
                 // The candidates on the first C/K channels; each edge's output their sum and
                 // the source's bypassed channels, shuffled, before its output quantizer.
                 kp => {
                     let (mixed, shape) =
-                        ops.forward(wave, &partial::heads(&states, kp), (flat, c), k, hold);
+                        ops.forward(wave, &partial::heads(&states, kp), (flat, c), k, qp);
                     partial::edge_outputs(mixed, shape, &states, wave, cell.reduction, kp)
                 }
             };
             let out = match &ops.edge_act {
-                Some(q) => q.forward_held(out, hold).0,
+                Some(q) => q.forward_in(out, qp).0,
                 None => out,
             };
             let out = match scales.as_mut().and_then(Iterator::next) {
@@ -98,9 +98,9 @@ impl BatchedCell {
             let mut node = std::mem::take(&mut operands[w]);
             node.sort_by_key(|(edge, _)| *edge);
             let values: Vec<Tensor<4>> = node.into_iter().map(|(_, t)| t).collect();
-            states.push(cell.adds[w].forward_summed(&values, node_sum, hold));
+            states.push(cell.adds[w].forward_summed(&values, node_sum, qp));
         }
-        cell.concat.forward_held(states.split_off(2), hold)
+        cell.concat.forward_in(states.split_off(2), qp)
     }
 }
 

@@ -5,7 +5,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, s};
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
 use qdarts_ops::candidates::{Bias, QBatchNorm};
-use qdarts_ops::quant::{FakeQuantizer, Grid, Hold};
+use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass};
 
 use super::bank;
 use qdarts_kernels::cat::cat;
@@ -30,7 +30,7 @@ pub struct StackedReduce {
 impl StackedReduce {
     /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel), the
     /// quantizers holding their rounding as `hold` says.
-    pub(super) fn forward(&self, x: Tensor<4>, grid: Option<&Grid>, hold: Hold) -> Tensor<4> {
+    pub(super) fn forward(&self, x: Tensor<4>, grid: Option<&Grid>, qp: QuantPass) -> Tensor<4> {
         let [n, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
         let e = self.edges;
@@ -38,7 +38,7 @@ impl StackedReduce {
             let x = x.slice(s![.., .., 0..;2, 0..;2]);
             let (wt, g) = match q {
                 Some(q) => {
-                    let (w, g) = q.forward_held(wt.val(), hold);
+                    let (w, g) = q.forward_in(wt.val(), qp);
                     (w, Some(g))
                 }
                 None => (wt.val(), None),
@@ -69,7 +69,7 @@ impl StackedReduce {
             }
             _ => None,
         };
-        bank::quantize_rows(act, self.bn.forward_biased(y, bias, hold), hold).0
+        bank::quantize_rows(act, self.bn.forward_biased(y, bias, qp), qp).0
     }
 }
 

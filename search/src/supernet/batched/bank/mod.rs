@@ -29,7 +29,7 @@ use qdarts_kernels::direct_conv::{GroupInputs, direct_available};
 use qdarts_kernels::relu::relu;
 use qdarts_kernels::split::split;
 use qdarts_ops::quant::hold::{narrow_channels, relu_held};
-use qdarts_ops::quant::{FakeQuantizer, Grid, Hold};
+use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass};
 
 mod stage;
 
@@ -102,12 +102,12 @@ pub(super) fn stack_sites(
 pub(super) fn quantize_rows(
     q: &Option<FakeQuantizer>,
     x: Tensor<4>,
-    hold: Hold,
+    qp: QuantPass,
 ) -> (Tensor<4>, Option<Grid>) {
     let Some(q) = q else { return (x, None) };
     let [n, c, h, w] = x.dims();
     let rows = q.rows().len();
-    let (y, grid) = q.forward_held(x.reshape([n, rows, c / rows * h * w]), hold);
+    let (y, grid) = q.forward_in(x.reshape([n, rows, c / rows * h * w]), qp);
     (y.reshape([n, c, h, w]), Some(grid))
 }
 
@@ -161,14 +161,14 @@ impl ConvBank {
     /// edges from each), as columns of the node sums: tensors `[N, kinds·E, C·H'·W']` whose
     /// kinds, in order, are the bank's (separable first); and the shape of one node,
     /// `[N, C, H', W']`. `hold`: how the quantizers hold their rounding.
-    pub fn forward(&self, x: Sources, per: usize, hold: Hold) -> (Vec<Tensor<3>>, [usize; 4]) {
+    pub fn forward(&self, x: Sources, per: usize, qp: QuantPass) -> (Vec<Tensor<3>>, [usize; 4]) {
         let (Sources::BeforeRelu(t) | Sources::AfterRelu(t)) = &x;
         let merged = direct_available(&t.device(), t.dtype());
         let sources = t.dims()[1] / self.first.channels;
         let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
         let (width, c) = (self.first.width(), self.first.channels);
         let stages: Vec<&BankStage> = std::iter::once(&self.first).chain(&self.second).collect();
-        let mut weights = weights_now(&stages, hold).into_iter();
+        let mut weights = weights_now(&stages, qp).into_iter();
         let mut weights = move || weights.next().expect("weights per stage");
         if merged || self.first.quantized() {
             // Every kind's channels side by side after the depthwise convolutions: one chain

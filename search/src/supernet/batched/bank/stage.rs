@@ -9,7 +9,7 @@ use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading, conv2d_reading_re
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::{FakeQuantizer, Grid, Hold, SpecError};
+use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass, SpecError};
 
 use super::super::BatchError;
 use super::super::reduce::grouped_pointwise;
@@ -215,18 +215,23 @@ impl BankStage {
             1 => outs.into_iter().next().expect("one"),
             _ => cat(outs, 1),
         };
-        self.finish(y, weights.pw, weights.hold)
+        self.finish(y, weights.pw, weights.qp)
     }
 
     /// The stage after its depthwise convolutions `y` (every kind side by side): their
     /// quantizer, the 1×1 convolutions in `K·E` groups, the BatchNorm (its bias rounded to the
     /// accumulators' unit where quantized) and the output quantizer.
-    fn finish(&self, y: Tensor<4>, (pw, w_grid): (Tensor<4>, Option<Grid>), hold: Hold) -> QTensor {
-        let (y, in_grid) = quantize_rows(&self.quant.dw_act, y, hold);
+    fn finish(
+        &self,
+        y: Tensor<4>,
+        (pw, w_grid): (Tensor<4>, Option<Grid>),
+        qp: QuantPass,
+    ) -> QTensor {
+        let (y, in_grid) = quantize_rows(&self.quant.dw_act, y, qp);
         let y = grouped_pointwise(y, pw, self.kinds.len() * self.edges);
         let bias = self.bias(w_grid.as_ref(), in_grid.as_ref());
-        let y = self.bn.forward_biased(y, bias, hold);
-        let (value, grid) = quantize_rows(&self.quant.act, y, hold);
+        let y = self.bn.forward_biased(y, bias, qp);
+        let (value, grid) = quantize_rows(&self.quant.act, y, qp);
         QTensor { value, grid }
     }
 
@@ -281,7 +286,7 @@ impl BankStage {
     /// of the stage sees every kind's tensor at once.
     pub(super) fn forward_per_kind(&self, xs: &[Tensor<4>], weights: StageWeights) -> Vec<QTensor> {
         let (width, e) = (self.width(), self.edges);
-        let StageWeights { filters, pw, hold } = weights;
+        let StageWeights { filters, pw, qp } = weights;
         let dws: Vec<Tensor<4>> = self
             .kinds
             .iter()
@@ -293,7 +298,7 @@ impl BankStage {
             })
             .collect();
         if self.quantized() {
-            return vec![self.finish(cat(dws, 1), pw, hold)];
+            return vec![self.finish(cat(dws, 1), pw, qp)];
         }
         let mut outs = Vec::with_capacity(self.kinds.len());
         let (mut means, mut vars) = (Vec::new(), Vec::new());
@@ -338,7 +343,7 @@ fn padded(w: Tensor<4>, big: usize) -> Tensor<4> {
 /// quantizers hold their rounding.
 pub(super) struct StageWeights<'a> {
     /// The pass's held rounding.
-    pub hold: Hold<'a>,
+    pub qp: QuantPass<'a>,
     /// Each dilation group's depthwise filters.
     pub filters: Vec<Tensor<4>>,
     /// The 1×1 weights, and their grid where quantized.
@@ -373,7 +378,7 @@ impl Site {
 /// zero), every weight fake-quantized where its stage is quantized, all the stages' weight
 /// quantizers in one [`FakeQuantizer::forward_many`] (on the CubeCL runtimes one launch for
 /// up to eight of them instead of one each).
-pub(super) fn weights_now<'a>(stages: &[&BankStage], hold: Hold<'a>) -> Vec<StageWeights<'a>> {
+pub(super) fn weights_now<'a>(stages: &[&BankStage], qp: QuantPass<'a>) -> Vec<StageWeights<'a>> {
     let mut sites: Vec<(&FakeQuantizer, Tensor<4>)> = Vec::new();
     let mut plan = Vec::with_capacity(stages.len());
     for stage in stages {
@@ -391,7 +396,7 @@ pub(super) fn weights_now<'a>(stages: &[&BankStage], hold: Hold<'a>) -> Vec<Stag
         plan.push((filters, pw));
     }
     let mut done: Vec<Option<(Tensor<4>, Grid)>> =
-        FakeQuantizer::forward_many(sites, hold).into_iter().map(Some).collect();
+        FakeQuantizer::forward_many(sites, qp).into_iter().map(Some).collect();
     let mut take = |s: Site| match s {
         Site::Raw(w) => (*w, None),
         Site::Quantized(i) => {
@@ -401,7 +406,7 @@ pub(super) fn weights_now<'a>(stages: &[&BankStage], hold: Hold<'a>) -> Vec<Stag
     };
     plan.into_iter()
         .map(|(filters, pw)| StageWeights {
-            hold,
+            qp,
             filters: filters.into_iter().map(|f| take(f).0).collect(),
             pw: take(pw),
         })
