@@ -2,7 +2,7 @@
 //!
 //! Recording is off by default. A pass that records gives its quantizers an [`ErrorTape`]:
 //! each keeps a handful of scalar tensors on it, on the device (no host sync in the training
-//! step), which [`ErrorTape::read_rows`] brings back on request.
+//! step), which the quantizer's `error_rows` brings back on request.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -86,8 +86,8 @@ impl RowLayout {
 }
 
 /// The error statistics of one recorded forward pass: each quantizer's last tensor, kept on the
-/// device (a handful of reductions, no host sync in the training step) until
-/// [`read_rows`](Self::read_rows) brings them back. A pass records on it through its
+/// device (a handful of reductions, no host sync in the training step) until the quantizers'
+/// `error_rows` bring them back. A pass records on it through its
 /// [`QuantPass`](super::QuantPass); it belongs to the pass's caller, not to a quantizer.
 #[derive(Debug, Default)]
 pub struct ErrorTape {
