@@ -249,18 +249,7 @@ impl WaveOps {
         qp: QuantPass,
     ) -> (Tensor<3>, [usize; 4]) {
         let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
-        // The sources side by side, `[N, S·C, H, W]`, on their grids side by side:
-        // parameter-free candidates run on all of them at once (each channel its own
-        // statistics), the identity is this tensor.
-        let input = match &wave.sources[..] {
-            [s] => states[*s].clone(),
-            many => {
-                let parts: Vec<&QTensor> = many.iter().map(|&s| &states[s]).collect();
-                let grids: Vec<_> = parts.iter().map(|q| (q.grid.as_ref(), q.dims())).collect();
-                let value = cat(parts.iter().map(|q| q.value.clone()).collect(), 1);
-                QTensor { value, grid: grids::side_by_side(&grids) }
-            }
-        };
+        let input = side_by_side(wave, states);
         // The sources after the ReLU that every convolutional candidate starts with, and
         // (FactorizedReduce) each edge's, edge after edge, `[N, E·C, H, W]`.
         // The bank's convolutions take the ReLU as they read the sources where the kernels
@@ -320,14 +309,7 @@ impl WaveOps {
             columns.push(out.reshape([n, cols, ch / cols * h * w]));
             blocks.push((p, block));
         }
-        if let Some(q) = &self.zero_act {
-            // The `none` candidates' output quantizers see only zeros, whatever their number:
-            // one zero per edge gives every row the same extrema (0, 0), so the same observer
-            // update, and the same error rows (zero signal, noise and clipping), as the whole
-            // output would. Written from the host, it is no launch.
-            let zeros = TensorData::new(vec![0.0f32; edges], [1, edges, 1]);
-            q.forward_in(Tensor::<3>::from_data(zeros, &flat.device()), qp);
-        }
+        self.quantize_zeros(edges, &flat.device(), qp);
         debug_assert_eq!(blocks.len(), self.blocks().len(), "the columns `blocks` names");
         let terms = match coefficients {
             Some(c) => {
@@ -343,6 +325,32 @@ impl WaveOps {
             None => edge_sums(wave, &blocks, &columns, flat, k),
         };
         (terms, shape)
+    }
+
+    /// The `none` candidates' output quantizers, which see only zeros whatever their number:
+    /// one zero per edge gives every row the same extrema (0, 0), so the same observer update,
+    /// and the same error rows (zero signal, noise and clipping), as the whole output would.
+    /// Written from the host, it is no launch.
+    fn quantize_zeros(&self, edges: usize, device: &burn::tensor::Device, qp: QuantPass) {
+        if let Some(q) = &self.zero_act {
+            let zeros = TensorData::new(vec![0.0f32; edges], [1, edges, 1]);
+            q.forward_in(Tensor::<3>::from_data(zeros, device), qp);
+        }
+    }
+}
+
+/// The wave's sources side by side, `[N, S·C, H, W]`, on their grids side by side:
+/// parameter-free candidates run on all of them at once (each channel its own statistics), the
+/// identity is this tensor.
+fn side_by_side(wave: &Wave, states: &[QTensor]) -> QTensor {
+    match &wave.sources[..] {
+        [s] => states[*s].clone(),
+        many => {
+            let parts: Vec<&QTensor> = many.iter().map(|&s| &states[s]).collect();
+            let grids: Vec<_> = parts.iter().map(|q| (q.grid.as_ref(), q.dims())).collect();
+            let value = cat(parts.iter().map(|q| q.value.clone()).collect(), 1);
+            QTensor { value, grid: grids::side_by_side(&grids) }
+        }
     }
 }
 
