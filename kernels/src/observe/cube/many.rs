@@ -167,10 +167,8 @@ impl ManyBackend for CubeBackend {
             state_at.push(s);
             out_at.push(o);
         }
-        let client = first.x.client.clone();
-        let (lo, hi) = (qmin as f32, qmax as f32);
         observe_many_kernel::launch(
-            &client,
+            &first.x.client,
             CubeCount::new_2d(1, total),
             CubeDim::new_1d(UNITS),
             x_args,
@@ -194,8 +192,8 @@ impl ManyBackend for CubeBackend {
             first.k.2,
             first.k.3,
             MIN_SCALE,
-            lo,
-            hi,
+            qmin as f32,
+            qmax as f32,
             linear,
             first.rule,
             first.threshold_grid,
@@ -203,12 +201,18 @@ impl ManyBackend for CubeBackend {
             ties_away,
             UNITS as usize,
         );
-        let mut parts: Vec<std::vec::IntoIter<CubeTensor>> =
-            states.into_iter().chain([fq]).map(|p| p.parts().into_iter()).collect();
-        (0..count)
-            .flat_map(|_| {
-                parts.iter_mut().map(|p| p.next().expect("a part per tensor")).collect::<Vec<_>>()
-            })
-            .collect()
+        unpacked(states.into_iter().chain([fq]), count)
     }
+}
+
+/// The parts of `packs` (each holding one part per tensor), tensor after tensor: each tensor's
+/// parts in the packs' order.
+fn unpacked(packs: impl IntoIterator<Item = Packing>, count: usize) -> Vec<CubeTensor> {
+    let mut parts: Vec<std::vec::IntoIter<CubeTensor>> =
+        packs.into_iter().map(|p| p.parts().into_iter()).collect();
+    (0..count)
+        .flat_map(|_| {
+            parts.iter_mut().map(|p| p.next().expect("a part per tensor")).collect::<Vec<_>>()
+        })
+        .collect()
 }
