@@ -35,7 +35,7 @@ impl QAdd {
         self.forward_in(xs, QuantPass::OFF)
     }
 
-    /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
+    /// [`forward`](Self::forward) in the quantizer pass `qp`.
     ///
     /// # Panics
     /// If `xs` is empty.
@@ -98,7 +98,7 @@ impl QConcat {
         self.forward_in(xs, QuantPass::OFF)
     }
 
-    /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
+    /// [`forward`](Self::forward) in the quantizer pass `qp`.
     pub fn forward_in(&self, xs: Vec<QTensor>, qp: QuantPass) -> QTensor {
         let cat = cat(xs.into_iter().map(|x| x.value).collect(), 1);
         crate::candidates::quantize_opt(&self.act, cat, qp)

@@ -57,8 +57,7 @@ impl Preprocess {
         self.forward_in(x, QuantPass::OFF)
     }
 
-    /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
-    /// says.
+    /// [`forward`](Self::forward) in the quantizer pass `qp`.
     pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
         match self {
             Preprocess::Reduce(op) => op.forward_in(x, Pass::quantizing(qp)),
@@ -108,8 +107,8 @@ impl QLinear {
     }
 
     /// [`forward`](Self::forward) of an input on the grid `input`: with a quantized weight the
-    /// bias is fake-quantized to int32 at the derived scale `s_in·s_w,c`. `hold`: how the
-    /// weight's quantizer holds its rounding.
+    /// bias is fake-quantized to int32 at the derived scale `s_in·s_w,c`. `qp`: the weight
+    /// quantizer's pass.
     pub fn forward_q(&self, x: Tensor<2>, input: Option<&Grid>, qp: QuantPass) -> Tensor<2> {
         let c = self.bias.val().dims()[0];
         let (w, bias) = match (&self.wq, input) {

@@ -198,7 +198,7 @@ pub fn hessian_vector<M: Module, G>(
 /// One batch: inputs and labels.
 pub type Batch = (Tensor<4>, Tensor<1, Int>);
 
-/// The loss of `batch`, the quantizers holding their rounding as `hold` says.
+/// The loss of `batch`, the quantizers in the pass `qp`.
 fn loss_of(net: &SearchNetwork, alphas: &Alphas, batch: &Batch, qp: QuantPass) -> Tensor<1> {
     cross_entropy(net.forward_in(batch.0.clone(), alphas.arch(), qp), batch.1.clone())
 }

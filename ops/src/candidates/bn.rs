@@ -93,7 +93,7 @@ impl QBatchNorm {
         self.folded_held(x, QuantPass::OFF)
     }
 
-    /// [`folded`](Self::folded) in a pass that holds the weight's rounding as `hold` says.
+    /// [`folded`](Self::folded) in the quantizer pass `qp`.
     fn folded_held(&self, x: &Tensor<4>, qp: QuantPass) -> (Tensor<1>, Tensor<1>) {
         let m = self.statistics(x);
         let mut w = rstd(m.clone(), EPSILON);
@@ -119,8 +119,8 @@ impl QBatchNorm {
 
     /// [`forward`](Self::forward) on an integer accumulator whose unit is `bias.unit`: the folded
     /// bias is fake-quantized at the derived scale `unit·w` (int32, straight-through), as the
-    /// frozen model stores it, so that freeze changes no value. `hold`: how the weight's
-    /// quantizer holds its rounding.
+    /// frozen model stores it, so that freeze changes no value. `qp`: the weight quantizer's
+    /// pass.
     pub fn forward_biased(&self, x: Tensor<4>, bias: Option<Bias>, qp: QuantPass) -> Tensor<4> {
         if self.training.is_enabled()
             && self.wq.is_none()

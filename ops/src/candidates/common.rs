@@ -37,8 +37,7 @@ impl QTensor {
     }
 }
 
-/// Applies an optional quantizer, holding its rounding as `hold` says; `None` leaves the
-/// tensor float.
+/// Applies an optional quantizer in the quantizer pass `qp`; `None` leaves the tensor float.
 pub fn quantize_opt(q: &Option<FakeQuantizer>, x: Tensor<4>, qp: QuantPass) -> QTensor {
     match q {
         Some(q) => {

@@ -126,8 +126,7 @@ impl QConv {
         self.weight_held(QuantPass::OFF)
     }
 
-    /// [`effective_weight`](Self::effective_weight) in a pass that holds its rounding as
-    /// `hold` says.
+    /// [`effective_weight`](Self::effective_weight) in the quantizer pass `qp`.
     fn weight_held(&self, qp: QuantPass) -> Tensor<4> {
         match &self.wq {
             Some(q) => q.forward_in(self.weight.val(), qp).0,

@@ -68,8 +68,7 @@ impl QPoolBN {
         self.forward_in(x, QuantPass::OFF)
     }
 
-    /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
-    /// says.
+    /// [`forward`](Self::forward) in the quantizer pass `qp`.
     pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
         quantize_opt(&self.act, self.pool_bn(x, qp), qp)
     }

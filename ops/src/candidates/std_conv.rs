@@ -37,8 +37,7 @@ impl QStdConv {
         self.forward_in(x, QuantPass::OFF)
     }
 
-    /// [`forward`](Self::forward) in a pass whose quantizers hold their rounding as `hold`
-    /// says.
+    /// [`forward`](Self::forward) in the quantizer pass `qp`.
     pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
         let (y, unit) = self.conv.forward_unit_relu(x.value, x.grid.as_ref(), Pass::quantizing(qp));
         let y = self.bn.forward_biased(y, unit, qp);

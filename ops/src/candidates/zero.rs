@@ -36,7 +36,7 @@ impl QZero {
         self.forward_in(x, QuantPass::OFF)
     }
 
-    /// [`forward`](Self::forward) in a pass whose quantizer holds its rounding as `hold` says.
+    /// [`forward`](Self::forward) in the quantizer pass `qp`.
     pub fn forward_in(&self, x: QTensor, qp: QuantPass) -> QTensor {
         let [n, c, h, w] = x.dims();
         let s = self.stride;

@@ -56,7 +56,7 @@ impl BitMix {
         Ok(BitMix { quantizers, bits: bits.iter().map(|&b| b as usize).collect() })
     }
 
-    /// `Σ_i probs_i · Q_{b_i}(x)`, each quantizer holding its rounding as `hold` says.
+    /// `Σ_i probs_i · Q_{b_i}(x)`, each quantizer in the pass `qp`.
     ///
     /// # Shapes
     /// - x: any; probs: `[B]`, one per bit width (a softmax); output: as x.

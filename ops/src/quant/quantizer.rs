@@ -227,7 +227,7 @@ impl FakeQuantizer {
         self.try_forward_in(x, QuantPass::OFF).map(|(out, _)| out)
     }
 
-    /// [`try_forward`](Self::try_forward) in a pass that holds its rounding as `hold` says
+    /// [`try_forward`](Self::try_forward) in the quantizer pass `qp`
     /// (see [`super::hold`]), also returning the grid the output lies on.
     pub fn try_forward_in<const D: usize>(
         &self,
@@ -273,7 +273,7 @@ impl FakeQuantizer {
 
     /// [`forward_sum`](Self::forward_sum) of operands whose float sum, `sum`, the caller has
     /// computed: the gradient goes through `sum` alone, and only the values of `xs` are read
-    /// (they may be detached). `sum` must be `xs` added left to right. `hold`: as
+    /// (they may be detached). `sum` must be `xs` added left to right. `qp`: as
     /// [`forward_in`](Self::forward_in).
     ///
     /// # Panics
@@ -310,8 +310,8 @@ impl FakeQuantizer {
         self.forward_in(x, QuantPass::OFF)
     }
 
-    /// [`forward_with_grid`](Self::forward_with_grid) in a pass that holds its rounding as
-    /// `hold` says (see [`super::hold`]).
+    /// [`forward_with_grid`](Self::forward_with_grid) in the quantizer pass `qp` (see
+    /// [`QuantPass`]).
     ///
     /// # Panics
     /// As [`forward`](Self::forward).

@@ -155,8 +155,8 @@ impl SearchNetwork {
         self.forward_in(x, a, QuantPass::OFF)
     }
 
-    /// [`forward_arch`](Self::forward_arch) in a pass whose quantizers hold their rounding as
-    /// `hold` says (the second-order step's passes at `w` and `w±`).
+    /// [`forward_arch`](Self::forward_arch) in the quantizer pass `qp` (held rounding in the
+    /// second-order step's passes at `w` and `w±`, error statistics, the kernel).
     pub fn forward_in(&self, x: Tensor<4>, a: ArchWeights, qp: QuantPass) -> Tensor<2> {
         let rows = |w: Tensor<2>| -> Vec<Tensor<1>> {
             let [e, k] = w.dims();

@@ -20,7 +20,7 @@ impl FakeQuantizer {
     /// observer kernels run a site and its fake quantization clips nothing (a weight's
     /// abs-max grid; see [`many_available`]), the sites of one rule are observed and
     /// quantized [`ARITY`](qdarts_kernels::cat::ARITY) a launch; the others (LSQ, held
-    /// rounding, another observer, another backend) one by one. `hold`: as
+    /// rounding, another observer, another backend) one by one. `qp`: as
     /// [`forward_in`](Self::forward_in).
     ///
     /// # Panics

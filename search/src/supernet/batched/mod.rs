@@ -117,8 +117,8 @@ impl BatchedCell {
     /// `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
     /// edge weights where edges are normalized, `aux_skip` DARTS-' β (each stride-1 edge adds
     /// its source times β to its node; 0: none), `cell` the cell this one batches (its node
-    /// adds and output concatenation run as they are), `hold` how the quantizers hold their
-    /// rounding.
+    /// adds and output concatenation run as they are), `qp` what the quantizers do besides
+    /// quantizing.
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);

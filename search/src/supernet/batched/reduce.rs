@@ -29,7 +29,7 @@ pub struct StackedReduce {
 
 impl StackedReduce {
     /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel), the
-    /// quantizers holding their rounding as `hold` says.
+    /// quantizers in the pass `qp`.
     pub(super) fn forward(&self, x: Tensor<4>, grid: Option<&Grid>, qp: QuantPass) -> Tensor<4> {
         let [n, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);

@@ -98,7 +98,7 @@ pub(super) fn stack_sites(
 
 /// A stacked quantizer of `rows` per-tensor sites applied to `x` `[N, rows·C, H, W]`, the
 /// output and its grid (over the rows, one per site: each row's value stands for its `C`
-/// channels), holding its rounding as `hold` says.
+/// channels), in the quantizer pass `qp`.
 pub(super) fn quantize_rows(
     q: &Option<FakeQuantizer>,
     x: Tensor<4>,
@@ -160,7 +160,7 @@ impl ConvBank {
     /// Every kind's output on the wave's sources `x` `[N, S·C, H, W]` after the ReLU (`per`
     /// edges from each), as columns of the node sums: tensors `[N, kinds·E, C·H'·W']` whose
     /// kinds, in order, are the bank's (separable first); and the shape of one node,
-    /// `[N, C, H', W']`. `hold`: how the quantizers hold their rounding.
+    /// `[N, C, H', W']`. `qp`: what the quantizers do besides quantizing.
     pub fn forward(&self, x: Sources, per: usize, qp: QuantPass) -> (Vec<Tensor<3>>, [usize; 4]) {
         let (Sources::BeforeRelu(t) | Sources::AfterRelu(t)) = &x;
         let merged = direct_available(&t.device(), t.dtype());
