@@ -67,21 +67,17 @@ impl<const D: usize> Buffer<D> {
 
     /// The current value.
     pub fn value(&self) -> Tensor<D> {
-        self.lock().clone()
+        self.value.lock().clone()
     }
 
     /// Replaces the value.
     pub fn set(&self, value: Tensor<D>) {
-        *self.lock() = value;
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Tensor<D>> {
-        self.value.lock()
+        *self.value.lock() = value;
     }
 
     fn replace(self, f: impl FnOnce(Tensor<D>) -> Tensor<D>) -> Self {
         {
-            let mut value = self.lock();
+            let mut value = self.value.lock();
             *value = f(value.clone());
         }
         self
@@ -125,7 +121,7 @@ impl<const D: usize> Module for Buffer<D> {
     }
 
     fn collect_devices(&self, mut devices: Devices) -> Devices {
-        let device = self.lock().device();
+        let device = self.value.lock().device();
         if !devices.contains(&device) {
             devices.push(device)
         }
