@@ -29,10 +29,6 @@ use burn::tensor::{DType, Device, Tensor, module};
 
 use crate::plane::PlaneGeom;
 
-/// Threads of the cube that sums one weight's gradient (a power of two: the tree halves it).
-#[cfg(feature = "cube")]
-const UNITS: u32 = 256;
-
 /// A convolution's geometry: the plane's (per axis `[h, w]`) and the number of groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvGeom {

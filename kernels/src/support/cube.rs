@@ -17,6 +17,14 @@ pub(crate) fn empty_shaped(t: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
     empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), shape.into(), t.dtype)
 }
 
+/// The threads of a cube that reduces `count` values with [`cube_sum`] (or another tree): a
+/// power of two from 32 to 256, one thread per 32 values. The tree costs a barrier per halving,
+/// and where a driver runs a cube's threads on a CPU (lavapipe) every barrier switches between
+/// all its groups of threads: a cube far wider than its values is mostly barriers.
+pub(crate) fn reduce_units(count: usize) -> u32 {
+    (count / 32).next_power_of_two().clamp(32, 256) as u32
+}
+
 /// The sum of every unit's `value` over the cube (a tree in `shared`, `CUBE_DIM_X` long, in a
 /// fixed order), returned to every unit; `shared` is free again on return.
 #[cube]

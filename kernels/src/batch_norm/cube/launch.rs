@@ -20,9 +20,11 @@ fn strided(x: &CubeTensor) -> (u32, u32, u32, u32) {
     (n, c, (h * w).max(1), w.max(1))
 }
 
-/// One cube of [`UNITS`] threads per channel.
-fn per_channel(c: u32) -> (CubeCount, CubeDim) {
-    (CubeCount::new_1d(c), CubeDim::new_1d(UNITS))
+/// One cube per channel of `plane` values in each of `n` images, and its threads (also the
+/// kernels' comptime `units`).
+fn per_channel(n: u32, c: u32, plane: u32) -> (CubeCount, CubeDim, usize) {
+    let units = reduce_units(n as usize * plane as usize);
+    (CubeCount::new_1d(c), CubeDim::new_1d(units), units as usize)
 }
 
 fn scale_shift(x: CubeTensor, w: CubeTensor, b: Option<CubeTensor>) -> CubeTensor {
@@ -65,7 +67,7 @@ fn fold(
     let [w, b, running_mean, running_var] = [(); 4].map(|()| empty_shaped(&x, vec![c as usize]));
     // Not written without `normalize`; a buffer of its own.
     let y = if normalize { empty_like(&x) } else { empty_shaped(&x, vec![1]) };
-    let (cubes, dim) = per_channel(c);
+    let (cubes, dim, units) = per_channel(n, c, plane);
     moments_fold_kernel::launch(
         &x.client,
         cubes,
@@ -90,7 +92,7 @@ fn fold(
         run0.max(1),
         run1.max(1),
         TINY_STEP,
-        UNITS as usize,
+        units,
         factors,
         ties_away,
         normalize,
@@ -102,7 +104,7 @@ impl ChannelBackend for CubeBackend {
     fn channel_moments(x: CubeTensor) -> CubeTensor {
         let (n, c, plane, width) = strided(&x);
         let out = empty_shaped(&x, vec![2, c as usize]);
-        let (cubes, dim) = per_channel(c);
+        let (cubes, dim, units) = per_channel(n, c, plane);
         moments_kernel::launch(
             &x.client,
             cubes,
@@ -112,7 +114,7 @@ impl ChannelBackend for CubeBackend {
             n,
             plane,
             width,
-            UNITS as usize,
+            units,
         );
         out
     }
@@ -156,7 +158,7 @@ impl ChannelBackend for CubeBackend {
         assert_eq!(grad.meta.shape(), x.meta.shape(), "channel op: ∂y and x differ in shape");
         strided(&grad);
         let out = empty_shaped(&x, vec![2, c as usize]);
-        let (cubes, dim) = per_channel(c);
+        let (cubes, dim, units) = per_channel(n, c, plane);
         affine_wb_kernel::launch(
             &x.client,
             cubes,
@@ -167,7 +169,7 @@ impl ChannelBackend for CubeBackend {
             n,
             plane,
             width,
-            UNITS as usize,
+            units,
         );
         out
     }
@@ -306,7 +308,7 @@ impl FoldBackend for CubeBackend {
         let (m, w) = (small(m), small(w));
         let count = (x.meta.num_elements() / c.max(1) as usize) as f32;
         let out = empty_like(&x);
-        let (cubes, dim) = per_channel(c);
+        let (cubes, dim, units) = per_channel(n, c, plane);
         // One cube per channel: the sums `[Σ ∂y·x, Σ ∂y]`, then the channel's `∂x`.
         normalize_backward_kernel::launch(
             &x.client,
@@ -321,7 +323,7 @@ impl FoldBackend for CubeBackend {
             plane,
             width,
             count,
-            UNITS as usize,
+            units,
         );
         out
     }

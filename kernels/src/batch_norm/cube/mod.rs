@@ -3,9 +3,9 @@
 //! As tensor expressions a training BatchNorm is dozens of launches forward and backward
 //! (transposes, centring, broadcasts and their gradients, each a kernel); on a GPU every launch
 //! costs host time. Here each primitive is one launch: the elementwise parts one thread per
-//! element, the per-channel sums one cube of [`UNITS`] threads per channel (each thread sums a
-//! fixed stride of the channel's `N·H·W` values, then a tree in shared memory), so a sum does
-//! not depend on thread timing. The kernels read `x` and `∂y` through their strides: a
+//! element, the per-channel sums one cube per channel (32 to 256 threads by the channel's size,
+//! each summing a fixed stride of its `N·H·W` values, then a tree in shared memory), so a sum
+//! does not depend on thread timing. The kernels read `x` and `∂y` through their strides: a
 //! convolution's channels-last output or a channel slice of a concatenation's gradient is read
 //! where it lies, not copied first.
 //!
@@ -22,11 +22,8 @@ use super::{ChannelBackend, FoldBackend};
 use crate::bias::TINY_STEP;
 use crate::bias::cube::int32_of;
 use crate::support::cube::{
-    cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided,
+    cube_sum, elementwise, empty_like, empty_shaped, f32_contiguous, f32_strided, reduce_units,
 };
-
-/// Threads of the cube that sums one channel (a power of two: the tree halves it).
-const UNITS: u32 = 256;
 
 /// Buffer offset of element `(n, c, q)` of `[N, C, H, W]` `x`, `q = h·W + w`. In 32 bits: a
 /// 64-bit integer division is emulated on GPUs ([`strided`] checks that offsets fit).

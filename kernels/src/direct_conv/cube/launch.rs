@@ -4,9 +4,11 @@ use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::super::{ConvGeom, DirectConvBackend, UNITS};
+use super::super::{ConvGeom, DirectConvBackend};
 use super::{OP, Sizes, forward_kernel, weight_kernel, x_backward_kernel};
-use crate::support::cube::{elementwise, empty_shaped, f32_contiguous, f32_strided};
+use crate::support::cube::{
+    elementwise, empty_shaped, f32_contiguous, f32_strided, reduce_units,
+};
 
 fn dims4(t: &CubeTensor, what: &str) -> [usize; 4] {
     let d = t.meta.shape();
@@ -114,10 +116,11 @@ impl DirectConvBackend for CubeBackend {
         // One cube per weight, on a 2-D grid: a 1-D grid stops at 65 535 cubes on some APIs.
         let across = weights.clamp(1, 65_535);
         let cubes = CubeCount::new_2d(across as u32, weights.div_ceil(across).max(1) as u32);
+        let units = reduce_units(n * geom.output[0] * geom.output[1]);
         weight_kernel::launch(
             &x.client,
             cubes,
-            CubeDim::new_1d(UNITS),
+            CubeDim::new_1d(units),
             x.clone().into_tensor_arg(),
             grad.into_buffer_arg(),
             out.clone().into_buffer_arg(),
@@ -125,7 +128,7 @@ impl DirectConvBackend for CubeBackend {
             s,
             kh as u32,
             kw as u32,
-            UNITS as usize,
+            units as usize,
             geom.relu,
             strided,
         );

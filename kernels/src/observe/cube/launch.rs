@@ -74,17 +74,18 @@ impl Plan {
         // A stored state needs no extrema.
         let parts = if chunks > 1 && rule != STORED {
             let parts = empty_shaped(&x, vec![rows * chunks * 2]);
+            let units = reduce_units(CHUNK);
             chunk_extrema_kernel::launch(
                 &x.client,
                 CubeCount::new_2d(chunks as u32, rows as u32),
-                CubeDim::new_1d(UNITS),
+                CubeDim::new_1d(units),
                 x.clone().into_tensor_arg(),
                 parts.clone().into_buffer_arg(),
                 row_len as u32,
                 axis,
                 linear,
                 CHUNK as u32,
-                UNITS as usize,
+                units as usize,
             );
             parts
         } else {
@@ -222,10 +223,12 @@ fn launch(
     let masked = mask.is_some();
     // Not written without a mask; a buffer of its own.
     let mask = mask.cloned().unwrap_or_else(|| empty_mask(&p.x, 1));
+    // A cube's values: its chunk's (or the row's) to quantize, then its reduction's.
+    let units = reduce_units(p.row_len.min(CHUNK));
     observe_kernel::launch(
         &p.x.client,
         CubeCount::new_2d(chunks as u32, p.rows as u32),
-        CubeDim::new_1d(UNITS),
+        CubeDim::new_1d(units),
         p.x.clone().into_tensor_arg(),
         p.parts.clone().into_buffer_arg(),
         p.a.clone().into_buffer_arg(),
@@ -258,6 +261,6 @@ fn launch(
         p.threshold_grid,
         p.symmetric,
         ties_away,
-        UNITS as usize,
+        units as usize,
     );
 }

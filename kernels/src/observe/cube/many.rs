@@ -12,8 +12,7 @@ use crate::support::cube::{Packing, packed};
 /// over the tensors `xs`: cube `r` is row `r − rows[t]` of tensor `t` for `rows[t] ≤ r <
 /// rows[t + 1]`, with state `as_[t]`, `bs[t]`; its state, threshold and grid are written to
 /// the six flat outputs from `states[t]`, its fake-quantized elements to `out` from
-/// `outs[t]` (contiguous). Every cube runs every tensor's reduction (over no elements but
-/// its own), so that each barrier is reached by the whole cube.
+/// `outs[t]` (contiguous).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments, unused_assignments)]
 pub(super) fn observe_many_kernel(
@@ -49,22 +48,42 @@ pub(super) fn observe_many_kernel(
 ) {
     let r = CUBE_POS_Y;
     let count = comptime!(xs.len());
+    // The cube's row lies in one tensor: each unit's extrema over that row's elements, then
+    // one tree over the cube (every unit reaches its barriers).
+    let mut lo = f32::reinterpret(POSITIVE_INFINITY);
+    let mut hi = f32::reinterpret(NEGATIVE_INFINITY);
+    if rule != STORED {
+        #[unroll]
+        for t in 0..count {
+            let is_linear = comptime!((linear >> t) & 1 == 1);
+            let x = &xs[t];
+            if r >= rows[t] && r < rows[t + 1] {
+                let (row, row_len) = (r - rows[t], row_lens[t]);
+                let mut j = UNIT_POS_X;
+                while j < row_len {
+                    let v = x[row_at(x, row, j, row_len, axis, is_linear, false)];
+                    lo = least(lo, v);
+                    hi = most(hi, v);
+                    j += CUBE_DIM_X;
+                }
+            }
+        }
+    }
+    let mut m = 0.0f32;
+    let mut big_m = 0.0f32;
+    if rule != STORED {
+        let mut los = Shared::<[f32]>::new_slice(units);
+        let mut his = Shared::<[f32]>::new_slice(units);
+        let (l, h) = cube_extrema(&mut los, &mut his, lo, hi);
+        m = l;
+        big_m = h;
+    }
     #[unroll]
     for t in 0..count {
         let is_linear = comptime!((linear >> t) & 1 == 1);
         let x = &xs[t];
-        let mine = r >= rows[t] && r < rows[t + 1];
-        let row = select(mine, r - rows[t], 0);
-        let row_len = row_lens[t];
-        let mut m = 0.0f32;
-        let mut big_m = 0.0f32;
-        if rule != STORED {
-            let end = select(mine, row_len, 0);
-            let (l, h) = span_extrema(x, row, 0, end, row_len, axis, is_linear, units);
-            m = l;
-            big_m = h;
-        }
-        if mine {
+        if r >= rows[t] && r < rows[t + 1] {
+            let (row, row_len) = (r - rows[t], row_lens[t]);
             let c = row as usize;
             let (sa, sb, th, mult, step, zp) = update_and_grid(
                 m,
@@ -167,10 +186,11 @@ impl ManyBackend for CubeBackend {
             state_at.push(s);
             out_at.push(o);
         }
+        let units = reduce_units(plans.iter().map(|p| p.row_len).max().unwrap_or(0));
         observe_many_kernel::launch(
             &first.x.client,
             CubeCount::new_2d(1, total),
-            CubeDim::new_1d(UNITS),
+            CubeDim::new_1d(units),
             x_args,
             a_args,
             b_args,
@@ -199,7 +219,7 @@ impl ManyBackend for CubeBackend {
             first.threshold_grid,
             first.symmetric,
             ties_away,
-            UNITS as usize,
+            units as usize,
         );
         unpacked(states.into_iter().chain([fq]), count)
     }

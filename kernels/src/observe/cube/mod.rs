@@ -12,10 +12,9 @@ use crate::fake_quant::cube::{
     clipped, empty_mask, fake_quant_masked, fake_quantized, pack_clipped,
 };
 use crate::fake_quant::{FakeQuantBackend, FusedLayout};
-use crate::support::cube::{empty_like, empty_shaped, f32_contiguous, f32_strided, lt, round_ties};
-
-/// Threads of a cube (a power of two: the tree halves it).
-const UNITS: u32 = 256;
+use crate::support::cube::{
+    empty_like, empty_shaped, f32_contiguous, f32_strided, lt, reduce_units, round_ties,
+};
 
 /// The bits of ±∞ (WGSL has no infinity literal).
 const POSITIVE_INFINITY: u32 = 0x7f80_0000;
