@@ -93,6 +93,8 @@ impl DirectConvBackend for CubeBackend {
             s,
             kh,
             kw,
+            geom.plane.stride[0] as u32,
+            geom.plane.stride[1] as u32,
             geom.relu,
             strided,
         );

@@ -73,13 +73,6 @@ impl Sizes {
     }
 }
 
-/// The offset of tap `(i, j)` of the filter at `base` (its `(o, c)` offset) in the weight,
-/// through the weight's strides: a parameter uploaded to cuda is laid out with padded rows.
-#[cube]
-fn tap(wt: &Tensor<f32>, base: u32, i: u32, j: u32) -> usize {
-    (base + i * wt.stride(2) as u32 + j * wt.stride(3) as u32) as usize
-}
-
 /// `v`, or with `relu` its ReLU as the ReLU kernel takes it (0 where `v` is at most zero).
 #[cube]
 fn relu_of(v: f32, #[comptime] relu: bool) -> f32 {
@@ -90,29 +83,29 @@ fn relu_of(v: f32, #[comptime] relu: bool) -> f32 {
     out
 }
 
-/// The buffer offset of input element `(b, c, y, x)` of `x` `[N, C, H, W]`: through its
-/// strides with `strided`, else of a contiguous layout.
+/// The steps of `x` `[N, C, H, W]` in its buffer, `(image, channel, row, column)`: its strides
+/// with `strided`, else a contiguous layout's. The kernels add them up as they go rather than
+/// multiplying out every index.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn input_at(
-    x: &Tensor<f32>,
-    b: u32,
-    c: u32,
-    y: u32,
-    xx: u32,
-    ci: u32,
-    h: u32,
-    w: u32,
-    #[comptime] strided: bool,
-) -> usize {
-    let mut at = ((b * ci + c) * h + y) * w + xx;
+fn steps(x: &Tensor<f32>, ci: u32, h: u32, w: u32, #[comptime] strided: bool) -> (u32, u32, u32, u32) {
+    let mut image = ci * h * w;
+    let mut channel = h * w;
+    let mut row = w;
+    let mut column = 1u32;
     if strided {
-        at = b * x.stride(0) as u32
-            + c * x.stride(1) as u32
-            + y * x.stride(2) as u32
-            + xx * x.stride(3) as u32;
+        image = x.stride(0) as u32;
+        channel = x.stride(1) as u32;
+        row = x.stride(2) as u32;
+        column = x.stride(3) as u32;
     }
-    at as usize
+    (image, channel, row, column)
+}
+
+/// The weight's strides, `(output, input, row, column)`: a parameter uploaded to cuda is laid
+/// out with padded rows.
+#[cube]
+fn weight_steps(wt: &Tensor<f32>) -> (u32, u32, u32, u32) {
+    (wt.stride(0) as u32, wt.stride(1) as u32, wt.stride(2) as u32, wt.stride(3) as u32)
 }
 
 /// The input group that group `g` reads ([`super::GroupInputs::of`]).
@@ -148,25 +141,31 @@ fn forward_kernel(
         let o = rest % co;
         let b = rest / co;
         let first = input_group(o / cog, sources, per, inner) * cig;
+        let (image, channel, row_step, column) = steps(x, ci, h, w, strided);
+        let (w_out, w_in, w_row, w_column) = weight_steps(wt);
+        let mut plane = b * image + first * channel;
+        let mut taps = o * w_out;
         let mut acc = 0.0f32;
         let mut c = 0u32;
         while c < cig {
-            let taps = o * wt.stride(0) as u32 + c * wt.stride(1) as u32;
             #[unroll]
             for ki in 0..kh {
                 let y = oy * sh + ki * dh;
                 if y >= ph && y < h + ph {
+                    let row = plane + (y - ph) * row_step;
+                    let w_at = taps + ki * w_row;
                     #[unroll]
                     for kj in 0..kw {
                         let xx = ox * sw + kj * dw;
                         if xx >= pw && xx < w + pw {
-                            let at = input_at(x, b, first + c, y - ph, xx - pw, ci, h, w, strided);
-                            let v = relu_of(x[at], relu);
-                            acc += wt[tap(wt, taps, ki, kj)] * v;
+                            let v = relu_of(x[(row + (xx - pw) * column) as usize], relu);
+                            acc += wt[(w_at + kj * w_column) as usize] * v;
                         }
                     }
                 }
             }
+            plane += channel;
+            taps += w_in;
             c += 1;
         }
         out[i as usize] = acc;
@@ -176,7 +175,8 @@ fn forward_kernel(
 /// `∂x[n, c, y, x] = Σ_o Σ_(i, j) w[o, c mod C_g, i, j] · ∂y[n, o, q_y, q_x]` over the output
 /// channels of the groups that read `c`'s input group and the taps whose output `q` reads
 /// `(y, x)`: `q·s + t·d − pad = (y, x)`; each reading group's sum apart, added in group order;
-/// with `relu`, 0 where `x_in` is at most zero (ReLU's gradient). One thread per input.
+/// with `relu`, 0 where `x_in` is at most zero (ReLU's gradient). One thread per input. The
+/// strides `sh`, `sw` are comptime: the taps' divisions by them are then shifts or nothing.
 #[cube(launch)]
 // `is_multiple_of` is not a CubeCL operation: the kernel tests divisibility with `%`.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
@@ -189,11 +189,13 @@ fn x_backward_kernel(
     s: Sizes,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
+    #[comptime] sh: u32,
+    #[comptime] sw: u32,
     #[comptime] relu: bool,
     #[comptime] strided: bool,
 ) {
     let (ci, h, w, co, oh, ow) = (s.ci, s.h, s.w, s.co, s.oh, s.ow);
-    let (cig, cog, sh, sw, ph, pw, dh, dw) = (s.cig, s.cog, s.sh, s.sw, s.ph, s.pw, s.dh, s.dw);
+    let (cig, cog, ph, pw, dh, dw) = (s.cig, s.cog, s.ph, s.pw, s.dh, s.dw);
     let (sources, per, inner) = (s.sources, s.per, s.inner);
     let i = ABSOLUTE_POS as u32;
     if i < total {
@@ -208,6 +210,7 @@ fn x_backward_kernel(
         let (yp, xp) = (y + ph, x + pw);
         // The groups that read this input group, each's sum apart and then added in order.
         let readers = (co / cog) / (sources * inner);
+        let (w_out, w_in, w_row, w_column) = weight_steps(wt);
         let mut total = 0.0f32;
         let mut r = 0u32;
         while r < readers {
@@ -215,9 +218,9 @@ fn x_backward_kernel(
             let mut acc = 0.0f32;
             let mut o = reader * cog;
             let end = o + cog;
+            let mut plane = (b * co + o) * oh;
+            let mut taps = o * w_out + cc * w_in;
             while o < end {
-                let plane = (b * co + o) * oh;
-                let taps = o * wt.stride(0) as u32 + cc * wt.stride(1) as u32;
                 #[unroll]
                 for ki in 0..kh {
                     let reach = ki * dh;
@@ -225,6 +228,7 @@ fn x_backward_kernel(
                         let ty = yp - reach;
                         if ty % sh == 0 && ty / sh < oh {
                             let row = (plane + ty / sh) * ow;
+                            let w_at = taps + ki * w_row;
                             #[unroll]
                             for kj in 0..kw {
                                 let across = kj * dw;
@@ -232,13 +236,15 @@ fn x_backward_kernel(
                                     let tx = xp - across;
                                     if tx % sw == 0 && tx / sw < ow {
                                         let g = grad[(row + tx / sw) as usize];
-                                        acc += wt[tap(wt, taps, ki, kj)] * g;
+                                        acc += wt[(w_at + kj * w_column) as usize] * g;
                                     }
                                 }
                             }
                         }
                     }
                 }
+                plane += oh;
+                taps += w_out;
                 o += 1;
             }
             total = select(r == 0, acc, total + acc);
@@ -246,7 +252,8 @@ fn x_backward_kernel(
         }
         if relu {
             // ReLU's gradient: blocked where the input was at most zero.
-            let v = x_in[input_at(x_in, b, c, y, x, ci, h, w, strided)];
+            let (image, channel, row_step, column) = steps(x_in, ci, h, w, strided);
+            let v = x_in[(b * image + c * channel + y * row_step + x * column) as usize];
             total = select(at_most_zero(v), 0.0, total);
         }
         out[i as usize] = total;
@@ -288,20 +295,35 @@ fn weight_kernel(
         let c = input_group(o / cog, sources, per, inner) * cig + cc;
         let (reach, across) = (ki * dh, kj * dw);
         let count = n * oh * ow;
-        let mut sum = 0.0f32;
+        let (image, channel, row_step, column) = steps(x, ci, h, w, strided);
+        let (x_plane, g_plane, g_image) = (c * channel, o * oh * ow, co * oh * ow);
+        // Product `j` is output `(b, qy, qx)`; a unit's next one is `CUBE_DIM_X` further on,
+        // stepped digit by digit with carries instead of divided out again.
         let mut j = UNIT_POS_X;
+        let mut qx = j % ow;
+        let mut qy = (j / ow) % oh;
+        let mut b = j / (ow * oh);
+        let (dx, dy, db) = (CUBE_DIM_X % ow, (CUBE_DIM_X / ow) % oh, CUBE_DIM_X / (ow * oh));
+        let mut sum = 0.0f32;
         while j < count {
-            let qx = j % ow;
-            let rest = j / ow;
-            let qy = rest % oh;
-            let b = rest / oh;
             let (y, xx) = (qy * sh + reach, qx * sw + across);
             if y >= ph && y < h + ph && xx >= pw && xx < w + pw {
-                let g = grad[(((b * co + o) * oh + qy) * ow + qx) as usize];
-                let v = relu_of(x[input_at(x, b, c, y - ph, xx - pw, ci, h, w, strided)], relu);
-                sum += g * v;
+                let g = grad[(b * g_image + g_plane + qy * ow + qx) as usize];
+                let at = b * image + x_plane + (y - ph) * row_step + (xx - pw) * column;
+                sum += g * relu_of(x[at as usize], relu);
             }
             j += CUBE_DIM_X;
+            qx += dx;
+            if qx >= ow {
+                qx -= ow;
+                qy += 1;
+            }
+            qy += dy;
+            if qy >= oh {
+                qy -= oh;
+                b += 1;
+            }
+            b += db;
         }
         let total = cube_sum(&mut shared, sum);
         if UNIT_POS_X == 0 {
