@@ -92,6 +92,9 @@ enum Case {
     ChannelsLast,
     /// The same, per channel along axis 1 (strided rows).
     ChannelsLastPerChannel,
+    /// A contiguous activation `[4, 8, 40, 40]` per channel along axis 1 (each row a run of
+    /// 1 600 values in each of four images; two chunks a row).
+    InnerPerChannel,
     /// A contiguous activation with more chunks per row than a cube has threads.
     Long,
     /// A contiguous activation with more chunks than the observer's second stage quantizes
@@ -100,13 +103,21 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 5] =
-        [Case::Weight, Case::Short, Case::ChannelsLast, Case::ChannelsLastPerChannel, Case::Long];
+    const ALL: [Case; 6] = [
+        Case::Weight,
+        Case::Short,
+        Case::ChannelsLast,
+        Case::ChannelsLastPerChannel,
+        Case::InnerPerChannel,
+        Case::Long,
+    ];
 
     fn granularity(self) -> Granularity {
         match self {
             Case::Weight => Granularity::PerChannel { axis: 0 },
-            Case::ChannelsLastPerChannel => Granularity::PerChannel { axis: 1 },
+            Case::ChannelsLastPerChannel | Case::InnerPerChannel => {
+                Granularity::PerChannel { axis: 1 }
+            }
             _ => Granularity::PerTensor,
         }
     }
@@ -114,7 +125,7 @@ impl Case {
     fn channels(self) -> usize {
         match self {
             Case::Weight => 16,
-            Case::ChannelsLastPerChannel => 8,
+            Case::ChannelsLastPerChannel | Case::InnerPerChannel => 8,
             _ => 1,
         }
     }
@@ -152,6 +163,7 @@ impl Case {
             Case::Weight => [16, 8, 3, 3],
             Case::Short => [2, 3, 5, 7],
             Case::ChannelsLast | Case::ChannelsLastPerChannel => [4, 24, 24, 8],
+            Case::InnerPerChannel => [4, 8, 40, 40],
             Case::Long => [8, 16, 96, 96],
             Case::Huge => [17, 16, 128, 128],
         }

@@ -6,9 +6,7 @@ use cubecl::prelude::*;
 
 use super::super::{ConvGeom, DirectConvBackend};
 use super::{OP, Sizes, forward_kernel, weight_kernel, x_backward_kernel};
-use crate::support::cube::{
-    elementwise, empty_shaped, f32_contiguous, f32_strided, reduce_units,
-};
+use crate::support::cube::{elementwise, empty_shaped, f32_contiguous, f32_strided, reduce_units};
 
 fn dims4(t: &CubeTensor, what: &str) -> [usize; 4] {
     let d = t.meta.shape();

@@ -87,7 +87,13 @@ fn relu_of(v: f32, #[comptime] relu: bool) -> f32 {
 /// with `strided`, else a contiguous layout's. The kernels add them up as they go rather than
 /// multiplying out every index.
 #[cube]
-fn steps(x: &Tensor<f32>, ci: u32, h: u32, w: u32, #[comptime] strided: bool) -> (u32, u32, u32, u32) {
+fn steps(
+    x: &Tensor<f32>,
+    ci: u32,
+    h: u32,
+    w: u32,
+    #[comptime] strided: bool,
+) -> (u32, u32, u32, u32) {
     let mut image = ci * h * w;
     let mut channel = h * w;
     let mut row = w;

@@ -24,7 +24,8 @@ pub(super) struct Plan {
     pub(super) row_len: usize,
     pub(super) chunks: usize,
     pub(super) axis: u32,
-    pub(super) linear: bool,
+    /// [`LINEAR`], [`BLOCKED`] or [`STRIDED`].
+    pub(super) layout: u32,
     pub(super) rule: u32,
     pub(super) rate: f32,
     pub(super) threshold_grid: bool,
@@ -51,7 +52,11 @@ impl Plan {
         for s in [&a, &b] {
             assert_eq!(s.meta.num_elements(), rows, "{OP}: state of {rows} channels");
         }
-        let linear = x.is_contiguous() && (axis == 0 || rows == 1);
+        let layout = match (x.is_contiguous(), axis == 0 || rows == 1) {
+            (true, true) => LINEAR,
+            (true, false) => BLOCKED,
+            (false, _) => STRIDED,
+        };
         let (rule, rate) = match rule {
             Rule::AbsMax => (ABS_MAX, 0.0),
             Rule::MovingAverageAbsMax { rate } => (MOVING_ABS_MAX, rate),
@@ -83,7 +88,7 @@ impl Plan {
                 parts.clone().into_buffer_arg(),
                 row_len as u32,
                 axis,
-                linear,
+                layout,
                 CHUNK as u32,
                 units as usize,
             );
@@ -100,7 +105,7 @@ impl Plan {
             row_len,
             chunks,
             axis,
-            linear,
+            layout,
             rule,
             rate,
             threshold_grid,
@@ -256,7 +261,7 @@ fn launch(
         layout.is_some(),
         masked,
         p.chunks > 1 && p.rule != STORED,
-        p.linear,
+        p.layout,
         p.rule,
         p.threshold_grid,
         p.symmetric,

@@ -39,7 +39,7 @@ pub(super) fn observe_many_kernel(
     min_scale: f32,
     fq_min: f32,
     fq_max: f32,
-    #[comptime] linear: u32,
+    #[comptime] layouts: u32,
     #[comptime] rule: u32,
     #[comptime] threshold_grid: bool,
     #[comptime] symmetric: bool,
@@ -55,13 +55,13 @@ pub(super) fn observe_many_kernel(
     if rule != STORED {
         #[unroll]
         for t in 0..count {
-            let is_linear = comptime!((linear >> t) & 1 == 1);
+            let layout = comptime!((layouts >> (2 * t)) & 3);
             let x = &xs[t];
             if r >= rows[t] && r < rows[t + 1] {
                 let (row, row_len) = (r - rows[t], row_lens[t]);
                 let mut j = UNIT_POS_X;
                 while j < row_len {
-                    let v = x[row_at(x, row, j, row_len, axis, is_linear, false)];
+                    let v = x[row_at(x, row, j, row_len, axis, layout, false)];
                     lo = least(lo, v);
                     hi = most(hi, v);
                     j += CUBE_DIM_X;
@@ -80,7 +80,7 @@ pub(super) fn observe_many_kernel(
     }
     #[unroll]
     for t in 0..count {
-        let is_linear = comptime!((linear >> t) & 1 == 1);
+        let layout = comptime!((layouts >> (2 * t)) & 3);
         let x = &xs[t];
         if r >= rows[t] && r < rows[t + 1] {
             let (row, row_len) = (r - rows[t], row_lens[t]);
@@ -112,8 +112,8 @@ pub(super) fn observe_many_kernel(
             let base = outs[t];
             let mut j = UNIT_POS_X;
             while j < row_len {
-                let v = x[row_at(x, row, j, row_len, axis, is_linear, false)];
-                out[base + row_at(x, row, j, row_len, axis, is_linear, true)] =
+                let v = x[row_at(x, row, j, row_len, axis, layout, false)];
+                out[base + row_at(x, row, j, row_len, axis, layout, true)] =
                     fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
                 j += CUBE_DIM_X;
             }
@@ -177,7 +177,7 @@ impl ManyBackend for CubeBackend {
             rows.push(total);
             row_lens.push(p.row_len as u32);
         }
-        let linear = plans.iter().enumerate().fold(0u32, |l, (t, p)| l | u32::from(p.linear) << t);
+        let layouts = plans.iter().enumerate().fold(0u32, |l, (t, p)| l | p.layout << (2 * t));
         let state_shapes: Vec<Vec<usize>> = plans.iter().map(|p| vec![p.rows]).collect();
         let states: [Packing; 6] = std::array::from_fn(|_| packed(&first.x, state_shapes.clone()));
         let fq = packed(&first.x, plans.iter().map(|p| p.x.meta.shape().to_vec()).collect());
@@ -214,7 +214,7 @@ impl ManyBackend for CubeBackend {
             MIN_SCALE,
             qmin as f32,
             qmax as f32,
-            linear,
+            layouts,
             first.rule,
             first.threshold_grid,
             first.symmetric,

@@ -39,11 +39,19 @@ fn most(a: f32, b: f32) -> f32 {
     select(!f32::is_nan(a) && (f32::is_nan(b) || b > a), b, a)
 }
 
+/// How a kernel finds a row's elements ([`row_at`]): `x` contiguous with its rows runs of
+/// `row_len` (the leading axis, or one row), contiguous with its rows along an inner axis, or
+/// through its strides.
+pub(super) const LINEAR: u32 = 0;
+pub(super) const BLOCKED: u32 = 1;
+pub(super) const STRIDED: u32 = 2;
+
 /// The buffer offset of element `j` of row `row` of `x`: the row is index `row` along `axis`
 /// (the whole tensor when `axis` is the rank), its elements the other indices in row-major
-/// order; `linear`: `x` is contiguous and its rows are runs of `row_len`. With `packed`, the
+/// order, found as `layout` says ([`LINEAR`], [`BLOCKED`], [`STRIDED`]). With `packed`, the
 /// offset of that element in a contiguous tensor of `x`'s shape instead (where an output is
-/// written). In 32 bits (`f32_strided` checks the tensor).
+/// written; the same offset unless `x` is strided). In 32 bits (`f32_strided` checks the
+/// tensor).
 #[cube]
 fn row_at(
     x: &Tensor<f32>,
@@ -51,11 +59,17 @@ fn row_at(
     j: u32,
     row_len: u32,
     axis: u32,
-    #[comptime] linear: bool,
+    #[comptime] layout: u32,
     #[comptime] packed: bool,
 ) -> usize {
     let mut at = row * row_len + j;
-    if !linear {
+    if layout == BLOCKED {
+        // Element `j` is `(outer, inner)` with `inner` in a run of `stride(axis)` values: the
+        // run of its row sits `row` runs into the outer index's `rows` runs.
+        let run = x.stride(axis as usize) as u32;
+        let outer = j / run;
+        at = j + (outer * (x.shape(axis as usize) as u32 - 1) + row) * run;
+    } else if layout == STRIDED {
         at = 0u32;
         let mut rest = j;
         let mut packed_stride = 1u32;
@@ -112,7 +126,7 @@ fn span_extrema(
     end: u32,
     row_len: u32,
     axis: u32,
-    #[comptime] linear: bool,
+    #[comptime] layout: u32,
     #[comptime] units: usize,
 ) -> (f32, f32) {
     let mut los = Shared::<[f32]>::new_slice(units);
@@ -121,7 +135,7 @@ fn span_extrema(
     let mut hi = f32::reinterpret(NEGATIVE_INFINITY);
     let mut j = start + UNIT_POS_X;
     while j < end {
-        let v = x[row_at(x, row, j, row_len, axis, linear, false)];
+        let v = x[row_at(x, row, j, row_len, axis, layout, false)];
         lo = least(lo, v);
         hi = most(hi, v);
         j += CUBE_DIM_X;
@@ -137,14 +151,14 @@ fn chunk_extrema_kernel(
     parts: &mut [f32],
     row_len: u32,
     axis: u32,
-    #[comptime] linear: bool,
+    #[comptime] layout: u32,
     #[comptime] chunk: u32,
     #[comptime] units: usize,
 ) {
     let (p, r) = (CUBE_POS_X, CUBE_POS_Y);
     let start = p * chunk;
     let end = u32::min(start + chunk, row_len);
-    let (lo, hi) = span_extrema(x, r, start, end, row_len, axis, linear, units);
+    let (lo, hi) = span_extrema(x, r, start, end, row_len, axis, layout, units);
     if UNIT_POS_X == 0 {
         let at = ((r * CUBE_COUNT_X + p) * 2) as usize;
         parts[at] = lo;
@@ -164,7 +178,7 @@ fn row_extrema(
     axis: u32,
     n_parts: u32,
     #[comptime] from_parts: bool,
-    #[comptime] linear: bool,
+    #[comptime] layout: u32,
     #[comptime] units: usize,
 ) -> (f32, f32) {
     let mut m = 0.0f32;
@@ -185,7 +199,7 @@ fn row_extrema(
         m = l;
         big_m = h;
     } else {
-        let (l, h) = span_extrema(x, r, 0, row_len, row_len, axis, linear, units);
+        let (l, h) = span_extrema(x, r, 0, row_len, row_len, axis, layout, units);
         m = l;
         big_m = h;
     }
@@ -305,7 +319,7 @@ fn observe_kernel(
     #[comptime] quantize: bool,
     #[comptime] masked: bool,
     #[comptime] from_parts: bool,
-    #[comptime] linear: bool,
+    #[comptime] layout: u32,
     #[comptime] rule: u32,
     #[comptime] threshold_grid: bool,
     #[comptime] symmetric: bool,
@@ -316,7 +330,7 @@ fn observe_kernel(
     let mut m = 0.0f32;
     let mut big_m = 0.0f32;
     if rule != STORED {
-        let (l, h) = row_extrema(x, parts, r, row_len, axis, n_parts, from_parts, linear, units);
+        let (l, h) = row_extrema(x, parts, r, row_len, axis, n_parts, from_parts, layout, units);
         m = l;
         big_m = h;
     }
@@ -357,8 +371,8 @@ fn observe_kernel(
                 let j = base + UNIT_POS_X;
                 let mut clip = false;
                 if j < end {
-                    let v = x[row_at(x, r, j, row_len, axis, linear, false)];
-                    out[row_at(x, r, j, row_len, axis, linear, true)] =
+                    let v = x[row_at(x, r, j, row_len, axis, layout, false)];
+                    out[row_at(x, r, j, row_len, axis, layout, true)] =
                         fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
                     clip = clipped(v, mult, zp, fq_min, fq_max, ties_away);
                 }
@@ -368,8 +382,8 @@ fn observe_kernel(
         } else {
             let mut j = start + UNIT_POS_X;
             while j < end {
-                let v = x[row_at(x, r, j, row_len, axis, linear, false)];
-                out[row_at(x, r, j, row_len, axis, linear, true)] =
+                let v = x[row_at(x, r, j, row_len, axis, layout, false)];
+                out[row_at(x, r, j, row_len, axis, layout, true)] =
                     fake_quantized(v, mult, step, zp, fq_min, fq_max, ties_away);
                 j += CUBE_DIM_X;
             }
