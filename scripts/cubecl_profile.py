@@ -16,10 +16,13 @@ name, the launches, total time, share of all kernel time, mean and largest launc
 cubes runs one thread per output). Kernel time is GPU time as CubeCL measures it (with the
 logger on, launches are timed one by one); the host time between kernels is not in it.
 
-usage: cubecl_profile.py LOG [--top N] [--csv FILE] [--steps N [--drop-first K]]
+usage: cubecl_profile.py LOG [--top N] [--csv FILE] [--steps N [--drop-first K] | --last N]
   --steps N: also print each kernel's time per step, the log covering N steps.
   --drop-first K: leave out the first K of those steps (a warm-up, whose first launches of
       each kernel may include its compilation): the first K/N of the launches.
+  --last N: only the log's last N launches: the last step's, where the run ends with that step
+      and N is its launches (`bench search --reps 1` prints them; setup launches before the
+      warm-up make a fraction of the log miss the step).
 """
 
 import argparse
@@ -95,6 +98,7 @@ def main():
     ap.add_argument("--csv")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--drop-first", type=int, default=0)
+    ap.add_argument("--last", type=int)
     args = ap.parse_args()
     if args.top < 1:
         ap.error("--top must be at least 1")
@@ -102,11 +106,17 @@ def main():
         ap.error("--steps must be at least 1")
     if args.drop_first and (args.steps is None or not 0 < args.drop_first < args.steps):
         ap.error("--drop-first K needs --steps N with 0 < K < N")
+    if args.last is not None and (args.last < 1 or args.steps is not None):
+        ap.error("--last N needs N of at least 1, and no --steps")
     try:
         with open(args.log, encoding="utf-8", errors="replace") as f:
             launches = list(parse(f))
     except OSError as e:
         sys.exit(f"cubecl_profile.py: {args.log}: {e.strerror}")
+    if args.last:
+        if len(launches) < args.last:
+            sys.exit(f"cubecl_profile.py: {args.log}: {len(launches)} launches, fewer than --last {args.last}")
+        launches = launches[-args.last:]
     if args.drop_first:
         launches = launches[len(launches) * args.drop_first // args.steps:]
         args.steps -= args.drop_first

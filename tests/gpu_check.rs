@@ -156,7 +156,7 @@ fn a_dry_run_with_kernels_profiles_a_float_and_a_tensorrt_step_in_folders_of_the
 /// CubeCount {count:?}`, the kernel id's Display spanning lines; `logging/profiling.rs` for the
 /// summary tables, whose name cells span lines too): launches summed per kernel, the summaries
 /// (which repeat them) and unmeasured launches left out, `--drop-first` dropping the first
-/// steps' launches. Skipped without python3.
+/// steps' launches and `--last` keeping the last launches. Skipped without python3.
 #[test]
 fn the_kernel_profile_sums_launches_per_kernel_and_skips_the_summaries() {
     if Command::new("python3").arg("--version").output().is_err() {
@@ -215,6 +215,18 @@ fn the_kernel_profile_sums_launches_per_kernel_and_skips_the_summaries() {
     let o = profile(&["--drop-first", "1"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--drop-first K needs --steps N"), "{}", text(&o));
+
+    // The last two launches (the unmeasured one is not a launch it counts).
+    let o = profile(&["--last", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.starts_with("2 launches of 2 kernels, 1000.3 ms of kernel time"), "{out}");
+    let o = profile(&["--last", "5"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("4 launches, fewer than --last 5"), "{}", text(&o));
+    let o = profile(&["--last", "2", "--steps", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--last N needs N of at least 1, and no --steps"), "{}", text(&o));
 
     std::fs::write(&log, "no timings here\n").expect("log");
     let o = profile(&[]);
