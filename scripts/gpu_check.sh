@@ -26,16 +26,17 @@
 #   --kernels: also profile the CubeCL backends' kernels (cuda, wgpu): one default-shape
 #        step (first order, float, then tensorrt) after one warm-up, every kernel timed by
 #        CubeCL's profiling logger; scripts/cubecl_profile.py sums the timed step's launches
-#        per kernel into <backend>-<quant>-kernels.txt (the whole log's if the step did not
-#        finish).
+#        (the log's last, as many as the bench counts) per kernel into
+#        <backend>-<quant>-kernels.txt (the whole log's if the step did not finish).
 #   --adaptive: also time cuda and wgpu with CubeCL's default memory pools (`--memory-pools
 #        adaptive`: less memory, more host time than the binary's exclusive pages), as rows
 #        of their own in every round.
 #   --quant Q: time one quantization preset only (float or tensorrt), both orders, on every
 #        side (PyTorch's cases too): a shorter check.
 #   --waves: also time cuda and wgpu with the supernet's cells in waves (`bench search
-#        --batched-cells`, the batched cell: float only), as rows of their own in every round,
-#        and check them against the float parity fixtures (`parity --batched-cells`).
+#        --batched-cells`, the batched cell: float and tensorrt, or --quant's), as rows of
+#        their own in every round, check them against the float parity fixtures (`parity
+#        --batched-cells`), and with --kernels profile the steps in waves too.
 #   --dry-run: print the commands, run none.
 #
 # Per backend it runs: the golden-vector and kernel tests (the carried test executables, all
@@ -285,26 +286,35 @@ for b in "${list[@]}"; do
       ${limit:+--set "data.limit=$limit"} --set "record.results_dir=\"$out/runs-$b\"" || failed=1
   fi
   if [ "$kernels" = 1 ] && [ "$b" != tch ]; then
+    forms=("")
+    [ "$waves" = 1 ] && forms+=(-waves)
     for q in float tensorrt; do
-      # CubeCL reads cubecl.toml from the working directory: a folder of its own holds one
-      # that turns the profiling logger on, and the step runs there (every path absolute).
-      kdir="$out/kernels-$b-$q" klog="$out/kernels-$b-$q.log"
-      if [ "$dry" = 0 ]; then
-        mkdir -p "$kdir" && kdir="$(cd "$kdir" && pwd)" && klog="$kdir.log"
-        printf '[profiling.logger]\nlevel = "full"\nappend = false\nfile = "%s"\n' "$klog" \
-          > "$kdir/cubecl.toml"
-      fi
-      kexe="$exe"
-      [ "$dry" = 1 ] || kexe="$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")"
-      steps=(--steps 2 --drop-first 1)
-      run "$b-$q-kernels" env -C "$kdir" "$kexe" "${dev[@]}" bench search --shape default \
-        --order first --quant "$q" --reps 1 --warmup 1 || { failed=1; steps=(); }
-      # A step stopped by --step-timeout still leaves the launches it timed: summed, without
-      # a per-step column.
-      if [ "$dry" = 0 ] && [ -s "$klog" ]; then
-        "$python" scripts/cubecl_profile.py "$klog" "${steps[@]}" \
-          --csv "$out/kernels-$b-$q.csv" > "$out/$b-$q-kernels.txt" 2>&1 || failed=1
-      fi
+      for form in "${forms[@]}"; do
+        # CubeCL reads cubecl.toml from the working directory: a folder of its own holds one
+        # that turns the profiling logger on, and the step runs there (every path absolute).
+        name="$b$form-$q-kernels"
+        kdir="$out/kernels-$b$form-$q" klog="$out/kernels-$b$form-$q.log"
+        if [ "$dry" = 0 ]; then
+          mkdir -p "$kdir" && kdir="$(cd "$kdir" && pwd)" && klog="$kdir.log"
+          printf '[profiling.logger]\nlevel = "full"\nappend = false\nfile = "%s"\n' "$klog" \
+            > "$kdir/cubecl.toml"
+        fi
+        kexe="$exe"
+        [ "$dry" = 1 ] || kexe="$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")"
+        cells=()
+        [ -n "$form" ] && cells=(--batched-cells)
+        run "$name" env -C "$kdir" "$kexe" "${dev[@]}" bench search --shape default \
+          --order first --quant "$q" "${cells[@]}" --reps 1 --warmup 1 || failed=1
+        # The timed step is the log's last launches, as many as the bench's launches column
+        # counts; a step stopped by --step-timeout still leaves the launches it timed: summed.
+        if [ "$dry" = 0 ] && [ -s "$klog" ]; then
+          launches="$(tail -1 "$out/$name.log" | awk '{print $NF}')"
+          steps=()
+          [[ "$launches" =~ ^[1-9][0-9]*$ ]] && steps=(--last "$launches")
+          "$python" scripts/cubecl_profile.py "$klog" "${steps[@]}" \
+            --csv "$out/kernels-$b$form-$q.csv" > "$out/$name.txt" 2>&1 || failed=1
+        fi
+      done
     done
   fi
   if wanted quant; then
@@ -350,7 +360,7 @@ for r in $(seq 1 "$rounds"); do
       eval "cmd=(${line#* })"
       cases=()
       [ -n "$quant" ] && cases=(--quant "$quant")
-      [[ "$b" == *-waves ]] && cases=(--quant float --batched-cells)
+      [[ "$b" == *-waves ]] && cases+=(--batched-cells)
       echo "== round $r: $b" >&2
       run "$b-step-r$r" "${cmd[@]}" bench search --shape darts "${shape[@]}" --reps "$reps" \
         "${cases[@]}" --csv "$out/step-$b-r$r.csv" || failed=1

@@ -151,6 +151,65 @@ fn a_dry_run_with_kernels_profiles_a_float_and_a_tensorrt_step_in_folders_of_the
     }
 }
 
+/// With `--waves`, the batched cell is timed in every case the check times (tensorrt too) and,
+/// with `--kernels`, profiled beside the cells edge by edge.
+#[test]
+fn a_dry_run_with_waves_times_and_profiles_the_cells_in_waves_too() {
+    let t = dry_run(
+        "waves",
+        &[
+            "--waves",
+            "--kernels",
+            "--backends",
+            "wgpu",
+            "--rounds",
+            "1",
+            "--skip",
+            "tests,parity,search,quant,torch",
+        ],
+    );
+    let timed: Vec<&str> =
+        t.lines().map(str::trim_end).filter(|l| l.contains("bench search --shape darts")).collect();
+    assert_eq!(timed.len(), 2, "{t}");
+    assert!(!timed[0].contains("--batched-cells"), "{}", timed[0]);
+    assert!(timed[1].contains("--batched-cells"), "{}", timed[1]);
+    assert!(!timed[1].contains("--quant"), "every case the check times: {}", timed[1]);
+    let profiled: Vec<&str> = t
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| l.contains("bench search --shape default"))
+        .collect();
+    assert_eq!(profiled.len(), 4, "{t}");
+    for (p, (form, quant)) in profiled.iter().zip([
+        ("wgpu", "float"),
+        ("wgpu-waves", "float"),
+        ("wgpu", "tensorrt"),
+        ("wgpu-waves", "tensorrt"),
+    ]) {
+        let folder = format!("env -C /tmp/qdarts-gpu-check-waves/kernels-{form}-{quant} ");
+        assert!(p.starts_with(&folder), "{p}");
+        assert_eq!(p.contains("--batched-cells"), form.ends_with("waves"), "{p}");
+    }
+    let t = dry_run(
+        "waves-q",
+        &[
+            "--waves",
+            "--quant",
+            "tensorrt",
+            "--backends",
+            "wgpu",
+            "--rounds",
+            "1",
+            "--skip",
+            "tests,parity,search,quant,torch",
+        ],
+    );
+    let timed: Vec<&str> =
+        t.lines().map(str::trim_end).filter(|l| l.contains("bench search --shape darts")).collect();
+    assert_eq!(timed.len(), 2, "{t}");
+    assert!(timed[1].contains("--quant tensorrt --batched-cells"), "{}", timed[1]);
+}
+
 /// `scripts/cubecl_profile.py` on a log written in CubeCL 0.11's formats at the "full" level
 /// (cubecl-runtime's `logging/server.rs` per launch: `| {duration:<10?} | {name}: {id}
 /// CubeCount {count:?}`, the kernel id's Display spanning lines; `logging/profiling.rs` for the
