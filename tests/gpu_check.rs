@@ -155,58 +155,34 @@ fn a_dry_run_with_kernels_profiles_a_float_and_a_tensorrt_step_in_folders_of_the
 /// with `--kernels`, profiled beside the cells edge by edge.
 #[test]
 fn a_dry_run_with_waves_times_and_profiles_the_cells_in_waves_too() {
-    let t = dry_run(
-        "waves",
-        &[
-            "--waves",
-            "--kernels",
-            "--backends",
-            "wgpu",
-            "--rounds",
-            "1",
-            "--skip",
-            "tests,parity,search,quant,torch",
-        ],
-    );
-    let timed: Vec<&str> =
-        t.lines().map(str::trim_end).filter(|l| l.contains("bench search --shape darts")).collect();
-    assert_eq!(timed.len(), 2, "{t}");
+    // A dry run of the waves on wgpu, one round, only the step and the profile: the printed
+    // commands that contain `what`.
+    let commands = |tag: &str, extra: &[&str], what: &str| -> Vec<String> {
+        let mut args = vec!["--waves", "--backends", "wgpu", "--rounds", "1"];
+        args.extend_from_slice(&["--skip", "tests,parity,search,quant,torch"]);
+        args.extend_from_slice(extra);
+        let t = dry_run(tag, &args);
+        t.lines().map(str::trim_end).filter(|l| l.contains(what)).map(str::to_string).collect()
+    };
+    let timed = commands("waves", &[], "bench search --shape darts");
+    assert_eq!(timed.len(), 2, "{timed:?}");
     assert!(!timed[0].contains("--batched-cells"), "{}", timed[0]);
     assert!(timed[1].contains("--batched-cells"), "{}", timed[1]);
     assert!(!timed[1].contains("--quant"), "every case the check times: {}", timed[1]);
-    let profiled: Vec<&str> = t
-        .lines()
-        .map(str::trim_end)
-        .filter(|l| l.contains("bench search --shape default"))
-        .collect();
-    assert_eq!(profiled.len(), 4, "{t}");
+    let profiled = commands("waves-k", &["--kernels"], "bench search --shape default");
+    assert_eq!(profiled.len(), 4, "{profiled:?}");
     for (p, (form, quant)) in profiled.iter().zip([
         ("wgpu", "float"),
         ("wgpu-waves", "float"),
         ("wgpu", "tensorrt"),
         ("wgpu-waves", "tensorrt"),
     ]) {
-        let folder = format!("env -C /tmp/qdarts-gpu-check-waves/kernels-{form}-{quant} ");
+        let folder = format!("env -C /tmp/qdarts-gpu-check-waves-k/kernels-{form}-{quant} ");
         assert!(p.starts_with(&folder), "{p}");
         assert_eq!(p.contains("--batched-cells"), form.ends_with("waves"), "{p}");
     }
-    let t = dry_run(
-        "waves-q",
-        &[
-            "--waves",
-            "--quant",
-            "tensorrt",
-            "--backends",
-            "wgpu",
-            "--rounds",
-            "1",
-            "--skip",
-            "tests,parity,search,quant,torch",
-        ],
-    );
-    let timed: Vec<&str> =
-        t.lines().map(str::trim_end).filter(|l| l.contains("bench search --shape darts")).collect();
-    assert_eq!(timed.len(), 2, "{t}");
+    let timed = commands("waves-q", &["--quant", "tensorrt"], "bench search --shape darts");
+    assert_eq!(timed.len(), 2, "{timed:?}");
     assert!(timed[1].contains("--quant tensorrt --batched-cells"), "{}", timed[1]);
 }
 
