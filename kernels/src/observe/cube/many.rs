@@ -8,6 +8,42 @@ use crate::cat::taken;
 use crate::observe::ManyBackend;
 use crate::support::cube::{Packing, packed};
 
+/// Each unit's extrema over its stride of row `r`'s elements, in the tensor of `xs` that
+/// holds the row (`(+∞, −∞)` with a stored state, which reads none).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn own_row_extrema(
+    xs: &Sequence<OwnedTensor<f32>>,
+    rows: &Sequence<u32>,
+    row_lens: &Sequence<u32>,
+    r: u32,
+    axis: u32,
+    #[comptime] layouts: u32,
+    #[comptime] rule: u32,
+) -> (f32, f32) {
+    let mut lo = f32::reinterpret(POSITIVE_INFINITY);
+    let mut hi = f32::reinterpret(NEGATIVE_INFINITY);
+    if rule != STORED {
+        let count = comptime!(xs.len());
+        #[unroll]
+        for t in 0..count {
+            let layout = comptime!((layouts >> (2 * t)) & 3);
+            let x = &xs[t];
+            if r >= rows[t] && r < rows[t + 1] {
+                let (row, row_len) = (r - rows[t], row_lens[t]);
+                let mut j = UNIT_POS_X;
+                while j < row_len {
+                    let v = x[row_at(x, row, j, row_len, axis, layout, false)];
+                    lo = least(lo, v);
+                    hi = most(hi, v);
+                    j += CUBE_DIM_X;
+                }
+            }
+        }
+    }
+    (lo, hi)
+}
+
 /// [`observe_kernel`](super::observe_kernel)'s one-chunk rows with the fake quantization,
 /// over the tensors `xs`: cube `r` is row `r − rows[t]` of tensor `t` for `rows[t] ≤ r <
 /// rows[t + 1]`, with state `as_[t]`, `bs[t]`; its state, threshold and grid are written to
@@ -50,25 +86,7 @@ pub(super) fn observe_many_kernel(
     let count = comptime!(xs.len());
     // The cube's row lies in one tensor: each unit's extrema over that row's elements, then
     // one tree over the cube (every unit reaches its barriers).
-    let mut lo = f32::reinterpret(POSITIVE_INFINITY);
-    let mut hi = f32::reinterpret(NEGATIVE_INFINITY);
-    if rule != STORED {
-        #[unroll]
-        for t in 0..count {
-            let layout = comptime!((layouts >> (2 * t)) & 3);
-            let x = &xs[t];
-            if r >= rows[t] && r < rows[t + 1] {
-                let (row, row_len) = (r - rows[t], row_lens[t]);
-                let mut j = UNIT_POS_X;
-                while j < row_len {
-                    let v = x[row_at(x, row, j, row_len, axis, layout, false)];
-                    lo = least(lo, v);
-                    hi = most(hi, v);
-                    j += CUBE_DIM_X;
-                }
-            }
-        }
-    }
+    let (lo, hi) = own_row_extrema(xs, &rows, &row_lens, r, axis, layouts, rule);
     let mut m = 0.0f32;
     let mut big_m = 0.0f32;
     if rule != STORED {
