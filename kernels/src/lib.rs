@@ -21,6 +21,9 @@
 //! - [`split`]: a tensor cut into consecutive parts whose backward is one concatenation,
 //!   where Burn's narrows each fill, write and add a whole-size gradient (flex and the CubeCL
 //!   runtimes).
+//! - [`mix`]: coefficients times blocks of columns side by side (a wave's node sums), one
+//!   launch forward and two backward, without laying the blocks side by side (the CubeCL
+//!   runtimes).
 //! - [`scale`]: a mixed op's `w_i · op_i(x)` and its running sum `acc + w_i · op_i(x)` in one
 //!   launch, with the gradient of `w_i` summed by whole cubes (the CubeCL runtimes).
 //! - [`optim`]: the SGD update and a gradient's squared sum, one kernel each (the CubeCL
@@ -60,6 +63,7 @@ pub mod grad_mask;
 pub mod hold;
 pub mod launches;
 pub mod memory;
+pub mod mix;
 pub mod observe;
 pub mod optim;
 pub mod pick;

@@ -18,7 +18,9 @@
 //!   product: the coefficients `[fed, columns]` (each edge's weight where it feeds the node,
 //!   zero elsewhere; picked from the cell's `[edges · K]` mixing weights in one gather) times
 //!   every candidate's output laid side by side, `[N, columns, C·H'·W']` (a stacked kind's
-//!   column per edge, a parameter-free kind's per source).
+//!   column per edge, a parameter-free kind's per source); on the CubeCL runtimes one launch
+//!   each way that reads the outputs where they lie ([`qdarts_kernels::mix`]), elsewhere their
+//!   concatenation and a matmul.
 //!
 //! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
 //! node's terms are one dot product over the wave's columns rather than added edge by edge); `tests/batched.rs` holds the two
@@ -312,13 +314,9 @@ impl WaveOps {
         self.quantize_zeros(edges, &flat.device(), qp);
         debug_assert_eq!(blocks.len(), self.blocks().len(), "the columns `blocks` names");
         let terms = match coefficients {
-            Some(c) => {
-                let x = match columns.len() {
-                    1 => columns.pop().expect("one"),
-                    _ => cat(columns, 1),
-                };
-                c.matmul(x)
-            }
+            // One launch on the CubeCL runtimes, reading the columns where they lie; elsewhere
+            // their concatenation times the coefficients.
+            Some(c) => qdarts_kernels::mix::mix(c, columns),
             // Each edge's sum term by term in the primitives' order, as the per-edge cell adds
             // them (on flex, where a launch costs nothing): its values bit for bit, so that
             // the quantizer after it rounds them alike.
