@@ -2,8 +2,9 @@
 //! gradient and weight gradient), on every CubeCL backend of the build, over the geometries of
 //! the DARTS candidates (depthwise, dilated, pointwise, strided), the stem's full convolution,
 //! grouped ones and odd sizes; inputs drawn on the host, so both sides see the same values;
-//! groups that read shared inputs against Burn's convolution of the copies, and a ReLU taken
-//! on read against the ReLU and then the convolution.
+//! groups that read shared inputs against Burn's convolution of the copies, a ReLU taken
+//! on read against the ReLU and then the convolution, and filters padded to a larger kernel
+//! whose padding the kernels skip against the padded convolution.
 
 // A panic is the failure report in tests.
 #![allow(clippy::unwrap_used)]
@@ -13,7 +14,7 @@ use burn::tensor::{DType, Device, Tensor, TensorData, module};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::devices::compiled;
 use qdarts_kernels::direct_conv::{
-    GroupInputs, conv2d_reading, conv2d_reading_relu, direct_available,
+    GroupInputs, Inset, conv2d_reading, conv2d_reading_inset, conv2d_reading_relu, direct_available,
 };
 use qdarts_kernels::launches::{counted, counted_by_kernel};
 use qdarts_kernels::relu::relu;
@@ -388,6 +389,67 @@ fn a_relu_taken_on_read_is_the_relu_then_the_convolution_bit_for_bit() {
             // The ReLU's launch forward and its gradient's backward are gone.
             let (f0, b0, f1, b1) = (f0.unwrap(), b0.unwrap(), f1.unwrap(), b1.unwrap());
             assert_eq!((f1 + 1, b1 + 1), (f0, b0), "{name} {inputs:?}: launches");
+        }
+    }
+}
+
+/// Output, ∂x and ∂w of a depthwise convolution of 5×5 filters whose first `narrow` are 3×3
+/// ones padded with zeros, reading shared inputs, by `conv`.
+fn run_inset(
+    device: &Device,
+    narrow: usize,
+    dil: usize,
+    conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
+) -> [Vec<f32>; 3] {
+    let d = device.clone().autodiff();
+    let groups = 24;
+    let (xs, ws) = ([2, 6, 7, 6], [groups, 1, 5, 5]);
+    let x = Tensor::<4>::from_data(TensorData::new(values(xs.iter().product(), 61), xs), &d);
+    let mut filters = values(ws.iter().product(), 62);
+    for (i, v) in filters.iter_mut().enumerate() {
+        let (o, ki, kj) = (i / 25, i / 5 % 5, i % 5);
+        if o < narrow && (ki % 4 == 0 || kj % 4 == 0) {
+            *v = 0.0;
+        }
+    }
+    let w = Tensor::<4>::from_data(TensorData::new(filters, ws), &d);
+    let (x, w) = (x.require_grad(), w.require_grad());
+    let options = ConvOptions::new([1, 1], [2 * dil; 2], [dil, dil], groups);
+    let y = conv(x.clone(), w.clone(), options);
+    let up = Tensor::<4>::from_data(
+        TensorData::new(values(y.dims().iter().product(), 63), y.dims()),
+        &d,
+    );
+    let grads = y.clone().mul(up).sum().backward();
+    [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())]
+}
+
+#[test]
+fn inset_filters_skip_their_padding_with_the_padded_filters_values() {
+    let (_serial, devices) = cube_devices();
+    // A wave's depthwise convolution: two states, two edges each, three channels, two kinds
+    // (sep 3×3 padded to 5×5, then sep 5×5).
+    let inputs = GroupInputs { sources: 2, per: 2, inner: 3 };
+    let narrow = 12;
+    let inset = Inset { channels: narrow, by: 1 };
+    for (name, d) in &devices {
+        for (dil, relu) in [(1, true), (2, true), (1, false)] {
+            let padded = |x, w, o| match relu {
+                true => conv2d_reading_relu(x, w, o, inputs),
+                false => conv2d_reading(x, w, o, inputs),
+            };
+            let skipping = |x, w, o| conv2d_reading_inset(x, w, o, inputs, relu, inset);
+            let want = run_inset(d, narrow, dil, padded);
+            let ours = run_inset(d, narrow, dil, skipping);
+            let what = format!("{name}, dilation {dil}, relu {relu}");
+            assert_eq!(ours[0], want[0], "{what}: output");
+            assert_eq!(ours[1], want[1], "{what}: ∂x");
+            for (i, (a, b)) in ours[2].iter().zip(&want[2]).enumerate() {
+                let (o, ki, kj) = (i / 25, i / 5 % 5, i % 5);
+                let padding = o < narrow && (ki % 4 == 0 || kj % 4 == 0);
+                let b = if padding { 0.0 } else { *b };
+                assert_eq!(a.to_bits(), b.to_bits(), "{what}: ∂w[{o}, 0, {ki}, {kj}]");
+            }
         }
     }
 }

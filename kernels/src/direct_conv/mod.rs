@@ -45,6 +45,26 @@ pub struct ConvGeom {
     /// The convolution reads `relu(x)`: the ReLU applied as the kernels read `x`, and its
     /// mask to the input's gradient.
     pub relu: bool,
+    /// The output channels whose filters are smaller ones padded with zeros.
+    pub inset: Inset,
+}
+
+/// The leading `channels` output channels of a convolution whose filters are zero within `by`
+/// taps of every edge: smaller filters centred and padded to the weight's kernel (the batched
+/// cell's sep 3×3 beside sep 5×5). The kernels skip those taps forward and in the input's
+/// gradient (a product `0 · x` they would add), and write their weights' gradient as 0
+/// without summing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Inset {
+    /// Output channels, from the first.
+    pub channels: usize,
+    /// Taps from each edge of the filter.
+    pub by: usize,
+}
+
+impl Inset {
+    /// No inset filters.
+    pub const NONE: Inset = Inset { channels: 0, by: 0 };
 }
 
 /// Which input group each group of a convolution reads: group `g` reads input group
@@ -130,7 +150,7 @@ pub fn conv2d_reading(
     options: ConvOptions<2>,
     inputs: GroupInputs,
 ) -> Tensor<4> {
-    reading(x, weight, options, inputs, false)
+    reading(x, weight, options, inputs, false, Inset::NONE)
 }
 
 /// [`conv2d_reading`] of `relu(x)` (the ReLU of [`crate::relu`]): where [`direct_available`]
@@ -146,16 +166,42 @@ pub fn conv2d_reading_relu(
     options: ConvOptions<2>,
     inputs: GroupInputs,
 ) -> Tensor<4> {
-    reading(x, weight, options, inputs, true)
+    reading(x, weight, options, inputs, true, Inset::NONE)
 }
 
-/// [`conv2d_reading`], of `relu(x)` with `relu`.
+/// [`conv2d_reading`] (of `relu(x)` with `relu`) whose weight's first `inset.channels`
+/// filters are zero within `inset.by` taps of every edge ([`Inset`]): where
+/// [`direct_available`] the kernels skip those taps, so the values are the padded filters'
+/// (a skipped tap would add `0 · x`; with `x` infinite or NaN it would add a NaN) and those
+/// taps' gradient is 0; elsewhere exactly [`conv2d_reading`], the padding's gradient summed.
+///
+/// # Panics
+/// As [`conv2d_reading`]; where the inset channels exceed the weight's, or the inset leaves no
+/// tap.
+pub fn conv2d_reading_inset(
+    x: Tensor<4>,
+    weight: Tensor<4>,
+    options: ConvOptions<2>,
+    inputs: GroupInputs,
+    relu: bool,
+    inset: Inset,
+) -> Tensor<4> {
+    let [co, _, kh, kw] = weight.dims();
+    let fits = inset.channels <= co && 2 * inset.by < kh.min(kw);
+    assert!(fits, "conv: {inset:?} does not fit a weight of {:?}", weight.dims());
+    reading(x, weight, options, inputs, relu, inset)
+}
+
+/// [`conv2d_reading`], of `relu(x)` with `relu`, skipping `inset`'s taps (only the kernels
+/// read it: Burn's convolution adds the padding's zero taps).
+#[cfg_attr(not(feature = "cube"), allow(unused_variables))]
 fn reading(
     x: Tensor<4>,
     weight: Tensor<4>,
     options: ConvOptions<2>,
     inputs: GroupInputs,
     relu: bool,
+    inset: Inset,
 ) -> Tensor<4> {
     assert!(
         inputs.fits(options.groups, x.dims()[1]),
@@ -188,6 +234,7 @@ fn reading(
             groups: options.groups,
             inputs,
             relu,
+            inset,
         };
         let out = <burn::backend::Dispatch as DirectConvBackend>::direct_conv2d(
             x.into_dispatch(),

@@ -43,6 +43,7 @@ impl DirectConvBackend for CubeBackend {
             s,
             kh,
             kw,
+            geom.inset.by as u32,
             geom.relu,
             strided,
         );
@@ -93,6 +94,7 @@ impl DirectConvBackend for CubeBackend {
             kw,
             geom.plane.stride[0] as u32,
             geom.plane.stride[1] as u32,
+            geom.inset.by as u32,
             geom.relu,
             strided,
         );

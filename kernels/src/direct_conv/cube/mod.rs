@@ -32,6 +32,10 @@ struct Sizes {
     sources: u32,
     per: u32,
     inner: u32,
+    /// The leading output channels whose filters are zero within `by` taps of every edge
+    /// ([`super::Inset`]).
+    narrow: u32,
+    by: u32,
 }
 
 impl Sizes {
@@ -69,6 +73,8 @@ impl Sizes {
             u(g.inputs.sources),
             u(g.inputs.per),
             u(g.inputs.inner),
+            u(g.inset.channels),
+            u(g.inset.by),
         )
     }
 }
@@ -114,6 +120,16 @@ fn weight_steps(wt: &Tensor<f32>) -> (u32, u32, u32, u32) {
     (wt.stride(0) as u32, wt.stride(1) as u32, wt.stride(2) as u32, wt.stride(3) as u32)
 }
 
+/// Whether tap `t` of `k` lies within `by` of the filter's edge (an inset filter's zeros).
+#[cube]
+fn on_edge(t: u32, #[comptime] k: u32, #[comptime] by: u32) -> bool {
+    let mut edge = false;
+    if comptime!(by > 0) {
+        edge = t < by || t + by >= k;
+    }
+    edge
+}
+
 /// The input group that group `g` reads ([`super::GroupInputs::of`]).
 #[cube]
 fn input_group(g: u32, sources: u32, per: u32, inner: u32) -> u32 {
@@ -132,6 +148,7 @@ fn forward_kernel(
     s: Sizes,
     #[comptime] kh: u32,
     #[comptime] kw: u32,
+    #[comptime] by: u32,
     #[comptime] relu: bool,
     #[comptime] strided: bool,
 ) {
@@ -147,6 +164,7 @@ fn forward_kernel(
         let o = rest % co;
         let b = rest / co;
         let first = input_group(o / cog, sources, per, inner) * cig;
+        let inset = o < s.narrow;
         let (image, channel, row_step, column) = steps(x, ci, h, w, strided);
         let (w_out, w_in, w_row, w_column) = weight_steps(wt);
         let mut plane = b * image + first * channel;
@@ -157,13 +175,13 @@ fn forward_kernel(
             #[unroll]
             for ki in 0..kh {
                 let y = oy * sh + ki * dh;
-                if y >= ph && y < h + ph {
+                if y >= ph && y < h + ph && !(inset && on_edge(ki, kh, by)) {
                     let row = plane + (y - ph) * row_step;
                     let w_at = taps + ki * w_row;
                     #[unroll]
                     for kj in 0..kw {
                         let xx = ox * sw + kj * dw;
-                        if xx >= pw && xx < w + pw {
+                        if xx >= pw && xx < w + pw && !(inset && on_edge(kj, kw, by)) {
                             let v = relu_of(x[(row + (xx - pw) * column) as usize], relu);
                             acc += wt[(w_at + kj * w_column) as usize] * v;
                         }
@@ -197,6 +215,7 @@ fn x_backward_kernel(
     #[comptime] kw: u32,
     #[comptime] sh: u32,
     #[comptime] sw: u32,
+    #[comptime] by: u32,
     #[comptime] relu: bool,
     #[comptime] strided: bool,
 ) {
@@ -227,10 +246,11 @@ fn x_backward_kernel(
             let mut plane = (b * co + o) * oh;
             let mut taps = o * w_out + cc * w_in;
             while o < end {
+                let inset = o < s.narrow;
                 #[unroll]
                 for ki in 0..kh {
                     let reach = ki * dh;
-                    if yp >= reach {
+                    if yp >= reach && !(inset && on_edge(ki, kh, by)) {
                         let ty = yp - reach;
                         if ty % sh == 0 && ty / sh < oh {
                             let row = (plane + ty / sh) * ow;
@@ -238,7 +258,7 @@ fn x_backward_kernel(
                             #[unroll]
                             for kj in 0..kw {
                                 let across = kj * dw;
-                                if xp >= across {
+                                if xp >= across && !(inset && on_edge(kj, kw, by)) {
                                     let tx = xp - across;
                                     if tx % sw == 0 && tx / sw < ow {
                                         let g = grad[(row + tx / sw) as usize];
@@ -300,7 +320,10 @@ fn weight_kernel(
         let o = rest / cig;
         let c = input_group(o / cog, sources, per, inner) * cig + cc;
         let (reach, across) = (ki * dh, kj * dw);
-        let count = n * oh * ow;
+        // An inset filter's zero tap: no products, a gradient of 0 (uniform over the cube).
+        let by = s.by;
+        let edge = ki < by || ki + by >= kh || kj < by || kj + by >= kw;
+        let count = select(o < s.narrow && edge, 0u32, n * oh * ow);
         let (image, channel, row_step, column) = steps(x, ci, h, w, strided);
         let (x_plane, g_plane, g_image) = (c * channel, o * oh * ow, co * oh * ow);
         // Product `j` is output `(b, qy, qx)`; a unit's next one is `CUBE_DIM_X` further on,

@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
-use qdarts_kernels::direct_conv::{GroupInputs, conv2d_reading, conv2d_reading_relu};
+use qdarts_kernels::direct_conv::{GroupInputs, Inset, conv2d_reading_inset, direct_available};
 use qdarts_kernels::split::split;
 use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
@@ -205,10 +205,7 @@ impl BankStage {
                         (x, GroupInputs::own(options.groups), *relu)
                     }
                 };
-                match relu {
-                    true => conv2d_reading_relu(x, filters, options, inputs),
-                    false => conv2d_reading(x, filters, options, inputs),
-                }
+                conv2d_reading_inset(x, filters, options, inputs, relu, self.inset(g))
             })
             .collect();
         let y = match outs.len() {
@@ -272,6 +269,27 @@ impl BankStage {
         let rows = kinds.len() * self.width();
         let device = self.pw.val().device();
         Some(Tensor::from_data(TensorData::new(values, [rows, 1, big, big]), &device))
+    }
+
+    /// The group's leading kinds whose filters are padded, all by one margin (sep 3×3 before
+    /// sep 5×5): the convolution skips their padding's taps.
+    fn inset(&self, g: &DwGroup) -> Inset {
+        let kinds = &self.kinds[g.kinds.clone()];
+        let small = kinds[0].kernel;
+        if small == g.kernel {
+            return Inset::NONE;
+        }
+        let leading = kinds.iter().take_while(|k| k.kernel == small).count();
+        Inset { channels: leading * self.width(), by: centre(g.kernel, small) }
+    }
+
+    /// Whether the convolution of `g`'s `filters` skips every padded kind's padding (the
+    /// kernels run there, and the padded kinds are the inset ones): their gradient is 0
+    /// there already, and the mask would only multiply it by 0 again.
+    fn skips_padding(&self, g: &DwGroup, filters: &Tensor<4>) -> bool {
+        let padded = self.kinds[g.kinds.clone()].iter().filter(|k| k.kernel < g.kernel).count();
+        direct_available(&filters.device(), filters.dtype())
+            && self.inset(g).channels == padded * self.width()
     }
 
     /// Whether the stage has a quantizer.
@@ -375,7 +393,7 @@ impl Site {
 
 /// The weights of `stages` as their convolutions use them: the depthwise filters' gradient
 /// masked where padded (so that the padding, zero from the start, has no gradient and stays
-/// zero), every weight fake-quantized where its stage is quantized, all the stages' weight
+/// zero) unless the convolution skips the padding, every weight fake-quantized where its stage is quantized, all the stages' weight
 /// quantizers in one [`FakeQuantizer::forward_many`] (on the CubeCL runtimes one launch for
 /// up to eight of them instead of one each).
 pub(super) fn weights_now<'a>(stages: &[&BankStage], qp: QuantPass<'a>) -> Vec<StageWeights<'a>> {
@@ -385,7 +403,8 @@ pub(super) fn weights_now<'a>(stages: &[&BankStage], qp: QuantPass<'a>) -> Vec<S
         let groups = stage.groups.iter().zip(&stage.dw).enumerate();
         let filters: Vec<Site> = groups
             .map(|(i, (g, dw))| {
-                let filters = match stage.mask(g) {
+                let mask = (!stage.skips_padding(g, &dw.val())).then(|| stage.mask(g));
+                let filters = match mask.flatten() {
                     Some(mask) => masked_gradient(dw.val(), mask),
                     None => dw.val(),
                 };
