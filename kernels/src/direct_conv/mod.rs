@@ -22,7 +22,9 @@
 //! tensors. A ReLU before the convolution may be taken as the kernels read the input
 //! ([`conv2d_reading_relu`]): its mask then applies to the input's gradient in the same launch. Only the summation order differs from Burn's convolution
 //! (`tests/direct_conv.rs` holds the two together on every CubeCL backend of the build).
-//! Other backends and dtypes use Burn's `conv2d` ([`conv2d`] decides).
+//! Other backends and dtypes use Burn's `conv2d` ([`conv2d`] decides). Where the leading
+//! filters are smaller ones padded with zeros, the kernels may skip the padding's taps
+//! ([`conv2d_reading_inset`]).
 
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, Device, Tensor, module};

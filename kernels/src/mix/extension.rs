@@ -55,8 +55,8 @@ pub trait MixBackend: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// What the mix's backward keeps: the coefficients and the blocks (each read by the other's
-/// gradient) and how many blocks there are.
+/// What the mix's backward keeps: the coefficients and the blocks, each read by the other's
+/// gradient.
 type Kept<B> = (FloatTensor<B>, Vec<FloatTensor<B>>);
 
 /// The gradients of the coefficients (slot 0) and of each tracked block (slots 1 to `count`;

@@ -33,7 +33,7 @@ struct Sizes {
     per: u32,
     inner: u32,
     /// The leading output channels whose filters are zero within `by` taps of every edge
-    /// ([`super::Inset`]).
+    /// ([`super::Inset`]), and that margin.
     narrow: u32,
     by: u32,
 }
