@@ -152,7 +152,7 @@ pub fn conv2d_reading(
     options: ConvOptions<2>,
     inputs: GroupInputs,
 ) -> Tensor<4> {
-    reading(x, weight, options, inputs, false, Inset::NONE)
+    conv2d_reading_inset(x, weight, options, inputs, false, Inset::NONE)
 }
 
 /// [`conv2d_reading`] of `relu(x)` (the ReLU of [`crate::relu`]): where [`direct_available`]
@@ -168,7 +168,7 @@ pub fn conv2d_reading_relu(
     options: ConvOptions<2>,
     inputs: GroupInputs,
 ) -> Tensor<4> {
-    reading(x, weight, options, inputs, true, Inset::NONE)
+    conv2d_reading_inset(x, weight, options, inputs, true, Inset::NONE)
 }
 
 /// [`conv2d_reading`] (of `relu(x)` with `relu`) whose weight's first `inset.channels`
@@ -180,6 +180,8 @@ pub fn conv2d_reading_relu(
 /// # Panics
 /// As [`conv2d_reading`]; where the inset channels exceed the weight's, or the inset leaves no
 /// tap.
+// Only the kernels read `inset`: Burn's convolution adds the padding's zero taps.
+#[cfg_attr(not(feature = "cube"), allow(unused_variables))]
 pub fn conv2d_reading_inset(
     x: Tensor<4>,
     weight: Tensor<4>,
@@ -191,20 +193,6 @@ pub fn conv2d_reading_inset(
     let [co, _, kh, kw] = weight.dims();
     let fits = inset.channels <= co && 2 * inset.by < kh.min(kw);
     assert!(fits, "conv: {inset:?} does not fit a weight of {:?}", weight.dims());
-    reading(x, weight, options, inputs, relu, inset)
-}
-
-/// [`conv2d_reading`], of `relu(x)` with `relu`, skipping `inset`'s taps (only the kernels
-/// read it: Burn's convolution adds the padding's zero taps).
-#[cfg_attr(not(feature = "cube"), allow(unused_variables))]
-fn reading(
-    x: Tensor<4>,
-    weight: Tensor<4>,
-    options: ConvOptions<2>,
-    inputs: GroupInputs,
-    relu: bool,
-    inset: Inset,
-) -> Tensor<4> {
     assert!(
         inputs.fits(options.groups, x.dims()[1]),
         "conv: {inputs:?} does not fit {} groups over {} input channels",
