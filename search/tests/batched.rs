@@ -349,11 +349,15 @@ fn grids(sites: &impl QuantSites) -> Vec<(String, Vec<f32>, Vec<f32>)> {
 /// A quantized cell in waves against the per-edge cell, on flex: every output bit for bit
 /// (each quantizer a row of a stacked one, each edge's sum added in the per-edge order), the
 /// gradients to float rounding, every quantizer's state written back bit for bit, and every
-/// site's error row; two steps, the second on other inputs (the observers move).
+/// site's error row; two steps, the second on other inputs (the observers move). The last
+/// case quantizes every BatchNorm's multiplier too.
 #[test]
 fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
-    for preset in [Preset::Tensorrt, Preset::OnnxQdq, Preset::Paddle] {
-        let cfg = QuantConfig::preset(preset);
+    let multiplier =
+        QuantConfig { quantize_bn_multiplier: true, ..QuantConfig::preset(Preset::Tensorrt) };
+    let presets = [Preset::Tensorrt, Preset::OnnxQdq, Preset::Paddle].map(QuantConfig::preset);
+    for cfg in presets.into_iter().chain([multiplier]) {
+        let preset = (cfg.preset, cfg.quantize_bn_multiplier);
         for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
             let what = format!("{preset:?}, reduction {reduction}, after one {reduction_prev}");
             // Two cells from one seed: the per-edge one, and the one the batched cell reads.

@@ -45,7 +45,8 @@ pub struct QBatchNorm {
     pub running_var: Buffer<1>,
     /// Training mode: batch statistics and running-statistics updates.
     pub training: Param<Flag>,
-    /// Quantizer of the folded weight (`<path>.weight`).
+    /// Quantizer of the folded weight (`<path>.weight`; per tensor, or stacked: a row per
+    /// BatchNorm of a stack of them).
     pub wq: Option<FakeQuantizer>,
 }
 
@@ -101,6 +102,12 @@ impl QBatchNorm {
             w = w.mul(g.val());
         }
         let w = match &self.wq {
+            // A stacked quantizer ([`FakeQuantizer::stacked`]) of the multipliers of several
+            // BatchNorms side by side: a row each, `[1, rows, C/rows]`.
+            Some(q) if !q.rows().is_empty() => {
+                let (rows, c) = (q.rows().len(), w.dims()[0]);
+                q.forward_in(w.reshape([1, rows, c / rows]), qp).0.reshape([c])
+            }
             Some(q) => q.forward_in(w, qp).0,
             None => w,
         };

@@ -31,13 +31,12 @@ impl ExperimentConfig {
         if m.batched_cells {
             let conflict = [
                 (self.quant.preset == Preset::Lsq, "quant.preset = \"lsq\""),
-                (self.quant.quantize_bn_multiplier, "quant.quantize_bn_multiplier = true"),
                 (s.bits.is_some(), "[search.bits]"),
             ];
             if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
                 let message = format!(
-                    "runs cells without LSQ quantizers, a quantized BatchNorm multiplier or a \
-                     bit-width search; this config has {what}: set model.batched_cells = false \
+                    "runs cells without LSQ quantizers or a bit-width search; this config has \
+                     {what}: set model.batched_cells = false \
                      (or leave it out) to run it edge by edge"
                 );
                 return bad(path, "model.batched_cells", &message);

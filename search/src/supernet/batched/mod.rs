@@ -361,11 +361,12 @@ impl QuantSites for BatchedCell {
                     let StageQuant { dw, dw_act, pw, act } = &stage.quant;
                     q.extend(dw);
                     q.extend([dw_act, pw, act].into_iter().flatten());
+                    q.extend(&stage.bn.wq);
                 }
             }
             q.extend(w.pools.iter().flat_map(|p| p.quantizers()));
             q.extend(w.pool_acts.iter().flatten());
-            q.extend(w.reduce.iter().flat_map(|r| r.quant.iter().flatten()));
+            q.extend(w.reduce.iter().flat_map(|r| r.quant.iter().flatten().chain(&r.bn.wq)));
             q.extend(w.edge_act.iter().chain(&w.zero_act));
         }
         q

@@ -7,22 +7,25 @@ use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, Ctx, QBatchNorm, QDilConv, QFactorizedReduce, QPoolBN};
 use qdarts_ops::network::Preprocess;
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::{FakeQuantizer, SpecError};
+use qdarts_ops::quant::FakeQuantizer;
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
 use super::bank::stack_sites;
 use super::{BankKind, BankStage, BatchError, BatchedCell, ConvBank, Slot, StackedReduce, WaveOps};
 
-/// A BN of the stacked channels holding each edge's running statistics.
-pub(super) fn stacked_bn(bns: &[&QBatchNorm], path: &str) -> Result<QBatchNorm, SpecError> {
+/// A BN of the stacked channels holding each edge's running statistics, and where the
+/// edges' multipliers are quantized, their quantizers as the rows of one.
+pub(super) fn stacked_bn(bns: &[&QBatchNorm], path: &str) -> Result<QBatchNorm, BatchError> {
     let mean = Tensor::cat(bns.iter().map(|b| b.running_mean.value()).collect(), 0);
     let var = Tensor::cat(bns.iter().map(|b| b.running_var.value()).collect(), 0);
     let cfg = QuantConfig::float();
     let device = mean.device();
-    let bn = QBatchNorm::new(mean.dims()[0], false, &Ctx::new(&cfg, "bn", path, &device))?;
+    let mut bn = QBatchNorm::new(mean.dims()[0], false, &Ctx::new(&cfg, "bn", path, &device))?;
     bn.running_mean.set(mean);
     bn.running_var.set(var);
+    let multipliers = bns.iter().map(|b| b.wq.as_ref()).collect();
+    bn.wq = stack_sites(multipliers, &format!("{path}.weight"))?;
     Ok(bn)
 }
 
@@ -36,12 +39,13 @@ fn slice_into(p: &mut Param<Tensor<4>>, all: &Param<Tensor<4>>, j: usize) {
     *p = Param::initialized(p.id, all.val().narrow(0, j * c, c).detach().require_grad());
 }
 
-/// Edge `j`'s slice of the stacked BN's running statistics into `to` (`j` 0 and a BN of
-/// `to`'s size: a copy).
+/// Edge `j`'s slice of the stacked BN's running statistics, and its row of the multipliers'
+/// quantizer, into `to`.
 fn bn_slice_into(to: &QBatchNorm, from: &QBatchNorm, j: usize) {
     let c = to.running_mean.value().dims()[0];
     to.running_mean.set(from.running_mean.value().narrow(0, j * c, c));
     to.running_var.set(from.running_var.value().narrow(0, j * c, c));
+    row_into(&from.wq, j, &to.wq);
 }
 
 impl WaveOps {
@@ -76,7 +80,7 @@ impl WaveOps {
                         })
                         .collect();
                     let bns: Vec<&QBatchNorm> = frs.iter().map(|fr| &fr.bn).collect();
-                    if frs.iter().any(|fr| fr.bn.wq.is_some() || fr.act_mix.is_some()) {
+                    if frs.iter().any(|fr| fr.act_mix.is_some()) {
                         return Err(BatchError::Quantizers(at));
                     }
                     let site = |f: fn(&QFactorizedReduce) -> Option<&FakeQuantizer>, name: &str| {
@@ -97,13 +101,7 @@ impl WaveOps {
                 }
                 CandidateOp::Pool(_) => {
                     // The first edge reading each source stands for all of them.
-                    let per_source: Vec<&QPoolBN> = (0..wave.sources.len())
-                        .map(|s| match &cell.edges[wave.edges[s * wave.per_source()]].ops[p] {
-                            CandidateOp::Pool(op) => op,
-                            _ => unreachable!("one primitive is one kind of op on every edge"),
-                        })
-                        .collect();
-                    pools.push(pool_stack(&per_source, &at)?);
+                    pools.push(pool_stack(cell, wave, p, &at)?);
                     pool_acts.push(pool_act(cell, wave, p, &at)?);
                     Slot::Pool(pools.len() - 1)
                 }
@@ -180,9 +178,8 @@ fn bank_into(stage: &BankStage, i: usize, j: usize, op: &mut QDilConv) {
     op.dw.weight = Param::initialized(op.dw.weight.id, dw.detach().require_grad());
     let pw = stage.rows(stage.pw.val(), i, j);
     op.pw.weight = Param::initialized(op.pw.weight.id, pw.detach().require_grad());
-    op.bn.running_mean.set(stage.rows(stage.bn.running_mean.value(), i, j));
-    op.bn.running_var.set(stage.rows(stage.bn.running_var.value(), i, j));
     let (q, row) = (&stage.quant, i * stage.edges + j);
+    bn_slice_into(&op.bn, &stage.bn, row);
     if let (Some(all), Some(site)) = (q.dw.get(g), &op.dw.wq) {
         all.row_into((i - stage.groups[g].kinds.start) * stage.edges + j, site);
     }
@@ -198,42 +195,65 @@ fn row_into(all: &Option<FakeQuantizer>, r: usize, site: &Option<FakeQuantizer>)
     }
 }
 
-/// The output quantizer of primitive `p`'s pools in `wave`: a row per source, from the first
-/// edge that reads it, standing for every edge that does.
+/// Primitive `p`'s pool on edge `j` of `wave`.
+fn pool_of<'a>(cell: &'a SearchCell, wave: &Wave, p: usize, j: usize) -> &'a QPoolBN {
+    match &cell.edges[wave.edges[j]].ops[p] {
+        CandidateOp::Pool(op) => op,
+        _ => unreachable!("one primitive is one kind of op on every edge"),
+    }
+}
+
+/// A quantizer of primitive `p`'s pools in `wave` (`site` of each pool): a row per source,
+/// from the first edge that reads it, standing for every edge that does.
+fn per_source(
+    cell: &SearchCell,
+    wave: &Wave,
+    p: usize,
+    site: fn(&QPoolBN) -> Option<&FakeQuantizer>,
+    path: &str,
+) -> Result<Option<FakeQuantizer>, BatchError> {
+    let per = wave.per_source();
+    let at = |j: usize| site(pool_of(cell, wave, p, j));
+    if (0..wave.edges.len()).any(|j| at(j).is_some() != at(0).is_some()) {
+        return Err(BatchError::Quantizers(path.to_string()));
+    }
+    let firsts = (0..wave.sources.len()).map(|s| at(s * per)).collect();
+    let Some(mut q) = stack_sites(firsts, path)? else { return Ok(None) };
+    for s in 0..wave.sources.len() {
+        let others = (1..per).filter_map(|r| at(s * per + r)).map(|q| q.path().to_string());
+        q = q.with_row_aliases(s, others.collect());
+    }
+    Ok(Some(q))
+}
+
+/// The output quantizer of primitive `p`'s pools in `wave` ([`per_source`]).
 fn pool_act(
     cell: &SearchCell,
     wave: &Wave,
     p: usize,
     path: &str,
 ) -> Result<Option<FakeQuantizer>, BatchError> {
-    let per = wave.per_source();
-    let act = |j: usize| match &cell.edges[wave.edges[j]].ops[p] {
-        CandidateOp::Pool(op) => op.act.as_ref(),
-        _ => unreachable!("one primitive is one kind of op on every edge"),
-    };
-    if (0..wave.edges.len()).any(|j| act(j).is_some() != act(0).is_some()) {
-        return Err(BatchError::Quantizers(path.to_string()));
-    }
-    let firsts = (0..wave.sources.len()).map(|s| act(s * per)).collect();
-    let Some(mut q) = stack_sites(firsts, &format!("{path}.act"))? else { return Ok(None) };
-    for s in 0..wave.sources.len() {
-        let others = (1..per).filter_map(|r| act(s * per + r)).map(|q| q.path().to_string());
-        q = q.with_row_aliases(s, others.collect());
-    }
-    Ok(Some(q))
+    per_source(cell, wave, p, |op| op.act.as_ref(), &format!("{path}.act"))
 }
 
-/// A pool – BN with `ops[0]`'s kind and stride over the channels of every `ops` side by side,
-/// holding each one's running statistics in its slice, and state of its own.
-fn pool_stack(ops: &[&QPoolBN], path: &str) -> Result<QPoolBN, SpecError> {
-    let bns: Vec<&QBatchNorm> = ops.iter().map(|op| &op.bn).collect();
+/// Primitive `p`'s pool – BN in `wave`, over the channels of its sources side by side: the
+/// kind and stride of the pools, each source's running statistics in its slice (from the
+/// first edge that reads it), and the BatchNorm's multiplier quantizer a row per source
+/// ([`per_source`]).
+fn pool_stack(cell: &SearchCell, wave: &Wave, p: usize, path: &str) -> Result<QPoolBN, BatchError> {
+    let per = wave.per_source();
+    let firsts: Vec<&QPoolBN> =
+        (0..wave.sources.len()).map(|s| pool_of(cell, wave, p, s * per)).collect();
+    let bns: Vec<&QBatchNorm> = firsts.iter().map(|op| &op.bn).collect();
     let bn = stacked_bn(&bns, &format!("{path}.bn"))?;
     let mean = bn.running_mean.value();
     let (device, channels) = (mean.device(), mean.dims()[0]);
     let cfg = QuantConfig::float();
     let ctx = Ctx::new(&cfg, "pool", path, &device);
-    let stack = QPoolBN::new(ops[0].kind, channels, ops[0].stride(), false, &ctx)?;
-    bn_slice_into(&stack.bn, &bn, 0);
+    let mut stack = QPoolBN::new(firsts[0].kind, channels, firsts[0].stride(), false, &ctx)?;
+    stack.bn.running_mean.set(mean);
+    stack.bn.running_var.set(bn.running_var.value());
+    stack.bn.wq = per_source(cell, wave, p, |op| op.bn.wq.as_ref(), &format!("{path}.bn.weight"))?;
     Ok(stack)
 }
 

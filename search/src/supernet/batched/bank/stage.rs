@@ -95,10 +95,8 @@ impl BankStage {
             .collect();
         let all = || ops.iter().flatten();
         let bns: Vec<&QBatchNorm> = all().map(|op| &op.bn).collect();
-        if all().any(|op| op.bn.wq.is_some() || op.dw_act_mix.is_some() || op.dw.wmix.is_some()) {
-            return Err(BatchError::Quantizers(format!(
-                "{path}: a quantized BatchNorm multiplier or a bit-width search"
-            )));
+        if all().any(|op| op.dw_act_mix.is_some() || op.dw.wmix.is_some()) {
+            return Err(BatchError::Quantizers(format!("{path}: a bit-width search")));
         }
         let mut dw_q = Vec::new();
         for g in &groups {
@@ -292,10 +290,11 @@ impl BankStage {
             && self.inset(g).channels == padded * self.width()
     }
 
-    /// Whether the stage has a quantizer.
+    /// Whether the stage has a quantizer (its BatchNorm's multiplier's included).
     pub(super) fn quantized(&self) -> bool {
         let q = &self.quant;
-        !q.dw.is_empty() || q.dw_act.is_some() || q.pw.is_some() || q.act.is_some()
+        let bn = self.bn.wq.is_some();
+        !q.dw.is_empty() || q.dw_act.is_some() || q.pw.is_some() || q.act.is_some() || bn
     }
 
     /// Kind by kind (flex): `xs` each kind's input (or one input all read), each kind's output;
