@@ -96,6 +96,27 @@ fn a_search_runs_on_wgpu_and_in_waves_takes_the_per_edge_steps() {
     }
 }
 
+/// A bit-width search (EdMIPS' mixes of every searched site, widths 2 to 8) with quantized
+/// BatchNorm multipliers, in waves on wgpu: every width's quantizer a stacked one, each row
+/// mixed by its op's softmax, the mixed filters in the merged convolutions (the kernels' path;
+/// flex runs the kinds apart). Both steps finite and within 1 % of flex's per-edge losses: at
+/// two bits a level that one backend's sums flip moves a loss by that order (the per-edge search
+/// on wgpu against flex's: 0.54 % at the first step; docs/results/2026-12-07-bits-in-waves.md).
+/// What each row mixes, and with which op's widths, is held bit for bit on flex
+/// (search/tests/batched.rs), where the mixes are the same code.
+#[test]
+fn a_bit_width_search_runs_in_waves_on_wgpu() {
+    let bits = ["search.bits.weight=[2, 4, 8]", "search.bits.act=[4, 8]"];
+    let trt = ["quant.preset=\"tensorrt\"", "quant.quantize_bn_multiplier=true"];
+    let sets = [&bits[..], &trt[..]].concat();
+    let waves = [&sets[..], &["model.batched_cells=true"]].concat();
+    let ours = first_losses("wgpu-bits-waves", &["--backend", "wgpu"], &waves);
+    let reference = first_losses("flex-bits-edges", &[], &sets);
+    for (a, b) in ours.iter().zip(&reference) {
+        assert!((a - b).abs() <= 1e-2 * b.abs(), "in waves {ours:?}, edge by edge {reference:?}");
+    }
+}
+
 /// One search step against the PyTorch fixture (float preset), second-order terms included:
 /// within the CPU backends' bounds. (The tensorrt fixture is not: its fake-quant roundings
 /// flip at exact boundaries across devices, see docs/results/2026-11-25-gpu-h100.md.)

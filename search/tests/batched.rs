@@ -14,11 +14,11 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Gradients, Tensor};
 use qdarts_genotypes::Primitive;
-use qdarts_ops::candidates::{CandidateOp, Pass, QTensor, QuantSites};
+use qdarts_ops::candidates::{CandidateOp, OpBits, Pass, QTensor, QuantSites};
 use qdarts_ops::qconfig::{Preset, QuantConfig};
 use qdarts_ops::quant::{ErrorTape, QuantPass};
 use qdarts_search::supernet::waves::waves as plan;
-use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell, Slot};
+use qdarts_search::supernet::{BatchedCell, BitWeights, CellBits, CellShape, SearchCell, Slot};
 
 mod common;
 
@@ -89,7 +89,7 @@ fn grad<const D: usize>(t: &Tensor<D>, g: &Gradients) -> Tensor<D> {
 fn waves(cell: &SearchCell, batched: &BatchedCell, c: &Case) -> Tensor<4> {
     let (s0, s1) = (cell.preproc0.forward(q(&c.s0)), cell.preproc1.forward(q(&c.s1)));
     batched
-        .forward((s0, s1), Tensor::stack(c.weights.clone(), 0), None, 0.0, cell, QuantPass::OFF)
+        .forward((s0, s1), Tensor::stack(c.weights.clone(), 0), None, 0.0, cell, Pass::default())
         .value
 }
 
@@ -139,59 +139,72 @@ fn the_batched_cell_computes_the_per_edge_cell_forward_and_backward() {
                     }
                 }
             }
-            for (j, &k) in wave.edges.iter().enumerate() {
-                let edge = &c.cell.edges[k];
-                let at = |p: Primitive| &edge.ops[index(p)];
-                // Separable 3×3: both stages' depthwise and pointwise weights, and the BN's
-                // running statistics (one forward pass each).
-                let bank = ops.bank.as_ref().unwrap();
-                let Slot::Conv(i) = ops.slots[index(Primitive::SepConv3x3)] else { panic!() };
-                let CandidateOp::Sep(sep) = at(Primitive::SepConv3x3) else { panic!() };
-                let second = bank.second.as_ref().unwrap();
-                for (s, (op, stage)) in
-                    [(&sep.op1, &bank.first), (&sep.op2, second)].into_iter().enumerate()
-                {
-                    let name = format!("{what}: edge {k} sep_conv_3x3 stage {s}");
-                    let dw = grad(&stage.dw[stage.group_of(i)].val(), &gb);
-                    let dw = stage.filters(&dw, i, j);
-                    close(grad(&op.dw.weight.val(), &ga), dw, 1e-4, &format!("{name} ∂dw"));
-                    let pw = stage.rows(grad(&stage.pw.val(), &gb), i, j);
-                    close(grad(&op.pw.weight.val(), &ga), pw, 1e-4, &format!("{name} ∂pw"));
-                    let rm = stage.rows(stage.bn.running_mean.value(), i, j);
-                    close(op.bn.running_mean.value(), rm, 1e-5, &format!("{name} running mean"));
-                    let rv = stage.rows(stage.bn.running_var.value(), i, j);
-                    close(op.bn.running_var.value(), rv, 1e-5, &format!("{name} running var"));
-                }
-                // Dilated 5×5's depthwise weight.
-                let Slot::Conv(i) = ops.slots[index(Primitive::DilConv5x5)] else { panic!() };
-                let CandidateOp::Dil(dil) = at(Primitive::DilConv5x5) else { panic!() };
-                let stage = &bank.first;
-                let dw = stage.filters(&grad(&stage.dw[stage.group_of(i)].val(), &gb), i, j);
-                let name = format!("{what}: edge {k} dil_conv_5x5 ∂dw");
-                close(grad(&dil.dw.weight.val(), &ga), dw, 1e-4, &name);
-                // Max pool's BN: every edge's running statistics are the pool's of its source.
-                let Slot::Pool(i) = ops.slots[index(Primitive::MaxPool3x3)] else { panic!() };
-                let CandidateOp::Pool(pool) = at(Primitive::MaxPool3x3) else { panic!() };
-                let ch = pool.bn.running_mean.value().dims()[0];
-                let from = wave.source_of[j] * ch;
-                let shared = ops.pools[i].bn.running_mean.value().narrow(0, from, ch);
-                let name = format!("{what}: edge {k} max_pool_3x3 running mean");
-                close(pool.bn.running_mean.value(), shared, 1e-6, &name);
-                // FactorizedReduce (the reduction cell's first wave).
-                if let CandidateOp::Reduce(fr) = at(Primitive::SkipConnect) {
-                    let reduce = ops.reduce.as_ref().unwrap();
-                    let half = fr.conv1.weight.val().dims()[0];
-                    for (mine, stacked) in [(&fr.conv1, &reduce.conv1), (&fr.conv2, &reduce.conv2)]
-                    {
-                        let g = grad(&stacked.val(), &gb).narrow(0, j * half, half);
-                        let name = format!("{what}: edge {k} FactorizedReduce ∂w");
-                        close(grad(&mine.weight.val(), &ga), g, 1e-4, &name);
-                    }
-                    let rm = reduce.bn.running_mean.value().narrow(0, j * 2 * half, 2 * half);
-                    let name = format!("{what}: edge {k} FactorizedReduce running mean");
-                    close(fr.bn.running_mean.value(), rm, 1e-5, &name);
-                }
+            edge_weights((&c.cell, &c.batched), (wi, wave), (&ga, &gb), &what);
+        }
+    }
+}
+
+/// Wave `wi`'s edges in `cell` against the batched cell built from it: the gradients of both
+/// stages' weights of sep_conv_3x3, of dil_conv_5x5's depthwise weight and of FactorizedReduce's
+/// (`g`: the per-edge cell's gradients, then the batched cell's), and the BatchNorms' running
+/// statistics after one forward pass each (a max pool's its source's).
+fn edge_weights(
+    (cell, batched): (&SearchCell, &BatchedCell),
+    (wi, wave): (usize, &qdarts_search::supernet::waves::Wave),
+    (ga, gb): (&Gradients, &Gradients),
+    what: &str,
+) {
+    let ops = &batched.waves[wi];
+    for (j, &k) in wave.edges.iter().enumerate() {
+        let edge = &cell.edges[k];
+        let at = |p: Primitive| &edge.ops[index(p)];
+        // Separable 3×3: both stages' depthwise and pointwise weights, and the BN's
+        // running statistics (one forward pass each).
+        let bank = ops.bank.as_ref().unwrap();
+        let Slot::Conv(i) = ops.slots[index(Primitive::SepConv3x3)] else { panic!() };
+        let CandidateOp::Sep(sep) = at(Primitive::SepConv3x3) else { panic!() };
+        let second = bank.second.as_ref().unwrap();
+        for (s, (op, stage)) in
+            [(&sep.op1, &bank.first), (&sep.op2, second)].into_iter().enumerate()
+        {
+            let name = format!("{what}: edge {k} sep_conv_3x3 stage {s}");
+            let dw = grad(&stage.dw[stage.group_of(i)].val(), gb);
+            let dw = stage.filters(&dw, i, j);
+            close(grad(&op.dw.weight.val(), ga), dw, 1e-4, &format!("{name} ∂dw"));
+            let pw = stage.rows(grad(&stage.pw.val(), gb), i, j);
+            close(grad(&op.pw.weight.val(), ga), pw, 1e-4, &format!("{name} ∂pw"));
+            let rm = stage.rows(stage.bn.running_mean.value(), i, j);
+            close(op.bn.running_mean.value(), rm, 1e-5, &format!("{name} running mean"));
+            let rv = stage.rows(stage.bn.running_var.value(), i, j);
+            close(op.bn.running_var.value(), rv, 1e-5, &format!("{name} running var"));
+        }
+        // Dilated 5×5's depthwise weight.
+        let Slot::Conv(i) = ops.slots[index(Primitive::DilConv5x5)] else { panic!() };
+        let CandidateOp::Dil(dil) = at(Primitive::DilConv5x5) else { panic!() };
+        let stage = &bank.first;
+        let dw = stage.filters(&grad(&stage.dw[stage.group_of(i)].val(), gb), i, j);
+        let name = format!("{what}: edge {k} dil_conv_5x5 ∂dw");
+        close(grad(&dil.dw.weight.val(), ga), dw, 1e-4, &name);
+        // Max pool's BN: every edge's running statistics are the pool's of its source.
+        let Slot::Pool(i) = ops.slots[index(Primitive::MaxPool3x3)] else { panic!() };
+        let CandidateOp::Pool(pool) = at(Primitive::MaxPool3x3) else { panic!() };
+        let ch = pool.bn.running_mean.value().dims()[0];
+        let from = wave.source_of[j] * ch;
+        let shared = ops.pools[i].bn.running_mean.value().narrow(0, from, ch);
+        let name = format!("{what}: edge {k} max_pool_3x3 running mean");
+        close(pool.bn.running_mean.value(), shared, 1e-6, &name);
+        // FactorizedReduce (the reduction cell's first wave).
+        if let CandidateOp::Reduce(fr) = at(Primitive::SkipConnect) {
+            let reduce = ops.reduce.as_ref().unwrap();
+            let half = fr.conv1.weight.val().dims()[0];
+            for (mine, stacked) in [(&fr.conv1, &reduce.conv1), (&fr.conv2, &reduce.conv2)] {
+                let g = grad(&stacked.val(), gb).narrow(0, j * half, half);
+                let name = format!("{what}: edge {k} FactorizedReduce ∂w");
+                close(grad(&mine.weight.val(), ga), g, 1e-4, &name);
             }
+            let rm = reduce.bn.running_mean.value().narrow(0, j * 2 * half, 2 * half);
+            let name = format!("{what}: edge {k} FactorizedReduce running mean");
+            close(fr.bn.running_mean.value(), rm, 1e-5, &name);
         }
     }
 }
@@ -376,7 +389,8 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
                 let p0 = b.cell.preproc0.forward_in(q(&s0()), rec_b);
                 let p1 = b.cell.preproc1.forward_in(q(&a.s1), rec_b);
                 let w = Tensor::stack(a.weights.clone(), 0);
-                let yb = batched.forward((p0, p1), w, None, 0.0, &b.cell, rec_b).value;
+                let yb =
+                    batched.forward((p0, p1), w, None, 0.0, &b.cell, Pass::quantizing(rec_b)).value;
                 assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
                 let ga = ya.mul(a.probe.clone()).sum().backward();
                 let gb = yb.mul(a.probe.clone()).sum().backward();
@@ -416,6 +430,71 @@ fn a_quantized_batched_cell_is_the_per_edge_cell_bit_for_bit() {
     }
 }
 
+/// Under a bit-width search (EdMIPS' composite quantization: every searched site mixes its
+/// quantizers at each candidate width by its op's softmax over the widths), a cell in waves
+/// against the per-edge cell on flex: the output bit for bit, the gradients of the inputs,
+/// the mixing weights and the bit-width parameters to float rounding, and every width's
+/// quantizer state written back; two steps, the observers moving.
+#[test]
+fn under_a_bit_width_search_the_batched_cell_is_the_per_edge_cell() {
+    let cfg = QuantConfig::preset(Preset::Tensorrt);
+    let (wb, ab) = ([2u32, 4, 8], [4u32, 8]);
+    let d = Device::flex().autodiff();
+    for (reduction, reduction_prev) in [(false, false), (true, false), (false, true)] {
+        let what = format!("reduction {reduction}, after one {reduction_prev}");
+        let s = shape(reduction, reduction_prev);
+        let make = || {
+            qdarts_ops::seeded(&d, 7, || {
+                let bits = OpBits::Search { weight: &wb, act: &ab };
+                SearchCell::with_bits(s, &PRIMS, &cfg, "cells.0", &d, bits).unwrap()
+            })
+        };
+        let (a, mut b) = (make(), make());
+        let batched = BatchedCell::from_cell(&b, &PRIMS).unwrap();
+        let c = case_with(&QuantConfig::float(), reduction, reduction_prev, 5);
+        // Bit-width parameters away from uniform, `[edges, K, B]`, the normal cell's and the
+        // reduction cell's.
+        let normal = Distribution::Normal(0.0, 1.0);
+        let alpha = |b: usize| Tensor::<3>::random([14, 8, b], normal, &d).require_grad();
+        let (aw, aa) = (alpha(wb.len()), alpha(ab.len()));
+        // Each graph its own softmaxes (a backward consumes the nodes it reaches).
+        let softmaxes = || BitWeights {
+            weight_normal: softmax(aw.clone(), 2),
+            weight_reduce: softmax(aw.clone(), 2),
+            act_normal: softmax(aa.clone(), 2),
+            act_reduce: softmax(aa.clone(), 2),
+        };
+        for step in 0..2 {
+            let (bits, cell_bits) = (softmaxes(), CellBits::of(&softmaxes(), reduction));
+            let s0 = || c.s0.clone().mul_scalar(1.0 + step as f32);
+            let pass = Pass { quant: QuantPass::OFF, bits: Some(&bits) };
+            let ya = a.forward(q(&s0()), q(&c.s1), &c.weights, None, 0.0, pass).value;
+            let (p0, p1) = (b.preproc0.forward(q(&s0())), b.preproc1.forward(q(&c.s1)));
+            let w = Tensor::stack(c.weights.clone(), 0);
+            let pass = Pass { quant: QuantPass::OFF, bits: Some(&cell_bits) };
+            let yb = batched.forward((p0, p1), w, None, 0.0, &b, pass).value;
+            assert_eq!(vals(ya.clone()), vals(yb.clone()), "{what} step {step}: output");
+            let ga = ya.mul(c.probe.clone()).sum().backward();
+            let gb = yb.mul(c.probe.clone()).sum().backward();
+            let at = |x: &str| format!("{what} step {step}: {x}");
+            close(grad(&c.s0, &ga), grad(&c.s0, &gb), 1e-4, &at("∂s0"));
+            close(grad(&c.s1, &ga), grad(&c.s1, &gb), 1e-4, &at("∂s1"));
+            close(grad(&aw, &ga), grad(&aw, &gb), 1e-4, &at("∂ weight widths' α"));
+            close(grad(&aa, &ga), grad(&aa, &gb), 1e-4, &at("∂ activation widths' α"));
+            for (wi, wave) in plan(4).iter().enumerate() {
+                edge_weights((&a, &batched), (wi, wave), (&ga, &gb), &at("weights"));
+            }
+            for (k, w) in c.weights.iter().enumerate() {
+                close(grad(w, &ga), grad(w, &gb), 1e-4, &at(&format!("∂w of edge {k}")));
+            }
+        }
+        // Every width's quantizer written back is the per-edge cell's.
+        batched.write_into(&mut b);
+        assert!(grids(&a).iter().any(|(p, _, _)| p.ends_with(".w2")), "{what}: mixed sites");
+        assert_eq!(grids(&a), grids(&b), "{what}: quantizer states");
+    }
+}
+
 /// The batched cell against the per-edge cell on each of `cases` (a preset and a cell shape)
 /// with PC-DARTS' edge weights (`edges`) and DARTS-' auxiliary skip β (`aux`, 0: none): the
 /// output (bit for bit quantized on flex, where each edge's sum is added term by term and
@@ -437,7 +516,7 @@ fn against_the_per_edge_cell(cases: &[(Preset, CellShape)], edges: bool, aux: f3
         let (p0, p1) = (b.cell.preproc0.forward(q(&c.s0)), b.cell.preproc1.forward(q(&c.s1)));
         let w = Tensor::stack(c.weights.clone(), 0);
         let yb = batched
-            .forward((p0, p1), w, edges.then(|| e.clone()), aux, &b.cell, QuantPass::OFF)
+            .forward((p0, p1), w, edges.then(|| e.clone()), aux, &b.cell, Pass::default())
             .value;
         if preset == Preset::Float {
             close(ya.clone(), yb.clone(), 1e-5, &format!("{what}: output"));
@@ -505,6 +584,26 @@ fn a_quantized_search_in_waves_takes_the_per_edge_first_step() {
         let (edges, waves) = edges_and_waves(&dir.join(order), "", &sets, 1e-4);
         assert_eq!(error_layers(&edges.run_dir), error_layers(&waves.run_dir), "{order}");
     }
+}
+
+/// A bit-width search (with a BitOPs cost on the widths) and a quantized BatchNorm multiplier
+/// in waves: the per-edge search's first step to float rounding, finite losses, the same
+/// bit-width rows, and an error row for every quantizer site the per-edge search records.
+#[test]
+fn a_bit_width_search_in_waves_takes_the_per_edge_first_step() {
+    let dir = common::scratch("batched-bits");
+    let extra = "[search.bits]\nweight = [2, 4, 8]\nact = [4, 8]\n[search.cost]\n\
+                 metric = \"bitops\"\ntarget = 1e5\nweight = 1.0\ncharge = \"bits\"\n";
+    let sets = ["quant.quantize_bn_multiplier=true"];
+    let (edges, waves) = edges_and_waves(&dir, extra, &sets, 1e-4);
+    assert_eq!(error_layers(&edges.run_dir), error_layers(&waves.run_dir));
+    let rows = |run: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(run.join("bits.csv")).unwrap();
+        text.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect()
+    };
+    let (a, b) = (rows(&edges.run_dir), rows(&waves.run_dir));
+    assert!(a.len() > 1, "bits.csv rows: {a:?}");
+    assert_eq!(a, b, "bits.csv's rows");
 }
 
 /// Perturbation selection's measurements in waves (DARTS-PT: the supernet with one op or whole

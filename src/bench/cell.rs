@@ -12,7 +12,6 @@ use qdarts_genotypes::Primitive;
 use qdarts_kernels::launches::counted_by_kernel;
 use qdarts_ops::candidates::{Pass, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::QuantPass;
 use qdarts_search::supernet::{BatchedCell, CellShape, SearchCell};
 
 use super::timing::{Timing, settle, write_csv};
@@ -78,7 +77,7 @@ pub fn cell_rows(
             |a: QTensor, b: QTensor| cell.forward(a, b, &weights, None, 0.0, Pass::default()).value;
         let waves = |a: QTensor, b: QTensor| {
             let (a, b) = (cell.preproc0.forward(a), cell.preproc1.forward(b));
-            batched.forward((a, b), stacked.clone(), None, 0.0, &cell, QuantPass::OFF).value
+            batched.forward((a, b), stacked.clone(), None, 0.0, &cell, Pass::default()).value
         };
         let forms: [&dyn Fn(QTensor, QTensor) -> Tensor<4>; 2] = [&edges, &waves];
         for f in forms {

@@ -78,6 +78,62 @@ impl BitMix {
         out.unwrap_or(x)
     }
 
+    /// The mixes of `sites` (alike: the same widths) as one: at each width the stacked
+    /// quantizer of the sites' ([`FakeQuantizer::stacked`], a row per site, in order), under
+    /// `path` with the width's suffix.
+    ///
+    /// # Errors
+    /// If `sites` is empty, their widths differ, or their quantizers do not stack.
+    pub fn stacked(sites: &[&BitMix], path: &str) -> Result<Self, SpecError> {
+        let first = sites.first().ok_or_else(|| SpecError::Stacked(format!("{path}: no sites")))?;
+        if sites.iter().any(|m| m.bits != first.bits) {
+            return Err(SpecError::Stacked(format!("{path}: the sites' bit widths differ")));
+        }
+        let quantizers = (0..first.bits.len())
+            .map(|i| {
+                let tag = if first.quantizers[i].role() == TensorRole::Weight { "w" } else { "a" };
+                let at: Vec<&FakeQuantizer> = sites.iter().map(|m| &m.quantizers[i]).collect();
+                FakeQuantizer::stacked(&at, format!("{path}.{tag}{}", first.bits[i]))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(BitMix { quantizers, bits: first.bits.clone() })
+    }
+
+    /// Row `r` of a stacked mix ([`stacked`](Self::stacked)) into `site`, one of the mixes it
+    /// stacks (or one like it): each width's observer state.
+    pub fn row_into(&self, r: usize, site: &BitMix) {
+        for (all, to) in self.quantizers.iter().zip(&site.quantizers) {
+            all.row_into(r, to);
+        }
+    }
+
+    /// A stacked mix's [`forward`](Self::forward): `Σ_i probs[r, i] · Q_{b_i}(x)` with each
+    /// row `r`'s own probabilities. `view` `[A, R, B]` is `x` seen with its rows on the middle
+    /// axis (the quantizers see `x` as it is).
+    ///
+    /// # Shapes
+    /// - x: any, `A·R·B` values; probs: `[R, B_w]`, a softmax per row; output: as x.
+    pub fn forward_rows<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        probs: Tensor<2>,
+        view: [usize; 3],
+        qp: QuantPass,
+    ) -> Tensor<D> {
+        let dims = x.dims();
+        let rows = view[1];
+        let mut out: Option<Tensor<3>> = None;
+        for (i, q) in self.quantizers.iter().enumerate() {
+            let p = probs.clone().slice([0..rows, i..i + 1]).reshape([1, rows, 1]);
+            let y = q.forward_in(x.clone(), qp).0.reshape(view).mul(p);
+            out = Some(match out {
+                Some(acc) => acc.add(y),
+                None => y,
+            });
+        }
+        out.map_or(x, |o| o.reshape(dims))
+    }
+
     /// The expected bit width `Σ_i probs_i · b_i`, `[1]`.
     pub fn expected_bits(&self, probs: Tensor<1>) -> Tensor<1> {
         let bits: Vec<f32> = self.bits.iter().map(|&b| b as f32).collect();

@@ -67,8 +67,8 @@ pub struct ModelConfig {
     #[serde(default = "ModelConfig::default_partial_channels")]
     pub partial_channels: usize,
     /// Run each cell in waves (the batched cell, docs/design/waves.md): each candidate kind one
-    /// chain of kernels over a wave's stacked edges. Not with LSQ quantizers or a bit-width
-    /// search (refused: they run edge by edge).
+    /// chain of kernels over a wave's stacked edges. Not with LSQ quantizers (refused: they
+    /// run edge by edge).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub batched_cells: bool,
 }

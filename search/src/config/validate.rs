@@ -18,7 +18,7 @@ fn bad(path: &Path, key: &str, message: &str) -> Result<(), ConfigError> {
 impl ExperimentConfig {
     /// `[model]`: the supernet, and what the batched cells run.
     pub(super) fn validate_model(&self, path: &Path, r: &Ranges<'_>) -> Result<(), ConfigError> {
-        let (m, s) = (&self.model, &self.search);
+        let m = &self.model;
         r.count("model.layers", m.layers, 3, 64)?;
         if m.partial_channels == 0 || !m.init_channels.is_multiple_of(m.partial_channels) {
             return bad(
@@ -28,19 +28,11 @@ impl ExperimentConfig {
             );
         }
         r.count("model.nodes", m.nodes, 1, 16)?;
-        if m.batched_cells {
-            let conflict = [
-                (self.quant.preset == Preset::Lsq, "quant.preset = \"lsq\""),
-                (s.bits.is_some(), "[search.bits]"),
-            ];
-            if let Some((_, what)) = conflict.iter().find(|(on, _)| *on) {
-                let message = format!(
-                    "runs cells without LSQ quantizers or a bit-width search; this config has \
-                     {what}: set model.batched_cells = false \
-                     (or leave it out) to run it edge by edge"
-                );
-                return bad(path, "model.batched_cells", &message);
-            }
+        if m.batched_cells && self.quant.preset == Preset::Lsq {
+            let message = "runs cells without LSQ quantizers; this config has quant.preset = \
+                           \"lsq\": set model.batched_cells = false (or leave it out) to run it \
+                           edge by edge";
+            return bad(path, "model.batched_cells", message);
         }
         r.count("model.stem_multiplier", m.stem_multiplier, 1, 16)?;
         if m.primitives.is_empty() || m.primitives.iter().all(|p| *p == Primitive::None) {

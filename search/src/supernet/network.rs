@@ -13,7 +13,7 @@ use qdarts_ops::qconfig::{QuantConfig, Site};
 use qdarts_ops::quant::{FakeQuantizer, QuantPass, SpecError};
 
 use super::alphas::ArchWeights;
-use super::batched::{BatchError, BatchedCell};
+use super::batched::{BatchError, BatchedCell, CellBits};
 use super::cell::{CellShape, SearchCell};
 
 /// The shape of a search network.
@@ -178,7 +178,9 @@ impl SearchNetwork {
                     if cell.reduction { (&w_reduce, &e_reduce) } else { (&w_normal, &e_normal) };
                 let p0 = cell.preproc0.forward_in(s0, qp);
                 let p1 = cell.preproc1.forward_in(s1.clone(), qp);
-                let out = b.forward((p0, p1), w.clone(), e.clone(), self.aux_skip, cell, qp);
+                let bits = a.bits.as_ref().map(|b| CellBits::of(b, cell.reduction));
+                let pass = Pass { quant: qp, bits: bits.as_ref() };
+                let out = b.forward((p0, p1), w.clone(), e.clone(), self.aux_skip, cell, pass);
                 (s0, s1) = (s1, out);
                 continue;
             }

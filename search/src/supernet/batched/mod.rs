@@ -23,17 +23,19 @@
 //!   concatenation and a matmul.
 //!
 //! The values are those of [`SearchCell`](super::SearchCell), but for the order of the sums (a
-//! node's terms are one dot product over the wave's columns rather than added edge by edge); `tests/batched.rs` holds the two
-//! together, forward and every gradient. It runs float and quantized cells, with PC-DARTS'
-//! edge weights or without, DARTS-' auxiliary skip, and partial channels ([`partial`]); the
-//! per-edge cell stays the reference and runs everything else.
+//! node's terms are one dot product over the wave's columns rather than added edge by edge);
+//! `tests/batched.rs` holds the two together, forward and every gradient. It runs float and
+//! quantized cells (a quantized BatchNorm multiplier and a bit-width search's mixes included,
+//! [`bits`]), with PC-DARTS' edge weights or without, DARTS-' auxiliary skip, and partial
+//! channels ([`partial`]); the per-edge cell stays the reference and runs everything else
+//! (LSQ).
 
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use qdarts_genotypes::Primitive;
 use qdarts_kernels::direct_conv::direct_available;
 use qdarts_kernels::fan_out::fan_out;
-use qdarts_ops::candidates::{QPoolBN, QTensor, QuantSites};
+use qdarts_ops::candidates::{Pass, QPoolBN, QTensor, QuantSites};
 use qdarts_ops::quant::hold::relu_held;
 use qdarts_ops::quant::{FakeQuantizer, QuantPass, SpecError};
 
@@ -119,8 +121,8 @@ impl BatchedCell {
     /// `s0`, `s1` are `cell`'s preprocessed inputs, `edge` PC-DARTS'
     /// edge weights where edges are normalized, `aux_skip` DARTS-' β (each stride-1 edge adds
     /// its source times β to its node; 0: none), `cell` the cell this one batches (its node
-    /// adds and output concatenation run as they are), `qp` what the quantizers do besides
-    /// quantizing.
+    /// adds and output concatenation run as they are), `pass` what the quantizers do besides
+    /// quantizing and, under a bit-width search, the cell type's softmaxes over the widths.
     ///
     /// # Shapes
     /// - s0, s1: `[N, C, H, W]` (s0 at twice the resolution in a reduction cell, as s1);
@@ -133,8 +135,9 @@ impl BatchedCell {
         edge: Option<Tensor<1>>,
         aux_skip: f32,
         cell: &SearchCell,
-        qp: QuantPass,
+        pass: Pass<CellBits>,
     ) -> QTensor {
+        let qp = pass.quant;
         let mut states = vec![s0, s1];
         let plan = waves(self.nodes);
         let [edges, k] = weights.dims();
@@ -144,7 +147,7 @@ impl BatchedCell {
                 None => weights.reshape([edges * k]),
             };
             let extras = (edge, aux_skip);
-            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell, qp);
+            return self.forward_quantized(states, &sums::with_zero(flat), k, extras, cell, pass);
         }
         // PC-DARTS' edge weights scale each edge's mixing weights (the per-edge cell scales
         // the edge's sum: the same value but for rounding).
@@ -163,7 +166,7 @@ impl BatchedCell {
             if self.partial > 1 {
                 // The candidates on the first C/K channels; the node completed below.
                 let heads = partial::heads(&states, self.partial);
-                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k, qp);
+                let (t, shape) = ops.forward(wave, &heads, (&flat, c), k, pass);
                 let sum = match partial.take() {
                     Some(p) => p.add(t),
                     None => t,
@@ -182,7 +185,7 @@ impl BatchedCell {
                 partial = rest;
                 continue;
             }
-            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k, qp);
+            let (mut t, shape) = ops.forward(wave, &states, (&flat, c), k, pass);
             // DARTS-' auxiliary skip: the sources' sum times β, added to every node fed.
             let aux = auxiliary(&states, wave, aux_skip, cell.reduction);
             if let Some(a) = aux.into_iter().flatten().reduce(|a, b| a.add(b)) {
@@ -248,8 +251,9 @@ impl WaveOps {
         states: &[QTensor],
         (flat, coefficients): (&Tensor<1>, Option<Tensor<3>>),
         k: usize,
-        qp: QuantPass,
+        pass: Pass<CellBits>,
     ) -> (Tensor<3>, [usize; 4]) {
+        let qp = pass.quant;
         let (sources, per, edges) = (wave.sources.len(), wave.per_source(), wave.edges.len());
         let input = side_by_side(wave, states);
         // The sources after the ReLU that every convolutional candidate starts with, and
@@ -277,7 +281,7 @@ impl WaveOps {
                 true => Sources::BeforeRelu(value()),
                 false => Sources::AfterRelu(relu_sources.clone().expect("built above")),
             };
-            let (outs, node) = bank.forward(x, per, qp);
+            let (outs, node) = bank.forward(x, per, pass);
             shape = node;
             columns.extend(outs);
             blocks.extend(bank.primitives().into_iter().map(|p| (p, Block::Edges)));
@@ -293,7 +297,7 @@ impl WaveOps {
                         .as_ref()
                         .map(|g| grids::stacked_grid(g, input.dims(), sources, per, 1));
                     let x = stack_sources(r, sources, per, 1);
-                    (reduce.forward(x, grid.as_ref(), qp), Block::Edges)
+                    (reduce.forward(x, grid.as_ref(), pass), Block::Edges)
                 }
                 Slot::Identity => (value(), Block::Sources),
                 Slot::Pool(i) => {
@@ -362,11 +366,17 @@ impl QuantSites for BatchedCell {
                     q.extend(dw);
                     q.extend([dw_act, pw, act].into_iter().flatten());
                     q.extend(&stage.bn.wq);
+                    let StageMixes { dw, dw_act, pw, act } = &stage.mixes;
+                    let mixes = dw.iter().chain([dw_act, pw, act].into_iter().flatten());
+                    q.extend(mixes.flat_map(|m| &m.mix.quantizers));
                 }
             }
             q.extend(w.pools.iter().flat_map(|p| p.quantizers()));
             q.extend(w.pool_acts.iter().flatten());
-            q.extend(w.reduce.iter().flat_map(|r| r.quant.iter().flatten().chain(&r.bn.wq)));
+            if let Some(r) = &w.reduce {
+                q.extend(r.quant.iter().flatten().chain(&r.bn.wq));
+                q.extend(r.mixes.iter().flatten().flat_map(|m| &m.mix.quantizers));
+            }
             q.extend(w.edge_act.iter().chain(&w.zero_act));
         }
         q
@@ -374,6 +384,7 @@ impl QuantSites for BatchedCell {
 }
 
 mod bank;
+mod bits;
 mod grids;
 mod nodes;
 mod partial;
@@ -381,5 +392,8 @@ mod reduce;
 mod stack;
 mod sums;
 
-pub use bank::{BankKind, BankStage, ConvBank, DwGroup, Sources, StageQuant, stack_sources};
+pub use bank::{
+    BankKind, BankStage, ConvBank, DwGroup, Sources, StageMixes, StageQuant, stack_sources,
+};
+pub use bits::CellBits;
 pub use reduce::StackedReduce;

@@ -5,12 +5,11 @@
 use burn::tensor::Tensor;
 use qdarts_kernels::pick::pick;
 use qdarts_kernels::split::split;
-use qdarts_ops::candidates::QTensor;
-use qdarts_ops::quant::QuantPass;
+use qdarts_ops::candidates::{Pass, QTensor};
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
-use super::{BatchedCell, partial};
+use super::{BatchedCell, CellBits, partial};
 
 impl BatchedCell {
     /// [`forward`](Self::forward) of a quantized cell: each wave gives every edge's output on
@@ -28,8 +27,9 @@ impl BatchedCell {
         k: usize,
         (edge, aux_skip): (Option<Tensor<1>>, f32),
         cell: &SearchCell,
-        qp: QuantPass,
+        pass: Pass<CellBits>,
     ) -> QTensor {
+        let qp = pass.quant;
         // Each node's operands by (edge, 0) for the edge's output on its grid and (edge, 1)
         // for DARTS-' auxiliary term of its source: the per-edge cell's order.
         let mut operands: Vec<Vec<((usize, u8), Tensor<4>)>> = vec![Vec::new(); self.nodes];
@@ -46,12 +46,12 @@ impl BatchedCell {
         });
         for (w, ((wave, ops), c)) in plan.iter().zip(&self.waves).zip(coefficients).enumerate() {
             let (out, shape) = match self.partial {
-                1 => ops.forward(wave, &states, (flat, c), k, qp),
+                1 => ops.forward(wave, &states, (flat, c), k, pass),
                 // The candidates on the first C/K channels; each edge's output their sum and
                 // the source's bypassed channels, shuffled, before its output quantizer.
                 kp => {
                     let (mixed, shape) =
-                        ops.forward(wave, &partial::heads(&states, kp), (flat, c), k, qp);
+                        ops.forward(wave, &partial::heads(&states, kp), (flat, c), k, pass);
                     partial::edge_outputs(mixed, shape, &states, wave, cell.reduction, kp)
                 }
             };

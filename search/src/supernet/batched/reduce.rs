@@ -4,10 +4,11 @@ use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, s};
 use qdarts_kernels::direct_conv::{conv2d as direct_conv2d, direct_available};
-use qdarts_ops::candidates::{Bias, QBatchNorm};
-use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass};
+use qdarts_ops::candidates::{Bias, Pass, QBatchNorm};
+use qdarts_ops::quant::{FakeQuantizer, Grid};
 
 use super::bank;
+use super::bits::{CellBits, RowMix};
 use qdarts_kernels::cat::cat;
 
 /// FactorizedReduce over the stacked edges: two strided 1×1 convolutions in `E` groups, each
@@ -23,30 +24,44 @@ pub struct StackedReduce {
     /// The halves' weight quantizers (per output channel of each edge) and the output's
     /// (per tensor of each edge); none in a float cell.
     pub quant: [Option<FakeQuantizer>; 3],
+    /// Their mixes under a bit-width search, a row per edge.
+    pub mixes: [Option<RowMix>; 3],
     /// Edges `E`.
     pub edges: usize,
 }
 
 impl StackedReduce {
-    /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel), the
-    /// quantizers in the pass `qp`.
-    pub(super) fn forward(&self, x: Tensor<4>, grid: Option<&Grid>, qp: QuantPass) -> Tensor<4> {
+    /// On `x`, every edge's input side by side after the ReLU, on `grid` (per channel), in
+    /// the pass `pass` (the quantizers' held rounding, a bit-width search's softmaxes).
+    pub(super) fn forward(
+        &self,
+        x: Tensor<4>,
+        grid: Option<&Grid>,
+        pass: Pass<CellBits>,
+    ) -> Tensor<4> {
+        let qp = pass.quant;
         let [n, _, h, w] = x.dims();
         let shifted = x.clone().narrow(2, 1, h - 1).narrow(3, 1, w - 1);
         let e = self.edges;
-        let half = |x: Tensor<4>, wt: &Param<Tensor<4>>, q: &Option<FakeQuantizer>| {
+        let half = |x: Tensor<4>, wt: &Param<Tensor<4>>, i: usize| {
             let x = x.slice(s![.., .., 0..;2, 0..;2]);
-            let (wt, g) = match q {
-                Some(q) => {
+            let (wt, g) = match (&self.quant[i], &self.mixes[i], pass.bits) {
+                // EdMIPS' composite convolution: no single grid, no bias unit.
+                (_, Some(m), Some(bits)) => {
+                    let w = wt.val();
+                    let view = [1, e, w.shape().num_elements() / e];
+                    (m.forward(w, &bits.weight, view, qp), None)
+                }
+                (Some(q), _, _) => {
                     let (w, g) = q.forward_in(wt.val(), qp);
                     (w, Some(g))
                 }
-                None => (wt.val(), None),
+                (None, _, _) => (wt.val(), None),
             };
             (grouped_pointwise(x, wt, e), g)
         };
-        let [q1, q2, act] = &self.quant;
-        let ((y1, g1), (y2, g2)) = (half(x, &self.conv1, q1), half(shifted, &self.conv2, q2));
+        let [q1, _, act] = &self.quant;
+        let ((y1, g1), (y2, g2)) = (half(x, &self.conv1, 0), half(shifted, &self.conv2, 1));
         let [_, c2, oh, ow] = y1.dims();
         // Each edge's halves side by side.
         let side = |a: Tensor<4>, b: Tensor<4>| {
@@ -69,7 +84,8 @@ impl StackedReduce {
             }
             _ => None,
         };
-        bank::quantize_rows(act, self.bn.forward_biased(y, bias, qp), qp).0
+        let y = self.bn.forward_biased(y, bias, qp);
+        bank::quantize_or_mix((act, &self.mixes[2]), y, pass).0
     }
 }
 

@@ -7,11 +7,12 @@ use qdarts_genotypes::Primitive;
 use qdarts_ops::candidates::{CandidateOp, Ctx, QBatchNorm, QDilConv, QFactorizedReduce, QPoolBN};
 use qdarts_ops::network::Preprocess;
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::FakeQuantizer;
+use qdarts_ops::quant::{BitMix, FakeQuantizer};
 
 use super::super::cell::SearchCell;
 use super::super::waves::{Wave, waves};
 use super::bank::stack_sites;
+use super::bits::RowMix;
 use super::{BankKind, BankStage, BatchError, BatchedCell, ConvBank, Slot, StackedReduce, WaveOps};
 
 /// A BN of the stacked channels holding each edge's running statistics, and where the
@@ -80,11 +81,13 @@ impl WaveOps {
                         })
                         .collect();
                     let bns: Vec<&QBatchNorm> = frs.iter().map(|fr| &fr.bn).collect();
-                    if frs.iter().any(|fr| fr.act_mix.is_some()) {
-                        return Err(BatchError::Quantizers(at));
-                    }
                     let site = |f: fn(&QFactorizedReduce) -> Option<&FakeQuantizer>, name: &str| {
                         stack_sites(frs.iter().map(|fr| f(fr)).collect(), &format!("{at}.{name}"))
+                    };
+                    let row_ops = wave.edges.iter().map(|e| e * primitives.len() + p);
+                    let mix = |f: fn(&QFactorizedReduce) -> Option<&BitMix>, name: &str| {
+                        let sites = frs.iter().map(|fr| f(fr)).collect();
+                        RowMix::stack(sites, row_ops.clone().collect(), &format!("{at}.{name}"))
                     };
                     reduce = Some(StackedReduce {
                         conv1: stacked(frs.iter().map(|fr| fr.conv1.weight.val()).collect()),
@@ -94,6 +97,11 @@ impl WaveOps {
                             site(|fr| fr.conv1.wq.as_ref(), "conv1.weight")?,
                             site(|fr| fr.conv2.wq.as_ref(), "conv2.weight")?,
                             site(|fr| fr.act.as_ref(), "act")?,
+                        ],
+                        mixes: [
+                            mix(|fr| fr.conv1.wmix.as_ref(), "conv1.weight")?,
+                            mix(|fr| fr.conv2.wmix.as_ref(), "conv2.weight")?,
+                            mix(|fr| fr.act_mix.as_ref(), "act")?,
                         ],
                         edges: frs.len(),
                     });
@@ -113,7 +121,8 @@ impl WaveOps {
         for (i, &p) in seps.iter().chain(&dils).enumerate() {
             slots[p] = Slot::Conv(i);
         }
-        let bank = conv_bank(cell, wave, (&seps, &dils), &format!("{path}.bank"))?;
+        let kinds = (&seps[..], &dils[..]);
+        let bank = conv_bank(cell, wave, kinds, primitives.len(), &format!("{path}.bank"))?;
         let acts = wave.edges.iter().map(|&k| cell.edges[k].act.as_ref()).collect();
         let edge_act = stack_sites(acts, &format!("{path}.act"))?;
         let zeros = slots.iter().position(|s| *s == Slot::Zero).map(|p| {
@@ -129,11 +138,12 @@ impl WaveOps {
 }
 
 /// The bank of the separable (`seps`) and dilated (`dils`) candidates of `wave`, by primitive
-/// index; none where there are neither.
+/// index (of `k`); none where there are neither.
 fn conv_bank(
     cell: &SearchCell,
     wave: &Wave,
     (seps, dils): (&[usize], &[usize]),
+    k: usize,
     path: &str,
 ) -> Result<Option<ConvBank>, BatchError> {
     if seps.is_empty() && dils.is_empty() {
@@ -161,7 +171,7 @@ fn conv_bank(
     let build = |ps: Vec<usize>, second: bool, at: &str| -> Result<BankStage, BatchError> {
         let ops: Vec<Vec<&QDilConv>> = ps.iter().map(|&p| stage(p, second)).collect();
         let kinds = ps.iter().zip(&ops).map(|(&p, o)| kind(p, o[0])).collect();
-        BankStage::new(&ops, kinds, at)
+        BankStage::new(&ops, kinds, (&wave.edges, k), at)
     };
     let all: Vec<usize> = seps.iter().chain(dils).copied().collect();
     let first = build(all, false, &format!("{path}.op1"))?;
@@ -186,6 +196,13 @@ fn bank_into(stage: &BankStage, i: usize, j: usize, op: &mut QDilConv) {
     row_into(&q.dw_act, row, &op.dw_act);
     row_into(&q.pw, row, &op.pw.wq);
     row_into(&q.act, row, &op.act);
+    let m = &stage.mixes;
+    if let (Some(all), Some(site)) = (m.dw.get(g), &op.dw.wmix) {
+        all.mix.row_into((i - stage.groups[g].kinds.start) * stage.edges + j, site);
+    }
+    RowMix::row_into(&m.dw_act, row, &op.dw_act_mix);
+    RowMix::row_into(&m.pw, row, &op.pw.wmix);
+    RowMix::row_into(&m.act, row, &op.act_mix);
 }
 
 /// Row `r` of a stacked quantizer into its site's, where both are quantized.
@@ -335,6 +352,10 @@ impl BatchedCell {
                             row_into(q1, j, &fr.conv1.wq);
                             row_into(q2, j, &fr.conv2.wq);
                             row_into(act, j, &fr.act);
+                            let [m1, m2, m_act] = &r.mixes;
+                            RowMix::row_into(m1, j, &fr.conv1.wmix);
+                            RowMix::row_into(m2, j, &fr.conv2.wmix);
+                            RowMix::row_into(m_act, j, &fr.act_mix);
                         }
                         (Slot::Pool(i), CandidateOp::Pool(op)) => {
                             bn_slice_into(&op.bn, &ops.pools[*i].bn, wave.source_of[j]);

@@ -28,12 +28,14 @@ use burn::tensor::Tensor;
 use qdarts_kernels::direct_conv::{GroupInputs, direct_available};
 use qdarts_kernels::relu::relu;
 use qdarts_kernels::split::split;
+use qdarts_ops::candidates::Pass;
 use qdarts_ops::quant::hold::{narrow_channels, relu_held};
 use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass};
 
 mod stage;
 
 use super::BatchError;
+use super::bits::{CellBits, RowMix};
 pub use stage::BankStage;
 use stage::weights_now;
 
@@ -76,6 +78,38 @@ pub struct StageQuant {
     pub pw: Option<FakeQuantizer>,
     /// Outputs (per tensor of each edge).
     pub act: Option<FakeQuantizer>,
+}
+
+/// A stage's mixes under a bit-width search ([`RowMix`]), each standing for every (kind, edge)
+/// of the stage as one row (empty and none otherwise): the quantizers they mix are the
+/// sites' own at each candidate width.
+#[derive(Module, Debug)]
+pub struct StageMixes {
+    /// Depthwise weights, per dilation group.
+    pub dw: Vec<RowMix>,
+    /// Depthwise outputs.
+    pub dw_act: Option<RowMix>,
+    /// 1×1 weights.
+    pub pw: Option<RowMix>,
+    /// Outputs.
+    pub act: Option<RowMix>,
+}
+
+/// [`quantize_rows`], or where the pass mixes widths and `mix` is there, the mix of every
+/// row's quantizers at its op's activation widths (no single grid then).
+pub(super) fn quantize_or_mix(
+    (q, mix): (&Option<FakeQuantizer>, &Option<RowMix>),
+    x: Tensor<4>,
+    pass: Pass<CellBits>,
+) -> (Tensor<4>, Option<Grid>) {
+    match (mix, pass.bits) {
+        (Some(m), Some(bits)) => {
+            let [n, c, h, w] = x.dims();
+            let view = [n, m.ops.len(), c / m.ops.len() * h * w];
+            (m.forward(x.reshape(view), &bits.act, view, pass.quant).reshape([n, c, h, w]), None)
+        }
+        _ => quantize_rows(q, x, pass.quant),
+    }
 }
 
 /// A stacked quantizer of `sites`: none where every site is float.
@@ -160,15 +194,21 @@ impl ConvBank {
     /// Every kind's output on the wave's sources `x` `[N, S·C, H, W]` after the ReLU (`per`
     /// edges from each), as columns of the node sums: tensors `[N, kinds·E, C·H'·W']` whose
     /// kinds, in order, are the bank's (separable first); and the shape of one node,
-    /// `[N, C, H', W']`. `qp`: what the quantizers do besides quantizing.
-    pub fn forward(&self, x: Sources, per: usize, qp: QuantPass) -> (Vec<Tensor<3>>, [usize; 4]) {
+    /// `[N, C, H', W']`. `pass`: what the quantizers do besides quantizing, and under a
+    /// bit-width search the cell's softmaxes over the widths.
+    pub fn forward(
+        &self,
+        x: Sources,
+        per: usize,
+        pass: Pass<CellBits>,
+    ) -> (Vec<Tensor<3>>, [usize; 4]) {
         let (Sources::BeforeRelu(t) | Sources::AfterRelu(t)) = &x;
         let merged = direct_available(&t.device(), t.dtype());
         let sources = t.dims()[1] / self.first.channels;
         let seps = self.second.as_ref().map_or(0, |s| s.kinds.len());
         let (width, c) = (self.first.width(), self.first.channels);
         let stages: Vec<&BankStage> = std::iter::once(&self.first).chain(&self.second).collect();
-        let mut weights = weights_now(&stages, qp).into_iter();
+        let mut weights = weights_now(&stages, pass).into_iter();
         let mut weights = move || weights.next().expect("weights per stage");
         if merged || self.first.quantized() {
             // Every kind's channels side by side after the depthwise convolutions: one chain

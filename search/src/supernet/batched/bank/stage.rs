@@ -1,19 +1,22 @@
 //! One stage of a bank (depthwise – 1×1 – BN over every kind and edge of a wave): merged on
 //! the CubeCL runtimes, kind by kind on flex.
 
+use std::ops::Range;
+
 use burn::module::{Module, Param};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Tensor, TensorData, s};
 use qdarts_kernels::depthwise_conv::conv2d;
 use qdarts_kernels::direct_conv::{GroupInputs, Inset, conv2d_reading_inset, direct_available};
 use qdarts_kernels::split::split;
-use qdarts_ops::candidates::{Bias, Ctx, QBatchNorm, QDilConv, QTensor};
+use qdarts_ops::candidates::{Bias, Ctx, Pass, QBatchNorm, QDilConv, QTensor};
 use qdarts_ops::qconfig::QuantConfig;
-use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass, SpecError};
+use qdarts_ops::quant::{BitMix, FakeQuantizer, Grid, SpecError};
 
 use super::super::BatchError;
+use super::super::bits::{CellBits, RowMix};
 use super::super::reduce::grouped_pointwise;
-use super::{BankKind, DwGroup, Input, StageQuant, quantize_rows, stack_sites};
+use super::{BankKind, DwGroup, Input, StageMixes, StageQuant, quantize_or_mix, stack_sites};
 use qdarts_kernels::cat::cat;
 use qdarts_kernels::grad_mask::masked_gradient;
 
@@ -28,6 +31,8 @@ pub struct BankStage {
     pub bn: QBatchNorm,
     /// The stage's quantizers (none in a float cell).
     pub quant: StageQuant,
+    /// The stage's mixes under a bit-width search.
+    pub mixes: StageMixes,
     /// The stage's kinds, in the bank's order.
     #[module(skip)]
     pub kinds: Vec<BankKind>,
@@ -49,10 +54,12 @@ fn centre(big: usize, k: usize) -> usize {
 
 impl BankStage {
     /// The stage of `ops[kind][edge]`, whose kinds are `kinds` (same stride throughout, and
-    /// within a dilation the same padding once centred).
+    /// within a dilation the same padding once centred); its edges are the cell's `edges`, of
+    /// `k` candidates each (a bit-width search's rows are ops `edge·k + primitive`).
     pub fn new(
         ops: &[Vec<&QDilConv>],
         kinds: Vec<BankKind>,
+        (edges_of, k): (&[usize], usize),
         path: &str,
     ) -> Result<Self, BatchError> {
         let first = ops[0][0];
@@ -95,23 +102,42 @@ impl BankStage {
             .collect();
         let all = || ops.iter().flatten();
         let bns: Vec<&QBatchNorm> = all().map(|op| &op.bn).collect();
-        if all().any(|op| op.dw_act_mix.is_some() || op.dw.wmix.is_some()) {
-            return Err(BatchError::Quantizers(format!("{path}: a bit-width search")));
-        }
-        let mut dw_q = Vec::new();
-        for g in &groups {
-            let sites = ops[g.kinds.clone()].iter().flatten().map(|op| op.dw.wq.as_ref());
-            let Some(mut q) = stack_sites(sites.collect(), &format!("{path}.dw.weight"))? else {
-                continue;
-            };
-            // A filter padded to the group's kernel counts its own taps.
+        // A filter padded to the group's kernel counts its own taps.
+        let counted = |mut q: FakeQuantizer, g: &DwGroup| {
             for (i, kind) in kinds[g.kinds.clone()].iter().enumerate() {
                 for e in 0..edges {
                     q = q.with_row_numel(i * edges + e, c * kind.kernel * kind.kernel);
                 }
             }
-            dw_q.push(q);
+            q
+        };
+        // Each (kind, edge) row's op in the cell.
+        let row_ops = |range: Range<usize>| -> Vec<usize> {
+            let kinds = &kinds[range];
+            kinds.iter().flat_map(|kind| edges_of.iter().map(|e| e * k + kind.primitive)).collect()
+        };
+        let (mut dw_q, mut dw_mix) = (Vec::new(), Vec::new());
+        for g in &groups {
+            let group = || ops[g.kinds.clone()].iter().flatten();
+            let at = format!("{path}.dw.weight");
+            let sites = group().map(|op| op.dw.wq.as_ref()).collect();
+            dw_q.extend(stack_sites(sites, &at)?.map(|q| counted(q, g)));
+            let mixes = group().map(|op| op.dw.wmix.as_ref()).collect();
+            if let Some(mut m) = RowMix::stack(mixes, row_ops(g.kinds.clone()), &at)? {
+                m.mix.quantizers = m.mix.quantizers.into_iter().map(|q| counted(q, g)).collect();
+                dw_mix.push(m);
+            }
         }
+        let mix = |f: fn(&QDilConv) -> Option<&BitMix>, name: &str| {
+            let sites = all().map(|op| f(op)).collect();
+            RowMix::stack(sites, row_ops(0..kinds.len()), &format!("{path}.{name}"))
+        };
+        let mixes = StageMixes {
+            dw: dw_mix,
+            dw_act: mix(|op| op.dw_act_mix.as_ref(), "dw.act")?,
+            pw: mix(|op| op.pw.wmix.as_ref(), "pw.weight")?,
+            act: mix(|op| op.act_mix.as_ref(), "act")?,
+        };
         let site = |f: fn(&QDilConv) -> Option<&FakeQuantizer>, name: &str| {
             stack_sites(all().map(|op| f(op)).collect(), &format!("{path}.{name}"))
         };
@@ -123,6 +149,7 @@ impl BankStage {
         };
         Ok(BankStage {
             quant,
+            mixes,
             dw,
             pw: Param::from_tensor(
                 Tensor::cat(all().map(|op| op.pw.weight.val()).collect(), 0).detach(),
@@ -210,23 +237,24 @@ impl BankStage {
             1 => outs.into_iter().next().expect("one"),
             _ => cat(outs, 1),
         };
-        self.finish(y, weights.pw, weights.qp)
+        self.finish(y, weights.pw, weights.pass)
     }
 
     /// The stage after its depthwise convolutions `y` (every kind side by side): their
-    /// quantizer, the 1×1 convolutions in `K·E` groups, the BatchNorm (its bias rounded to the
-    /// accumulators' unit where quantized) and the output quantizer.
+    /// quantizer (or mix), the 1×1 convolutions in `K·E` groups, the BatchNorm (its bias
+    /// rounded to the accumulators' unit where quantized) and the output quantizer (or mix).
     fn finish(
         &self,
         y: Tensor<4>,
         (pw, w_grid): (Tensor<4>, Option<Grid>),
-        qp: QuantPass,
+        pass: Pass<CellBits>,
     ) -> QTensor {
-        let (y, in_grid) = quantize_rows(&self.quant.dw_act, y, qp);
+        let (q, m) = (&self.quant, &self.mixes);
+        let (y, in_grid) = quantize_or_mix((&q.dw_act, &m.dw_act), y, pass);
         let y = grouped_pointwise(y, pw, self.kinds.len() * self.edges);
         let bias = self.bias(w_grid.as_ref(), in_grid.as_ref());
-        let y = self.bn.forward_biased(y, bias, qp);
-        let (value, grid) = quantize_rows(&self.quant.act, y, qp);
+        let y = self.bn.forward_biased(y, bias, pass.quant);
+        let (value, grid) = quantize_or_mix((&q.act, &m.act), y, pass);
         QTensor { value, grid }
     }
 
@@ -290,11 +318,14 @@ impl BankStage {
             && self.inset(g).channels == padded * self.width()
     }
 
-    /// Whether the stage has a quantizer (its BatchNorm's multiplier's included).
+    /// Whether the stage has a quantizer (its BatchNorm's multiplier's included) or a bit-width
+    /// search's mix.
     pub(super) fn quantized(&self) -> bool {
-        let q = &self.quant;
+        let (q, m) = (&self.quant, &self.mixes);
         let bn = self.bn.wq.is_some();
-        !q.dw.is_empty() || q.dw_act.is_some() || q.pw.is_some() || q.act.is_some() || bn
+        let quantized = !q.dw.is_empty() || q.dw_act.is_some() || q.pw.is_some() || q.act.is_some();
+        let mixed = !m.dw.is_empty() || m.dw_act.is_some() || m.pw.is_some() || m.act.is_some();
+        quantized || bn || mixed
     }
 
     /// Kind by kind (flex): `xs` each kind's input (or one input all read), each kind's output;
@@ -303,7 +334,7 @@ impl BankStage {
     /// of the stage sees every kind's tensor at once.
     pub(super) fn forward_per_kind(&self, xs: &[Tensor<4>], weights: StageWeights) -> Vec<QTensor> {
         let (width, e) = (self.width(), self.edges);
-        let StageWeights { filters, pw, qp } = weights;
+        let StageWeights { filters, pw, pass } = weights;
         let dws: Vec<Tensor<4>> = self
             .kinds
             .iter()
@@ -315,7 +346,7 @@ impl BankStage {
             })
             .collect();
         if self.quantized() {
-            return vec![self.finish(cat(dws, 1), pw, qp)];
+            return vec![self.finish(cat(dws, 1), pw, pass)];
         }
         let mut outs = Vec::with_capacity(self.kinds.len());
         let (mut means, mut vars) = (Vec::new(), Vec::new());
@@ -356,11 +387,11 @@ fn padded(w: Tensor<4>, big: usize) -> Tensor<4> {
         .slice_assign(s![.., .., off..off + k, off..off + k], w)
 }
 
-/// A stage's weights as its convolutions use them (see [`weights_now`]), and how the pass's
-/// quantizers hold their rounding.
+/// A stage's weights as its convolutions use them (see [`weights_now`]), and the pass they
+/// were taken in (its quantizers' held rounding, a bit-width search's softmaxes).
 pub(super) struct StageWeights<'a> {
-    /// The pass's held rounding.
-    pub qp: QuantPass<'a>,
+    /// The pass.
+    pub pass: Pass<'a, CellBits>,
     /// Each dilation group's depthwise filters.
     pub filters: Vec<Tensor<4>>,
     /// The 1×1 weights, and their grid where quantized.
@@ -394,10 +425,25 @@ impl Site {
 /// masked where padded (so that the padding, zero from the start, has no gradient and stays
 /// zero) unless the convolution skips the padding, every weight fake-quantized where its stage is quantized, all the stages' weight
 /// quantizers in one [`FakeQuantizer::forward_many`] (on the CubeCL runtimes one launch for
-/// up to eight of them instead of one each).
-pub(super) fn weights_now<'a>(stages: &[&BankStage], qp: QuantPass<'a>) -> Vec<StageWeights<'a>> {
-    let mut sites: Vec<(&FakeQuantizer, Tensor<4>)> = Vec::new();
+/// up to eight of them instead of one each); under a bit-width search each weight the mix of
+/// its rows' quantizers at their ops' widths (EdMIPS' composite convolution).
+pub(super) fn weights_now<'a, 'b>(
+    stages: &[&'b BankStage],
+    pass: Pass<'a, CellBits>,
+) -> Vec<StageWeights<'a>> {
+    let qp = pass.quant;
+    let mut sites: Vec<(&'b FakeQuantizer, Tensor<4>)> = Vec::new();
     let mut plan = Vec::with_capacity(stages.len());
+    // A weight `w` as its quantizer `q` or its mix `m` (rows of `row` values) takes it.
+    let mut site =
+        |q: Option<&'b FakeQuantizer>, m: Option<&'b RowMix>, w: Tensor<4>| match (m, pass.bits) {
+            (Some(m), Some(bits)) => {
+                let rows = m.ops.len();
+                let view = [1, rows, w.shape().num_elements() / rows];
+                Site::Raw(Box::new(m.forward(w, &bits.weight, view, qp)))
+            }
+            _ => Site::of(&mut sites, q, w),
+        };
     for stage in stages {
         let groups = stage.groups.iter().zip(&stage.dw).enumerate();
         let filters: Vec<Site> = groups
@@ -407,10 +453,10 @@ pub(super) fn weights_now<'a>(stages: &[&BankStage], qp: QuantPass<'a>) -> Vec<S
                     Some(mask) => masked_gradient(dw.val(), mask),
                     None => dw.val(),
                 };
-                Site::of(&mut sites, stage.quant.dw.get(i), filters)
+                site(stage.quant.dw.get(i), stage.mixes.dw.get(i), filters)
             })
             .collect();
-        let pw = Site::of(&mut sites, stage.quant.pw.as_ref(), stage.pw.val());
+        let pw = site(stage.quant.pw.as_ref(), stage.mixes.pw.as_ref(), stage.pw.val());
         plan.push((filters, pw));
     }
     let mut done: Vec<Option<(Tensor<4>, Grid)>> =
@@ -424,7 +470,7 @@ pub(super) fn weights_now<'a>(stages: &[&BankStage], qp: QuantPass<'a>) -> Vec<S
     };
     plan.into_iter()
         .map(|(filters, pw)| StageWeights {
-            qp,
+            pass,
             filters: filters.into_iter().map(|f| take(f).0).collect(),
             pw: take(pw),
         })

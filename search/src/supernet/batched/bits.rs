@@ -1,0 +1,92 @@
+//! A bit-width search in waves (EdMIPS' composite quantization, [`BitMix`]): each site's mix
+//! of a wave's (kind, edge) pairs is one stacked mix, a stacked quantizer per candidate width,
+//! and each row mixes them with its own op's softmax over the widths.
+
+use burn::module::Module;
+use burn::tensor::{Int, Tensor, TensorData};
+use qdarts_ops::quant::{BitMix, QuantPass};
+
+use super::super::alphas::BitWeights;
+use super::BatchError;
+
+/// One cell type's softmaxes over the candidate widths, a row per (edge, op) of the cell,
+/// `edge·K + op`.
+#[derive(Debug, Clone)]
+pub struct CellBits {
+    /// Over the weight widths, `[edges·K, Bw]`.
+    pub weight: Tensor<2>,
+    /// Over the activation widths, `[edges·K, Ba]`.
+    pub act: Tensor<2>,
+}
+
+impl CellBits {
+    /// The reduction cell's rows of `bits` (`reduction`), or the normal cell's.
+    pub fn of(bits: &BitWeights, reduction: bool) -> Self {
+        let (w, a) = if reduction {
+            (&bits.weight_reduce, &bits.act_reduce)
+        } else {
+            (&bits.weight_normal, &bits.act_normal)
+        };
+        let flat = |t: &Tensor<3>| {
+            let [e, k, b] = t.dims();
+            t.clone().reshape([e * k, b])
+        };
+        CellBits { weight: flat(w), act: flat(a) }
+    }
+}
+
+/// The mixes of a stacked site: at each candidate width a stacked quantizer (a row per
+/// (kind, edge) it stands for), and each row's op in the cell's `[edges·K]` order, whose
+/// softmax over the widths mixes the row.
+#[derive(Module, Debug)]
+pub struct RowMix {
+    /// The stacked quantizers, one per width.
+    pub mix: BitMix,
+    /// Each row's `edge·K + op`.
+    #[module(skip)]
+    pub ops: Vec<usize>,
+}
+
+impl RowMix {
+    /// The mix of `sites`, whose rows are the cell's ops `ops` (one per site); none where no
+    /// site has a mix.
+    ///
+    /// # Errors
+    /// Where some sites have a mix and others not, or they do not stack.
+    pub(super) fn stack(
+        sites: Vec<Option<&BitMix>>,
+        ops: Vec<usize>,
+        path: &str,
+    ) -> Result<Option<Self>, BatchError> {
+        let mixed: Vec<&BitMix> = sites.iter().flatten().copied().collect();
+        if mixed.is_empty() {
+            return Ok(None);
+        }
+        if mixed.len() < sites.len() {
+            return Err(BatchError::Quantizers(path.to_string()));
+        }
+        Ok(Some(RowMix { mix: BitMix::stacked(&mixed, path)?, ops }))
+    }
+
+    /// `Σ_i p[row, i] · Q_i(x)`, each row's probabilities `p` its op's row of `probs` (a
+    /// [`CellBits`] tensor); `view` is `x` seen as `[A, rows, B]`.
+    pub(super) fn forward<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        probs: &Tensor<2>,
+        view: [usize; 3],
+        qp: QuantPass,
+    ) -> Tensor<D> {
+        let index: Vec<i64> = self.ops.iter().map(|&o| o as i64).collect();
+        let device = probs.device();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [self.ops.len()]), &device);
+        self.mix.forward_rows(x, probs.clone().select(0, index), view, qp)
+    }
+
+    /// Row `r` into `site`'s mix, where it has one.
+    pub(super) fn row_into(mix: &Option<RowMix>, r: usize, site: &Option<BitMix>) {
+        if let (Some(all), Some(site)) = (mix, site) {
+            all.mix.row_into(r, site);
+        }
+    }
+}
