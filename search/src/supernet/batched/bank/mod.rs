@@ -33,11 +33,12 @@ use qdarts_ops::quant::hold::{narrow_channels, relu_held};
 use qdarts_ops::quant::{FakeQuantizer, Grid, QuantPass};
 
 mod stage;
+mod weights;
 
 use super::BatchError;
 use super::bits::{CellBits, RowMix};
 pub use stage::BankStage;
-use stage::weights_now;
+use weights::weights_now;
 
 /// One convolutional kind of a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

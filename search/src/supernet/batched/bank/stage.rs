@@ -16,9 +16,9 @@ use qdarts_ops::quant::{BitMix, FakeQuantizer, Grid, SpecError};
 use super::super::BatchError;
 use super::super::bits::{CellBits, RowMix};
 use super::super::reduce::grouped_pointwise;
+use super::weights::StageWeights;
 use super::{BankKind, DwGroup, Input, StageMixes, StageQuant, quantize_or_mix, stack_sites};
 use qdarts_kernels::cat::cat;
-use qdarts_kernels::grad_mask::masked_gradient;
 
 /// One stage of every kind of a bank: depthwise, 1×1, BN over the stacked edges of a wave.
 #[derive(Module, Debug)]
@@ -66,31 +66,7 @@ impl BankStage {
         let [c, _, _, _] = first.dw.weight.val().dims();
         let edges = ops[0].len();
         let stride = first.dw.options().stride[0];
-        let mut groups: Vec<DwGroup> = Vec::new();
-        for (i, kind) in kinds.iter().enumerate() {
-            match groups.last_mut() {
-                Some(g) if g.dilation == kind.dilation => {
-                    g.kinds.end = i + 1;
-                    g.kernel = g.kernel.max(kind.kernel);
-                }
-                _ => groups.push(DwGroup {
-                    kinds: i..i + 1,
-                    kernel: kind.kernel,
-                    dilation: kind.dilation,
-                    padding: 0,
-                }),
-            }
-        }
-        for g in &mut groups {
-            let k = &kinds[g.kinds.start];
-            g.padding = k.padding + k.dilation * centre(g.kernel, k.kernel);
-            let same = kinds[g.kinds.clone()]
-                .iter()
-                .all(|k| k.padding + k.dilation * centre(g.kernel, k.kernel) == g.padding);
-            if !same {
-                return Err(BatchError::Padding(path.to_string(), g.dilation));
-            }
-        }
+        let groups = dilation_groups(&kinds, path)?;
         let dw = groups
             .iter()
             .map(|g| {
@@ -312,7 +288,7 @@ impl BankStage {
     /// Whether the convolution of `g`'s `filters` skips every padded kind's padding (the
     /// kernels run there, and the padded kinds are the inset ones): their gradient is 0
     /// there already, and the mask would only multiply it by 0 again.
-    fn skips_padding(&self, g: &DwGroup, filters: &Tensor<4>) -> bool {
+    pub(super) fn skips_padding(&self, g: &DwGroup, filters: &Tensor<4>) -> bool {
         let padded = self.kinds[g.kinds.clone()].iter().filter(|k| k.kernel < g.kernel).count();
         direct_available(&filters.device(), filters.dtype())
             && self.inset(g).channels == padded * self.width()
@@ -376,6 +352,40 @@ impl BankStage {
     }
 }
 
+/// `kinds`' dilation groups: runs of consecutive kinds of one dilation, each padded to its
+/// largest kernel.
+///
+/// # Errors
+/// Where a group's kinds do not line up once centred (`path` names the stage).
+fn dilation_groups(kinds: &[BankKind], path: &str) -> Result<Vec<DwGroup>, BatchError> {
+    let mut groups: Vec<DwGroup> = Vec::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        match groups.last_mut() {
+            Some(g) if g.dilation == kind.dilation => {
+                g.kinds.end = i + 1;
+                g.kernel = g.kernel.max(kind.kernel);
+            }
+            _ => groups.push(DwGroup {
+                kinds: i..i + 1,
+                kernel: kind.kernel,
+                dilation: kind.dilation,
+                padding: 0,
+            }),
+        }
+    }
+    for g in &mut groups {
+        let k = &kinds[g.kinds.start];
+        g.padding = k.padding + k.dilation * centre(g.kernel, k.kernel);
+        let same = kinds[g.kinds.clone()]
+            .iter()
+            .all(|k| k.padding + k.dilation * centre(g.kernel, k.kernel) == g.padding);
+        if !same {
+            return Err(BatchError::Padding(path.to_string(), g.dilation));
+        }
+    }
+    Ok(groups)
+}
+
 /// `w` `[C, 1, k, k]` centred in a `[C, 1, big, big]` of zeros.
 fn padded(w: Tensor<4>, big: usize) -> Tensor<4> {
     let [c, _, k, _] = w.dims();
@@ -385,94 +395,4 @@ fn padded(w: Tensor<4>, big: usize) -> Tensor<4> {
     let off = centre(big, k);
     Tensor::zeros([c, 1, big, big], &w.device())
         .slice_assign(s![.., .., off..off + k, off..off + k], w)
-}
-
-/// A stage's weights as its convolutions use them (see [`weights_now`]), and the pass they
-/// were taken in (its quantizers' held rounding, a bit-width search's softmaxes).
-pub(super) struct StageWeights<'a> {
-    /// The pass.
-    pub pass: Pass<'a, CellBits>,
-    /// Each dilation group's depthwise filters.
-    pub filters: Vec<Tensor<4>>,
-    /// The 1×1 weights, and their grid where quantized.
-    pub pw: (Tensor<4>, Option<Grid>),
-}
-
-/// A weight as it is, or the index of its quantizer's site in [`weights_now`].
-enum Site {
-    Raw(Box<Tensor<4>>),
-    Quantized(usize),
-}
-
-impl Site {
-    /// `w` as it is without a quantizer, else a site of `sites`.
-    fn of<'a>(
-        sites: &mut Vec<(&'a FakeQuantizer, Tensor<4>)>,
-        q: Option<&'a FakeQuantizer>,
-        w: Tensor<4>,
-    ) -> Site {
-        match q {
-            Some(q) => {
-                sites.push((q, w));
-                Site::Quantized(sites.len() - 1)
-            }
-            None => Site::Raw(Box::new(w)),
-        }
-    }
-}
-
-/// The weights of `stages` as their convolutions use them: the depthwise filters' gradient
-/// masked where padded (so that the padding, zero from the start, has no gradient and stays
-/// zero) unless the convolution skips the padding, every weight fake-quantized where its stage is quantized, all the stages' weight
-/// quantizers in one [`FakeQuantizer::forward_many`] (on the CubeCL runtimes one launch for
-/// up to eight of them instead of one each); under a bit-width search each weight the mix of
-/// its rows' quantizers at their ops' widths (EdMIPS' composite convolution).
-pub(super) fn weights_now<'a, 'b>(
-    stages: &[&'b BankStage],
-    pass: Pass<'a, CellBits>,
-) -> Vec<StageWeights<'a>> {
-    let qp = pass.quant;
-    let mut sites: Vec<(&'b FakeQuantizer, Tensor<4>)> = Vec::new();
-    let mut plan = Vec::with_capacity(stages.len());
-    // A weight `w` as its quantizer `q` or its mix `m` (rows of `row` values) takes it.
-    let mut site =
-        |q: Option<&'b FakeQuantizer>, m: Option<&'b RowMix>, w: Tensor<4>| match (m, pass.bits) {
-            (Some(m), Some(bits)) => {
-                let rows = m.ops.len();
-                let view = [1, rows, w.shape().num_elements() / rows];
-                Site::Raw(Box::new(m.forward(w, &bits.weight, view, qp)))
-            }
-            _ => Site::of(&mut sites, q, w),
-        };
-    for stage in stages {
-        let groups = stage.groups.iter().zip(&stage.dw).enumerate();
-        let filters: Vec<Site> = groups
-            .map(|(i, (g, dw))| {
-                let mask = (!stage.skips_padding(g, &dw.val())).then(|| stage.mask(g));
-                let filters = match mask.flatten() {
-                    Some(mask) => masked_gradient(dw.val(), mask),
-                    None => dw.val(),
-                };
-                site(stage.quant.dw.get(i), stage.mixes.dw.get(i), filters)
-            })
-            .collect();
-        let pw = site(stage.quant.pw.as_ref(), stage.mixes.pw.as_ref(), stage.pw.val());
-        plan.push((filters, pw));
-    }
-    let mut done: Vec<Option<(Tensor<4>, Grid)>> =
-        FakeQuantizer::forward_many(sites, qp).into_iter().map(Some).collect();
-    let mut take = |s: Site| match s {
-        Site::Raw(w) => (*w, None),
-        Site::Quantized(i) => {
-            let (w, grid) = done[i].take().expect("each site is taken once");
-            (w, Some(grid))
-        }
-    };
-    plan.into_iter()
-        .map(|(filters, pw)| StageWeights {
-            pass,
-            filters: filters.into_iter().map(|f| take(f).0).collect(),
-            pw: take(pw),
-        })
-        .collect()
 }
