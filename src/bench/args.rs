@@ -48,6 +48,11 @@ pub enum BenchCommand {
         /// with `--quant lsq`).
         #[arg(long)]
         batched_cells: bool,
+        /// A bit-width search (EdMIPS' composite quantization) over weights of 2, 4 or 8 bits
+        /// and activations of 4 or 8, as `experiments/bits-default.toml` (needs a `--quant`
+        /// other than float).
+        #[arg(long)]
+        bits: bool,
         /// Timed steps per row.
         #[arg(long, default_value_t = 3)]
         reps: usize,

@@ -33,6 +33,7 @@ struct SearchRequest {
     order: Option<OrderArg>,
     quant: Option<PresetArg>,
     batched: bool,
+    bits: bool,
 }
 
 impl SearchRequest {
@@ -60,6 +61,11 @@ impl SearchRequest {
         if self.batched && presets.contains(&Preset::Lsq) {
             bail!("--batched-cells runs no LSQ quantizers: pick another --quant");
         }
+        if self.bits && presets.contains(&Preset::Float) {
+            bail!(
+                "--bits searches the widths of a quantized network: pick a --quant other than float"
+            );
+        }
         let mut cases = Vec::new();
         for sh in shapes {
             let shape = SearchShape {
@@ -70,7 +76,8 @@ impl SearchRequest {
             };
             for &order in &orders {
                 for &preset in &presets {
-                    cases.push(SearchCase { shape, order, preset, batched: self.batched });
+                    let (batched, bits) = (self.batched, self.bits);
+                    cases.push(SearchCase { shape, order, preset, batched, bits });
                 }
             }
         }
@@ -95,6 +102,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
             order,
             quant,
             batched_cells,
+            bits,
             reps,
             warmup,
             csv,
@@ -110,6 +118,7 @@ pub fn run(cmd: BenchCommand, backend: Backend) -> Result<()> {
                 order,
                 quant,
                 batched: batched_cells,
+                bits,
             };
             search_bench(&request.cases()?, (reps, warmup), csv, backend)
         }
@@ -329,12 +338,18 @@ mod tests {
             order: None,
             quant: None,
             batched: false,
+            bits: false,
         };
         assert_eq!(all.cases().unwrap().len(), 4);
         let waves = SearchRequest { batched: true, ..all };
         assert!(waves.cases().unwrap().iter().all(|c| c.batched));
         let lsq = SearchRequest { quant: Some(PresetArg::Lsq), ..waves };
         assert!(lsq.cases().is_err());
+        // A bit-width search needs quantizers to mix.
+        let bits = SearchRequest { bits: true, ..all };
+        assert!(bits.cases().unwrap_err().to_string().contains("--quant"));
+        let bits = SearchRequest { quant: Some(PresetArg::Tensorrt), ..bits };
+        assert!(bits.cases().unwrap().iter().all(|c| c.bits));
         let one = SearchRequest {
             batch: Some(8),
             layers: Some(5),

@@ -81,13 +81,26 @@ pub struct SearchCase {
     pub preset: Preset,
     /// The cells in waves (the batched cell).
     pub batched: bool,
+    /// A bit-width search over [`BIT_CHOICES`] (EdMIPS' composite quantization).
+    pub bits: bool,
 }
 
+/// The candidate widths of `bench search --bits`, `(weights, activations)`: those of
+/// `experiments/bits-default.toml`.
+pub const BIT_CHOICES: ([u32; 3], [u32; 2]) = ([2, 4, 8], [4, 8]);
+
 impl SearchCase {
-    /// The network column: the shape, and "in waves" for batched cells.
+    /// The network column: the shape, "in waves" for batched cells, "bit search" under a
+    /// bit-width search.
     pub fn network(&self) -> String {
-        let d = self.shape.describe();
-        if self.batched { format!("{d}, in waves") } else { d }
+        let mut d = self.shape.describe();
+        if self.batched {
+            d.push_str(", in waves");
+        }
+        if self.bits {
+            d.push_str(", bit search");
+        }
+        d
     }
 }
 
@@ -162,13 +175,17 @@ fn time_steps_here(
         stem_multiplier: 3,
         primitives: Primitive::DARTS.to_vec(),
         partial_channels: sh.partial,
-        bits: None,
+        bits: case.bits.then(|| (BIT_CHOICES.0.to_vec(), BIT_CHOICES.1.to_vec())),
     };
     let mut net = SearchNetwork::new(&shape, &quant, &ad)?;
     if case.batched {
         net.batch_cells(&shape.primitives)?;
     }
     let mut alphas = Alphas::new(sh.nodes, Primitive::DARTS.len(), &ad);
+    if case.bits {
+        let (w, a) = (BIT_CHOICES.0.len(), BIT_CHOICES.1.len());
+        alphas = alphas.with_bits(Primitive::DARTS.len(), w, a, &ad);
+    }
     let (mut w_optim, mut a_optim) = build_optimizers(&s);
     let batch = || -> Batch {
         (

@@ -182,7 +182,7 @@ fn search_rows() -> Vec<SearchCase> {
     for shape in [DEFAULT_SHAPE, DARTS_SHAPE] {
         for order in [Order::First, Order::Second] {
             for preset in [Preset::Float, Preset::Tensorrt] {
-                rows.push(SearchCase { shape, order, preset, batched: false });
+                rows.push(SearchCase { shape, order, preset, batched: false, bits: false });
             }
         }
         if shape == DARTS_SHAPE {
@@ -191,6 +191,7 @@ fn search_rows() -> Vec<SearchCase> {
                 order: Order::First,
                 preset: Preset::Tensorrt,
                 batched: false,
+                bits: false,
             };
             rows.insert(rows.len() - 2, row);
         }
