@@ -79,13 +79,19 @@ pub struct BitWeights {
 }
 
 impl BitWeights {
-    /// The rows of one edge of one cell type.
-    pub fn edge(&self, reduction: bool, e: usize) -> EdgeBits {
-        let (w, a) = if reduction {
+    /// The weight and activation softmaxes of the reduction cell (`reduction`) or the normal
+    /// cell, `[edges, K, B]` each.
+    pub fn cell(&self, reduction: bool) -> (&Tensor<3>, &Tensor<3>) {
+        if reduction {
             (&self.weight_reduce, &self.act_reduce)
         } else {
             (&self.weight_normal, &self.act_normal)
-        };
+        }
+    }
+
+    /// The rows of one edge of one cell type.
+    pub fn edge(&self, reduction: bool, e: usize) -> EdgeBits {
+        let (w, a) = self.cell(reduction);
         let cut = |t: &Tensor<3>| {
             let [_, k, b] = t.dims();
             t.clone().slice([e..e + 1, 0..k, 0..b]).reshape([k, b])

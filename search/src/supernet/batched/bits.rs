@@ -8,6 +8,7 @@ use qdarts_ops::quant::{BitMix, QuantPass};
 
 use super::super::alphas::BitWeights;
 use super::BatchError;
+use super::bank::all_or_none;
 
 /// One cell type's softmaxes over the candidate widths, a row per (edge, op) of the cell,
 /// `edge·K + op`.
@@ -22,11 +23,7 @@ pub struct CellBits {
 impl CellBits {
     /// The reduction cell's rows of `bits` (`reduction`), or the normal cell's.
     pub fn of(bits: &BitWeights, reduction: bool) -> Self {
-        let (w, a) = if reduction {
-            (&bits.weight_reduce, &bits.act_reduce)
-        } else {
-            (&bits.weight_normal, &bits.act_normal)
-        };
+        let (w, a) = bits.cell(reduction);
         let flat = |t: &Tensor<3>| {
             let [e, k, b] = t.dims();
             t.clone().reshape([e * k, b])
@@ -58,13 +55,7 @@ impl RowMix {
         ops: Vec<usize>,
         path: &str,
     ) -> Result<Option<Self>, BatchError> {
-        let mixed: Vec<&BitMix> = sites.iter().flatten().copied().collect();
-        if mixed.is_empty() {
-            return Ok(None);
-        }
-        if mixed.len() < sites.len() {
-            return Err(BatchError::Quantizers(path.to_string()));
-        }
+        let Some(mixed) = all_or_none(sites, path)? else { return Ok(None) };
         Ok(Some(RowMix { mix: BitMix::stacked(&mixed, path)?, ops }))
     }
 

@@ -121,14 +121,24 @@ pub(super) fn stack_sites(
     sites: Vec<Option<&FakeQuantizer>>,
     path: &str,
 ) -> Result<Option<FakeQuantizer>, BatchError> {
-    let quantized: Vec<&FakeQuantizer> = sites.iter().flatten().copied().collect();
-    if quantized.is_empty() {
-        return Ok(None);
-    }
-    if quantized.len() < sites.len() {
-        return Err(BatchError::Quantizers(path.to_string()));
-    }
+    let Some(quantized) = all_or_none(sites, path)? else { return Ok(None) };
     Ok(Some(FakeQuantizer::stacked(&quantized, path)?))
+}
+
+/// Every site's `T`, where all have one; none where none has.
+///
+/// # Errors
+/// Where some have one and others not (`path` names them).
+pub(super) fn all_or_none<'a, T>(
+    sites: Vec<Option<&'a T>>,
+    path: &str,
+) -> Result<Option<Vec<&'a T>>, BatchError> {
+    let present: Vec<&T> = sites.iter().flatten().copied().collect();
+    match present.len() {
+        0 => Ok(None),
+        n if n < sites.len() => Err(BatchError::Quantizers(path.to_string())),
+        _ => Ok(Some(present)),
+    }
 }
 
 /// A stacked quantizer of `rows` per-tensor sites applied to `x` `[N, rows·C, H, W]`, the
