@@ -74,6 +74,54 @@ fn the_composite_convolution_is_the_weighted_sum_of_the_per_bit_convolutions() {
     );
 }
 
+/// Three sites' mixes stacked (a stacked quantizer per width, a row per site): with each row's
+/// own probabilities, the sites' own mixes side by side, bit for bit; each width's observer
+/// state written back into each site is the state the site's own mix reached.
+#[test]
+fn a_stacked_mix_is_each_site_s_mix_with_its_own_probabilities() {
+    let d = Device::flex();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let (ws, logits) = qdarts_ops::seeded(&d, 9, || {
+        let ws: Vec<Tensor<4>> = (0..3).map(|_| Tensor::random([4, 2, 3, 3], normal, &d)).collect();
+        (ws, Tensor::<2>::random([3, 3], normal, &d))
+    });
+    let site = |i: usize| {
+        let path = format!("e{i}.conv");
+        BitMix::new(weight_spec(), &[2, 4, 8], &path, TensorRole::Weight, 4, &d).unwrap()
+    };
+    let sites: Vec<BitMix> = (0..3).map(site).collect();
+    let stacked = BitMix::stacked(&sites.iter().collect::<Vec<_>>(), "stack").unwrap();
+    let p = softmax(logits, 1);
+    // Two steps: the observers move (the second on doubled weights).
+    for step in 0..2 {
+        let scale = 1.0 + step as f32;
+        let own: Vec<Tensor<4>> = sites
+            .iter()
+            .zip(&ws)
+            .enumerate()
+            .map(|(r, (m, w))| {
+                let row = p.clone().slice([r..r + 1, 0..3]).reshape([3]);
+                m.forward(w.clone().mul_scalar(scale), row, QuantPass::OFF)
+            })
+            .collect();
+        let columns = (0..3).map(|i| p.clone().slice([0..3, i..i + 1]).reshape([3])).collect();
+        let all = Tensor::cat(ws.clone(), 0).mul_scalar(scale);
+        let mixed = stacked.forward_rows(all, columns, [1, 3, 4 * 2 * 3 * 3], QuantPass::OFF);
+        assert_eq!(vals(mixed), vals(Tensor::cat(own, 0)), "step {step}");
+    }
+    let fresh: Vec<BitMix> = (0..3).map(site).collect();
+    for (r, (to, reached)) in fresh.iter().zip(&sites).enumerate() {
+        stacked.row_into(r, to);
+        for (a, b) in to.quantizers.iter().zip(&reached.quantizers) {
+            let (ga, gb) = (a.current_grid(&d), b.current_grid(&d));
+            assert_eq!(vals(ga.step), vals(gb.step), "row {r}: {}", a.path());
+        }
+    }
+    // Sites of other widths do not stack.
+    let other = BitMix::new(weight_spec(), &[4, 8], "o", TensorRole::Weight, 4, &d).unwrap();
+    assert!(BitMix::stacked(&[&sites[0], &other], "bad").is_err());
+}
+
 #[test]
 fn bit_choices_must_be_distinct_widths_from_2_to_8() {
     let d = Device::flex();

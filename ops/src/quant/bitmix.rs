@@ -107,25 +107,24 @@ impl BitMix {
         }
     }
 
-    /// A stacked mix's [`forward`](Self::forward): `Σ_i probs[r, i] · Q_{b_i}(x)` with each
+    /// A stacked mix's [`forward`](Self::forward): `Σ_i probs[i][r] · Q_{b_i}(x)` with each
     /// row `r`'s own probabilities. `view` `[A, R, B]` is `x` seen with its rows on the middle
     /// axis (the quantizers see `x` as it is).
     ///
     /// # Shapes
-    /// - x: any, `A·R·B` values; probs: `[R, B_w]`, a softmax per row; output: as x.
+    /// - x: any, `A·R·B` values; probs: one `[R]` per width, each row's softmax over the
+    ///   widths across them; output: as x.
     pub fn forward_rows<const D: usize>(
         &self,
         x: Tensor<D>,
-        probs: Tensor<2>,
+        probs: Vec<Tensor<1>>,
         view: [usize; 3],
         qp: QuantPass,
     ) -> Tensor<D> {
         let dims = x.dims();
-        let rows = view[1];
         let mut out: Option<Tensor<3>> = None;
-        for (i, q) in self.quantizers.iter().enumerate() {
-            let p = probs.clone().slice([0..rows, i..i + 1]).reshape([1, rows, 1]);
-            let y = q.forward_in(x.clone(), qp).0.reshape(view).mul(p);
+        for (q, p) in self.quantizers.iter().zip(probs) {
+            let y = q.forward_in(x.clone(), qp).0.reshape(view).mul(p.reshape([1, view[1], 1]));
             out = Some(match out {
                 Some(acc) => acc.add(y),
                 None => y,

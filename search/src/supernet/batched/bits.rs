@@ -3,7 +3,8 @@
 //! and each row mixes them with its own op's softmax over the widths.
 
 use burn::module::Module;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::Tensor;
+use qdarts_kernels::pick::pick;
 use qdarts_ops::quant::{BitMix, QuantPass};
 
 use super::super::alphas::BitWeights;
@@ -60,7 +61,9 @@ impl RowMix {
     }
 
     /// `Σ_i p[row, i] · Q_i(x)`, each row's probabilities `p` its op's row of `probs` (a
-    /// [`CellBits`] tensor); `view` is `x` seen as `[A, rows, B]`.
+    /// [`CellBits`] tensor, `[edges·K, B]`): every width's column of the rows in one
+    /// [`pick`] (one launch each way on the CubeCL runtimes); `view` is `x` seen as
+    /// `[A, rows, B]`.
     pub(super) fn forward<const D: usize>(
         &self,
         x: Tensor<D>,
@@ -68,10 +71,11 @@ impl RowMix {
         view: [usize; 3],
         qp: QuantPass,
     ) -> Tensor<D> {
-        let index: Vec<i64> = self.ops.iter().map(|&o| o as i64).collect();
-        let device = probs.device();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [self.ops.len()]), &device);
-        self.mix.forward_rows(x, probs.clone().select(0, index), view, qp)
+        let [ops, widths] = probs.dims();
+        let index: Vec<Vec<usize>> =
+            (0..widths).map(|i| self.ops.iter().map(|&o| o * widths + i).collect()).collect();
+        let columns = pick(probs.clone().reshape([ops * widths]), &index);
+        self.mix.forward_rows(x, columns, view, qp)
     }
 
     /// Row `r` into `site`'s mix, where it has one.
