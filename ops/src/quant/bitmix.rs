@@ -121,16 +121,24 @@ impl BitMix {
         view: [usize; 3],
         qp: QuantPass,
     ) -> Tensor<D> {
-        let dims = x.dims();
-        let mut out: Option<Tensor<3>> = None;
-        for (q, p) in self.quantizers.iter().zip(probs) {
-            let y = q.forward_in(x.clone(), qp).0.reshape(view).mul(p.reshape([1, view[1], 1]));
-            out = Some(match out {
-                Some(acc) => acc.add(y),
-                None => y,
-            });
-        }
-        out.map_or(x, |o| o.reshape(dims))
+        let ys = self.quantizers.iter().map(|q| q.forward_in(x.clone(), qp).0).collect();
+        Self::mix_rows(ys, probs, view)
+    }
+
+    /// `Σ_i probs[i][r] · ys[i]` row by row: `ys` a stacked mix's quantized tensors, one per
+    /// width, each seen as `view` `[A, R, B]`, in the order [`forward`](Self::forward) adds them.
+    ///
+    /// # Panics
+    /// If `ys` is empty.
+    pub fn mix_rows<const D: usize>(
+        ys: Vec<Tensor<D>>,
+        probs: Vec<Tensor<1>>,
+        view: [usize; 3],
+    ) -> Tensor<D> {
+        let dims = ys.first().expect("a mix has a width").dims();
+        let terms =
+            ys.into_iter().zip(probs).map(|(y, p)| y.reshape(view).mul(p.reshape([1, view[1], 1])));
+        terms.reduce(|acc, y| acc.add(y)).expect("a mix has a width").reshape(dims)
     }
 
     /// The expected bit width `Σ_i probs_i · b_i`, `[1]`.

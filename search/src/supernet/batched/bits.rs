@@ -71,11 +71,16 @@ impl RowMix {
         view: [usize; 3],
         qp: QuantPass,
     ) -> Tensor<D> {
+        self.mix.forward_rows(x, self.columns(probs), view, qp)
+    }
+
+    /// Each width's column of the rows' softmaxes in `probs` (`[edges·K, B]`), `[rows]` each,
+    /// in one [`pick`].
+    pub(super) fn columns(&self, probs: &Tensor<2>) -> Vec<Tensor<1>> {
         let [ops, widths] = probs.dims();
         let index: Vec<Vec<usize>> =
             (0..widths).map(|i| self.ops.iter().map(|&o| o * widths + i).collect()).collect();
-        let columns = pick(probs.clone().reshape([ops * widths]), &index);
-        self.mix.forward_rows(x, columns, view, qp)
+        pick(probs.clone().reshape([ops * widths]), &index)
     }
 
     /// Row `r` into `site`'s mix, where it has one.

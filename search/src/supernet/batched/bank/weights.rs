@@ -4,7 +4,7 @@
 use burn::tensor::Tensor;
 use qdarts_kernels::grad_mask::masked_gradient;
 use qdarts_ops::candidates::Pass;
-use qdarts_ops::quant::{FakeQuantizer, Grid};
+use qdarts_ops::quant::{BitMix, FakeQuantizer, Grid};
 
 use super::super::bits::{CellBits, RowMix};
 use super::BankStage;
@@ -20,10 +20,12 @@ pub(super) struct StageWeights<'a> {
     pub pw: (Tensor<4>, Option<Grid>),
 }
 
-/// A weight as it is, or the index of its quantizer's site in [`weights_now`].
+/// A weight as it is, the index of its quantizer's site in [`weights_now`], or under a
+/// bit-width search the first of its widths' sites there and how they mix.
 enum Site {
     Raw(Box<Tensor<4>>),
     Quantized(usize),
+    Mixed { first: usize, columns: Vec<Tensor<1>>, view: [usize; 3] },
 }
 
 impl Site {
@@ -56,13 +58,16 @@ pub(super) fn weights_now<'a, 'b>(
     let qp = pass.quant;
     let mut sites: Vec<(&'b FakeQuantizer, Tensor<4>)> = Vec::new();
     let mut plan = Vec::with_capacity(stages.len());
-    // A weight `w` as its quantizer `q` or its mix `m` (rows of `row` values) takes it.
+    // A weight `w` as its quantizer `q` or its mix `m` (every width's quantizer a site of the
+    // one launch) takes it.
     let mut site =
         |q: Option<&'b FakeQuantizer>, m: Option<&'b RowMix>, w: Tensor<4>| match (m, pass.bits) {
             (Some(m), Some(bits)) => {
                 let rows = m.ops.len();
                 let view = [1, rows, w.shape().num_elements() / rows];
-                Site::Raw(Box::new(m.forward(w, &bits.weight, view, qp)))
+                let first = sites.len();
+                sites.extend(m.mix.quantizers.iter().map(|q| (q, w.clone())));
+                Site::Mixed { first, columns: m.columns(&bits.weight), view }
             }
             _ => Site::of(&mut sites, q, w),
         };
@@ -88,6 +93,13 @@ pub(super) fn weights_now<'a, 'b>(
         Site::Quantized(i) => {
             let (w, grid) = done[i].take().expect("each site is taken once");
             (w, Some(grid))
+        }
+        // EdMIPS' composite weight: no single grid.
+        Site::Mixed { first, columns, view } => {
+            let ys = (first..first + columns.len())
+                .map(|i| done[i].take().expect("each site is taken once").0)
+                .collect();
+            (BitMix::mix_rows(ys, columns, view), None)
         }
     };
     plan.into_iter()
