@@ -10,8 +10,8 @@ pub use alphas::{
     AlphaRows, Alphas, ArchWeights, BIT_ALPHA_INIT, BitAlphas, BitWeights, EdgeRows, smooth_row,
 };
 pub use batched::{
-    BankKind, BankStage, BatchError, BatchedCell, CellBits, ConvBank, DwGroup, Slot, StackedReduce,
-    StageMixes, StageQuant, WaveOps,
+    BankKind, BankStage, BatchError, BatchedCell, CellBits, ConvBank, DwGroup, RowMix, Slot,
+    StackedReduce, StageMixes, StageQuant, WaveOps,
 };
 pub use cell::{CellShape, SearchCell};
 pub use network::{NetShape, SearchNetwork};

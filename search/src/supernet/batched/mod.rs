@@ -395,5 +395,5 @@ mod sums;
 pub use bank::{
     BankKind, BankStage, ConvBank, DwGroup, Sources, StageMixes, StageQuant, stack_sources,
 };
-pub use bits::CellBits;
+pub use bits::{CellBits, RowMix};
 pub use reduce::StackedReduce;
