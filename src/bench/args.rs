@@ -49,8 +49,8 @@ pub enum BenchCommand {
         #[arg(long)]
         batched_cells: bool,
         /// A bit-width search (EdMIPS' composite quantization) over weights of 2, 4 or 8 bits
-        /// and activations of 4 or 8, as `experiments/bits-default.toml` (needs a `--quant`
-        /// other than float).
+        /// and activations of 4 or 8, as `experiments/bits-default.toml` (tensorrt unless
+        /// `--quant` names another quantized preset).
         #[arg(long)]
         bits: bool,
         /// Timed steps per row.

@@ -56,6 +56,8 @@ impl SearchRequest {
         };
         let presets = match self.quant {
             Some(p) => vec![p.into()],
+            // A bit-width search mixes quantizers: the quantized preset only.
+            None if self.bits => vec![Preset::Tensorrt],
             None => vec![Preset::Float, Preset::Tensorrt],
         };
         if self.batched && presets.contains(&Preset::Lsq) {
@@ -345,11 +347,13 @@ mod tests {
         assert!(waves.cases().unwrap().iter().all(|c| c.batched));
         let lsq = SearchRequest { quant: Some(PresetArg::Lsq), ..waves };
         assert!(lsq.cases().is_err());
-        // A bit-width search needs quantizers to mix.
+        // A bit-width search needs quantizers to mix: tensorrt unless --quant says otherwise,
+        // and not float.
         let bits = SearchRequest { bits: true, ..all };
-        assert!(bits.cases().unwrap_err().to_string().contains("--quant"));
-        let bits = SearchRequest { quant: Some(PresetArg::Tensorrt), ..bits };
-        assert!(bits.cases().unwrap().iter().all(|c| c.bits));
+        let cases = bits.cases().unwrap();
+        assert!(cases.iter().all(|c| c.bits && c.preset == Preset::Tensorrt), "{cases:?}");
+        let float = SearchRequest { quant: Some(PresetArg::Float), ..bits };
+        assert!(float.cases().unwrap_err().to_string().contains("--quant"));
         let one = SearchRequest {
             batch: Some(8),
             layers: Some(5),
