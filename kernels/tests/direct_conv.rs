@@ -298,12 +298,22 @@ fn run_groups(
     let (xs, ws) = ([n, ci, 6, 5], [co, cig, 3, 3]);
     let x = Tensor::<4>::from_data(TensorData::new(values(xs.iter().product(), 41), xs), &d);
     let w = Tensor::<4>::from_data(TensorData::new(values(ws.iter().product(), 42), ws), &d);
-    let (x, w) = (x.require_grad(), w.require_grad());
     let options = ConvOptions::new([1, 1], [dil, dil], [dil, dil], groups);
+    backward_of(&conv, (x, w), options, 43)
+}
+
+/// Output, ∂x and ∂w of `conv` of `x` and `w` under a host-drawn upstream gradient (`seed`).
+fn backward_of(
+    conv: impl Fn(Tensor<4>, Tensor<4>, ConvOptions<2>) -> Tensor<4>,
+    (x, w): (Tensor<4>, Tensor<4>),
+    options: ConvOptions<2>,
+    seed: u64,
+) -> [Vec<f32>; 3] {
+    let (x, w) = (x.require_grad(), w.require_grad());
     let y = conv(x.clone(), w.clone(), options);
     let up = Tensor::<4>::from_data(
-        TensorData::new(values(y.dims().iter().product(), 43), y.dims()),
-        &d,
+        TensorData::new(values(y.dims().iter().product(), seed), y.dims()),
+        &y.device(),
     );
     let grads = y.clone().mul(up).sum().backward();
     [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())]
@@ -413,15 +423,8 @@ fn run_inset(
         }
     }
     let w = Tensor::<4>::from_data(TensorData::new(filters, ws), &d);
-    let (x, w) = (x.require_grad(), w.require_grad());
     let options = ConvOptions::new([1, 1], [2 * dil; 2], [dil, dil], groups);
-    let y = conv(x.clone(), w.clone(), options);
-    let up = Tensor::<4>::from_data(
-        TensorData::new(values(y.dims().iter().product(), 63), y.dims()),
-        &d,
-    );
-    let grads = y.clone().mul(up).sum().backward();
-    [vals(y), vals(x.grad(&grads).unwrap()), vals(w.grad(&grads).unwrap())]
+    backward_of(&conv, (x, w), options, 63)
 }
 
 #[test]

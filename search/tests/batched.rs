@@ -456,7 +456,7 @@ fn under_a_bit_width_search_the_batched_cell_is_the_per_edge_cell() {
         // reduction cell's.
         let normal = Distribution::Normal(0.0, 1.0);
         let alpha = |b: usize| Tensor::<3>::random([14, 8, b], normal, &d).require_grad();
-        let (aw, aa) = (alpha(wb.len()), alpha(ab.len()));
+        let (aw, aa) = qdarts_ops::seeded(&d, 13, || (alpha(wb.len()), alpha(ab.len())));
         // Each graph its own softmaxes (a backward consumes the nodes it reaches).
         let softmaxes = || BitWeights {
             weight_normal: softmax(aw.clone(), 2),

@@ -172,13 +172,16 @@ impl SearchNetwork {
         let stem = self.stem.forward_mixed(x, Pass::quantizing(qp));
         let s = quantize_opt(&self.stem_act, self.stem_bn.forward_biased(stem, None, qp), qp);
         let (mut s0, mut s1): (QTensor, QTensor) = (s.clone(), s);
+        // Each cell type's bit-width softmaxes as the cells in waves take them (views).
+        let cell_bits = |r| a.bits.as_ref().map(|b| CellBits::of(b, r));
+        let (bits_n, bits_r) = (cell_bits(false), cell_bits(true));
         for (i, cell) in self.cells.iter().enumerate() {
             if let Some(b) = self.batched.get(i) {
                 let (w, e) =
                     if cell.reduction { (&w_reduce, &e_reduce) } else { (&w_normal, &e_normal) };
                 let p0 = cell.preproc0.forward_in(s0, qp);
                 let p1 = cell.preproc1.forward_in(s1.clone(), qp);
-                let bits = a.bits.as_ref().map(|b| CellBits::of(b, cell.reduction));
+                let bits = if cell.reduction { &bits_r } else { &bits_n };
                 let pass = Pass { quant: qp, bits: bits.as_ref() };
                 let out = b.forward((p0, p1), w.clone(), e.clone(), self.aux_skip, cell, pass);
                 (s0, s1) = (s1, out);

@@ -189,16 +189,18 @@ fn bank_into(stage: &BankStage, i: usize, j: usize, op: &mut QDilConv) {
     let pw = stage.rows(stage.pw.val(), i, j);
     op.pw.weight = Param::initialized(op.pw.weight.id, pw.detach().require_grad());
     let (q, row) = (&stage.quant, i * stage.edges + j);
+    // The row of kind `i`, edge `j` among its dilation group's.
+    let in_group = (i - stage.groups[g].kinds.start) * stage.edges + j;
     bn_slice_into(&op.bn, &stage.bn, row);
     if let (Some(all), Some(site)) = (q.dw.get(g), &op.dw.wq) {
-        all.row_into((i - stage.groups[g].kinds.start) * stage.edges + j, site);
+        all.row_into(in_group, site);
     }
     row_into(&q.dw_act, row, &op.dw_act);
     row_into(&q.pw, row, &op.pw.wq);
     row_into(&q.act, row, &op.act);
     let m = &stage.mixes;
     if let (Some(all), Some(site)) = (m.dw.get(g), &op.dw.wmix) {
-        all.mix.row_into((i - stage.groups[g].kinds.start) * stage.edges + j, site);
+        all.mix.row_into(in_group, site);
     }
     RowMix::row_into(&m.dw_act, row, &op.dw_act_mix);
     RowMix::row_into(&m.pw, row, &op.pw.wmix);
